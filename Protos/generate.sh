@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Regenerates Sources/AttuneSpec/Generated from the .proto files here.
+# Run by hand after editing a .proto and commit the result; CI never runs it.
+# Needs Debian's protobuf-compiler and swift-protobuf's plugin at the version Package.swift names:
+#   git clone https://github.com/apple/swift-protobuf && cd swift-protobuf && git checkout 1.39.0
+#   swift build -c release --product protoc-gen-swift
+#   PROTOC_GEN_SWIFT=$PWD/.build/release/protoc-gen-swift Protos/generate.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+plugin=${PROTOC_GEN_SWIFT:-$(command -v protoc-gen-swift)}
+protoc --plugin=protoc-gen-swift="$plugin" --swift_opt=Visibility=Public \
+  --swift_out=Sources/AttuneSpec/Generated -I Protos Protos/CoreMLSubset.proto Protos/attune.proto

@@ -1,0 +1,2 @@
+#include <libpq-fe.h>
+#include <libpq/libpq-fs.h>
