@@ -1,0 +1,689 @@
+import CRabbitMQ
+import Foundation
+
+/// One AMQP 0-9-1 connection to RabbitMQ, through rabbitmq-c.
+///
+/// Threading: rabbitmq-c is not thread-safe, so neither is this class. Use one connection per thread and
+/// call it only from that thread. rabbitmq-c answers heartbeats only while one of its calls runs, so a
+/// thread holding an unacked delivery during a long task must keep calling `nextDelivery(timeout:)` (or
+/// any other method) more often than every heartbeat interval, with the task on another thread.
+///
+/// Channels: channel 1 carries publishing (with confirms once `enableConfirms()` is called), consuming and
+/// acks. Declarations, passive declares and purges run on channel 2, so a refused one (404, 406) closes
+/// only that channel, which is reopened on next use, and never costs the consumer its deliveries.
+public final class AMQPConnection {
+    /// The URL without its password.
+    public let endpoint: String
+    /// Heartbeat interval agreed with the broker, in seconds (0: none).
+    public private(set) var heartbeatSeconds: Int = 0
+
+    private var state: amqp_connection_state_t?
+    private let url: AMQPURL
+    private let mainChannel: amqp_channel_t = 1
+    private let adminChannel: amqp_channel_t = 2
+    private var adminOpen = false
+    private var confirming = false
+    /// Sequence number of the last message published on the main channel since confirm.select.
+    private var publishSequence: UInt64 = 0
+    /// What a wait for a confirm has learned so far (acks can cover several messages at once).
+    private var ackedThrough: UInt64 = 0
+    private var nackedThrough: UInt64 = 0
+    private var lastReturn: (code: Int, text: String)?
+    private var pending: [Delivery] = []
+    private var broken: AMQPError?
+    private var declaredRetryQueues: Set<Int> = []
+
+    /// How long an RPC (declare, qos, ...) or a publisher confirm may take before the connection is given up.
+    public var replyTimeout: TimeInterval = 30
+
+    /// Connects, logs in, and opens channel 1.
+    /// - Parameters:
+    ///   - url: `amqp://user:password@host:port/vhost` or `amqps://...` (percent-encoded parts; the
+    ///     vhost `/` is written `%2f`).
+    ///   - heartbeatSeconds: heartbeat interval to ask for (0 disables it; the broker may lower it).
+    ///   - connectionName: shown in RabbitMQ's connection list, e.g. the worker's name.
+    public init(url: String, heartbeatSeconds: Int = 30, connectionName: String? = nil) throws {
+        let parsed = try AMQPURL(url)
+        self.url = parsed
+        self.endpoint = parsed.redacted
+        guard (0...Int(UInt16.max)).contains(heartbeatSeconds) else {
+            throw AMQPError(kind: .invalidArgument, operation: "connect",
+                            detail: "heartbeatSeconds must lie in 0...65535, got \(heartbeatSeconds)",
+                            endpoint: endpoint)
+        }
+        guard let state = amqp_new_connection() else {
+            throw AMQPError(kind: .library, operation: "connect", detail: "out of memory", endpoint: endpoint)
+        }
+        self.state = state
+        do {
+            try open(state: state, heartbeat: parsed.query["heartbeat"].flatMap(Int.init) ?? heartbeatSeconds,
+                     connectionName: connectionName)
+        } catch {
+            amqp_destroy_connection(state)
+            self.state = nil
+            throw error
+        }
+    }
+
+    deinit { close() }
+
+    // MARK: Opening
+
+    private func open(state: amqp_connection_state_t, heartbeat: Int, connectionName: String?) throws {
+        let connectTimeout = url.query["connection_timeout"].flatMap(Double.init) ?? 10
+        let socket: OpaquePointer?
+        if url.tls {
+            socket = amqp_ssl_socket_new(state)
+            guard let socket else {
+                throw AMQPError(kind: .connectFailed, operation: "create TLS socket", endpoint: endpoint)
+            }
+            let verify = url.query["verify"] != "verify_none"
+            amqp_ssl_socket_set_verify_peer(socket, verify ? 1 : 0)
+            amqp_ssl_socket_set_verify_hostname(socket, verify ? 1 : 0)
+            if let ca = url.query["cacertfile"] {
+                try check(amqp_ssl_socket_set_cacert(socket, ca), .connectFailed, "load CA certificate \(ca)")
+            }
+            if let cert = url.query["certfile"], let key = url.query["keyfile"] {
+                try check(amqp_ssl_socket_set_key(socket, cert, key), .connectFailed, "load client certificate \(cert)")
+            }
+        } else {
+            socket = amqp_tcp_socket_new(state)
+        }
+        guard let socket else {
+            throw AMQPError(kind: .connectFailed, operation: "create socket", endpoint: endpoint)
+        }
+        var timeout = timeval(interval: connectTimeout)
+        try check(amqp_socket_open_noblock(socket, url.host, Int32(url.port), &timeout),
+                  .connectFailed, "connect to \(url.host):\(url.port)")
+        var rpcTimeout = timeval(interval: replyTimeout)
+        amqp_set_rpc_timeout(state, &rpcTimeout)
+        try login(state: state, heartbeat: heartbeat, connectionName: connectionName,
+                  deadline: Date().addingTimeInterval(max(connectTimeout, 10)))
+        try openChannel(mainChannel)
+    }
+
+    /// The connection handshake (start, start-ok, tune, tune-ok, open), done by hand because
+    /// `amqp_login` is variadic and Swift cannot call C variadic functions.
+    private func login(state: amqp_connection_state_t, heartbeat: Int, connectionName: String?,
+                       deadline: Date) throws {
+        try check(amqp_send_header(state), .connectFailed, "send the AMQP protocol header")
+        let start = try waitForMethod(on: 0, [Method.connectionStart], deadline: deadline, operation: "log in")
+        let startInfo = start.decoded!.assumingMemoryBound(to: amqp_connection_start_t.self).pointee
+        guard startInfo.version_major == 0, startInfo.version_minor == 9 else {
+            throw AMQPError(kind: .loginFailed, operation: "log in",
+                            detail: "the server speaks AMQP \(startInfo.version_major)-\(startInfo.version_minor), not 0-9-1",
+                            endpoint: endpoint)
+        }
+        guard startInfo.mechanisms.string.split(separator: " ").contains("PLAIN") else {
+            throw AMQPError(kind: .loginFailed, operation: "log in",
+                            detail: "the broker does not offer PLAIN authentication (offers \(startInfo.mechanisms.string))",
+                            endpoint: endpoint)
+        }
+
+        let arena = CArena()
+        var properties: [(String, FieldValue)] = [
+            ("product", .string("Attune")),
+            ("platform", .string("Swift")),
+            ("information", .string("rabbitmq-c \(String(cString: amqp_version()))")),
+            ("capabilities", .table([
+                ("authentication_failure_close", .bool(true)),
+                ("publisher_confirms", .bool(true)),
+                ("consumer_cancel_notify", .bool(true)),
+                ("basic.nack", .bool(true)),
+            ])),
+        ]
+        if let connectionName { properties.append(("connection_name", .string(connectionName))) }
+        var startOk = amqp_connection_start_ok_t(
+            client_properties: arena.table(properties),
+            mechanism: arena.bytes("PLAIN"),
+            response: arena.bytes(Data([0] + Array(url.user.utf8) + [0] + Array(url.password.utf8))),
+            locale: arena.bytes("en_US"))
+        try check(amqp_send_method(state, 0, Method.connectionStartOk, &startOk), .library, "log in")
+        amqp_maybe_release_buffers(state)
+
+        let tuneOrClose = try waitForMethod(on: 0, [Method.connectionTune, Method.connectionClose],
+                                            deadline: deadline, operation: "log in")
+        if tuneOrClose.id == Method.connectionClose {
+            let close = tuneOrClose.decoded!.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
+            throw AMQPError(kind: .loginFailed, operation: "log in as \(url.user)",
+                            replyCode: Int(close.reply_code), replyText: close.reply_text.string, endpoint: endpoint)
+        }
+        let tune = tuneOrClose.decoded!.assumingMemoryBound(to: amqp_connection_tune_t.self).pointee
+        // Only two channels are used; a frame max of 128 KiB is rabbitmq-c's default.
+        var channelMax: UInt16 = 8
+        if tune.channel_max != 0 { channelMax = min(channelMax, tune.channel_max) }
+        var frameMax: UInt32 = 131_072
+        if tune.frame_max != 0 { frameMax = min(frameMax, tune.frame_max) }
+        var beat = UInt16(heartbeat)
+        if tune.heartbeat != 0 && tune.heartbeat < beat { beat = tune.heartbeat }
+        try check(amqp_tune_connection(state, Int32(channelMax), Int32(frameMax), Int32(beat)), .library, "tune")
+        heartbeatSeconds = Int(beat)
+        var tuneOk = amqp_connection_tune_ok_t(channel_max: channelMax, frame_max: frameMax, heartbeat: beat)
+        try check(amqp_send_method(state, 0, Method.connectionTuneOk, &tuneOk), .library, "tune")
+        amqp_maybe_release_buffers(state)
+
+        var openMethod = amqp_connection_open_t(virtual_host: arena.bytes(url.vhost),
+                                                capabilities: amqp_bytes_t(len: 0, bytes: nil), insist: 1)
+        try check(amqp_send_method(state, 0, Method.connectionOpen, &openMethod), .library, "open vhost")
+        let opened = try waitForMethod(on: 0, [Method.connectionOpenOk, Method.connectionClose],
+                                       deadline: deadline, operation: "open vhost \(url.vhost)")
+        if opened.id == Method.connectionClose {
+            let close = opened.decoded!.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
+            throw AMQPError(kind: .loginFailed, operation: "open vhost \(url.vhost)",
+                            replyCode: Int(close.reply_code), replyText: close.reply_text.string, endpoint: endpoint)
+        }
+        amqp_maybe_release_buffers(state)
+    }
+
+    /// Reads frames until a method in `ids` arrives on `channel`. Used only during the handshake, when
+    /// nothing else can arrive.
+    private func waitForMethod(on channel: amqp_channel_t, _ ids: [amqp_method_number_t], deadline: Date,
+                               operation: String) throws -> amqp_method_t {
+        while true {
+            guard let frame = try readFrame(until: deadline, operation: operation) else {
+                throw fail(AMQPError(kind: .timeout, operation: operation,
+                                     detail: "no answer from the broker in time", endpoint: endpoint))
+            }
+            if frame.frame_type == UInt8(AMQP_FRAME_METHOD), frame.channel == channel,
+               ids.contains(frame.payload.method.id) {
+                return frame.payload.method
+            }
+        }
+    }
+
+    private func openChannel(_ channel: amqp_channel_t) throws {
+        let state = try live()
+        _ = amqp_channel_open(state, channel)
+        try checkReply(on: channel, "open channel \(channel)")
+    }
+
+    private func adminReady() throws -> amqp_connection_state_t {
+        let state = try live()
+        if !adminOpen {
+            try openChannel(adminChannel)
+            adminOpen = true
+        }
+        return state
+    }
+
+    // MARK: Topology
+
+    /// Declares the exchanges, queues and bindings in `Topology`. Idempotent: every worker and producer
+    /// calls it at start. Fails with 406 PRECONDITION_FAILED if the broker has one of them with other
+    /// arguments (delete the old one first).
+    public func declareTopology() throws {
+        try declareExchange(Topology.jobsExchange, type: "direct")
+        try declareExchange(Topology.deadExchange, type: "direct")
+        try declareExchange(Topology.retryExchange, type: "direct")
+        try declareExchange(Topology.eventsExchange, type: "topic")
+
+        try declareQueue(Topology.deadQueue, arguments: [])
+        try bind(queue: Topology.deadQueue, exchange: Topology.deadExchange, key: Topology.jobsRoutingKey)
+
+        try declareQueue(Topology.jobsQueue, arguments: [
+            ("x-queue-type", .string("quorum")),
+            ("x-delivery-limit", .int(Int64(Topology.deliveryLimit))),
+            ("x-dead-letter-exchange", .string(Topology.deadExchange)),
+            ("x-dead-letter-routing-key", .string(Topology.jobsRoutingKey)),
+        ])
+        try bind(queue: Topology.jobsQueue, exchange: Topology.jobsExchange, key: Topology.jobsRoutingKey)
+
+        for delay in Topology.retryDelaysMs { try declareRetryQueue(delayMs: delay) }
+    }
+
+    private func declareRetryQueue(delayMs: Int) throws {
+        guard !declaredRetryQueues.contains(delayMs) else { return }
+        let name = Topology.retryQueue(delayMs: delayMs)
+        try declareQueue(name, arguments: [
+            ("x-message-ttl", .int(Int64(delayMs))),
+            ("x-dead-letter-exchange", .string(Topology.jobsExchange)),
+            ("x-dead-letter-routing-key", .string(Topology.jobsRoutingKey)),
+        ])
+        try bind(queue: name, exchange: Topology.retryExchange, key: name)
+        declaredRetryQueues.insert(delayMs)
+    }
+
+    private func declareExchange(_ name: String, type: String) throws {
+        let state = try adminReady()
+        let arena = CArena()
+        _ = amqp_exchange_declare(state, adminChannel, arena.bytes(name), arena.bytes(type),
+                                  0, 1, 0, 0, amqp_empty_table)
+        try checkReply(on: adminChannel, "declare exchange \(name)")
+    }
+
+    private func declareQueue(_ name: String, arguments: [(String, FieldValue)]) throws {
+        let state = try adminReady()
+        let arena = CArena()
+        _ = amqp_queue_declare(state, adminChannel, arena.bytes(name), 0, 1, 0, 0, arena.table(arguments))
+        try checkReply(on: adminChannel, "declare queue \(name)")
+    }
+
+    private func bind(queue: String, exchange: String, key: String) throws {
+        let state = try adminReady()
+        let arena = CArena()
+        _ = amqp_queue_bind(state, adminChannel, arena.bytes(queue), arena.bytes(exchange), arena.bytes(key),
+                            amqp_empty_table)
+        try checkReply(on: adminChannel, "bind queue \(queue) to \(exchange) with key \(key)")
+    }
+
+    /// Declares a server-named, exclusive, auto-delete queue bound to `attune.events` with each of
+    /// `bindingKeys` (see `EventRouting.bindingKey`) and returns its name; then `consume(queue:)` it.
+    /// The queue disappears with this connection.
+    public func declareEventQueue(bindingKeys: [String]) throws -> String {
+        let state = try adminReady()
+        let arena = CArena()
+        let ok = amqp_queue_declare(state, adminChannel, amqp_bytes_t(len: 0, bytes: nil), 0, 0, 1, 1, amqp_empty_table)
+        let name = ok?.pointee.queue.string ?? ""
+        try checkReply(on: adminChannel, "declare event queue")
+        for key in bindingKeys {
+            _ = amqp_queue_bind(state, adminChannel, arena.bytes(name), arena.bytes(Topology.eventsExchange),
+                                arena.bytes(key), amqp_empty_table)
+            try checkReply(on: adminChannel, "bind event queue with key \(key)")
+        }
+        return name
+    }
+
+    /// Messages ready in `queue` (not counting unacked ones) and its consumer count, from a passive
+    /// declare. Throws 404 NOT_FOUND (not transient) when the queue does not exist.
+    public func queueDepth(_ queue: String) throws -> (messages: Int, consumers: Int) {
+        let state = try adminReady()
+        let arena = CArena()
+        let ok = amqp_queue_declare(state, adminChannel, arena.bytes(queue), 1, 0, 0, 0, amqp_empty_table)
+        let counts = ok.map { (Int($0.pointee.message_count), Int($0.pointee.consumer_count)) }
+        try checkReply(on: adminChannel, "look up queue \(queue)")
+        return counts ?? (0, 0)
+    }
+
+    /// Removes every ready message from `queue` and returns how many there were.
+    @discardableResult
+    public func purge(_ queue: String) throws -> Int {
+        let state = try adminReady()
+        let arena = CArena()
+        let ok = amqp_queue_purge(state, adminChannel, arena.bytes(queue))
+        let count = ok.map { Int($0.pointee.message_count) } ?? 0
+        try checkReply(on: adminChannel, "purge queue \(queue)")
+        return count
+    }
+
+    /// Deletes `queue` (tests and tools use it to clean up).
+    public func deleteQueue(_ queue: String) throws {
+        let state = try adminReady()
+        let arena = CArena()
+        _ = amqp_queue_delete(state, adminChannel, arena.bytes(queue), 0, 0)
+        try checkReply(on: adminChannel, "delete queue \(queue)")
+    }
+
+    /// Declares a plain durable queue bound to `exchange` with `key`: for tests and tools that want
+    /// their own view of an exchange. Attune's own queues come from `declareTopology()`.
+    public func declareQueue(_ name: String, boundTo exchange: String, key: String) throws {
+        try declareQueue(name, arguments: [])
+        try bind(queue: name, exchange: exchange, key: key)
+    }
+
+    // MARK: Publishing
+
+    /// Puts channel 1 in confirm mode: from now on `publish` returns only once the broker has taken
+    /// responsibility for the message (written to disk for persistent messages on durable queues).
+    public func enableConfirms() throws {
+        guard !confirming else { return }
+        let state = try live()
+        _ = amqp_confirm_select(state, mainChannel)
+        try checkReply(on: mainChannel, "enable publisher confirms")
+        confirming = true
+        publishSequence = 0
+        ackedThrough = 0
+        nackedThrough = 0
+    }
+
+    /// Publishes one message on channel 1. In confirm mode it waits for the broker's basic.ack and
+    /// throws on basic.nack (transient) or, for `mandatory` messages, when no queue took it (basic.return,
+    /// not transient). Events go out with `mandatory: false` since nobody may be listening; jobs should
+    /// be published mandatory so a missing topology is an error instead of a lost job.
+    public func publish(exchange: String, routingKey: String, body: Data, contentType: String,
+                        headers: [String: String] = [:], messageId: String? = nil, persistent: Bool = true,
+                        mandatory: Bool = false) throws {
+        let state = try live()
+        let arena = CArena()
+        var properties = amqp_basic_properties_t()
+        properties._flags = amqp_flags_t(AMQP_BASIC_DELIVERY_MODE_FLAG) | amqp_flags_t(AMQP_BASIC_TIMESTAMP_FLAG)
+        if !contentType.isEmpty {
+            properties._flags |= amqp_flags_t(AMQP_BASIC_CONTENT_TYPE_FLAG)
+            properties.content_type = arena.bytes(contentType)
+        }
+        properties.delivery_mode = persistent ? 2 : 1
+        properties.timestamp = UInt64(Date().timeIntervalSince1970)
+        if !headers.isEmpty {
+            properties._flags |= amqp_flags_t(AMQP_BASIC_HEADERS_FLAG)
+            properties.headers = arena.table(headers)
+        }
+        if let messageId {
+            properties._flags |= amqp_flags_t(AMQP_BASIC_MESSAGE_ID_FLAG)
+            properties.message_id = arena.bytes(messageId)
+        }
+        let operation = "publish to exchange '\(exchange)' with key '\(routingKey)'"
+        lastReturn = nil
+        let status = body.withUnsafeBytes { raw in
+            amqp_basic_publish(state, mainChannel, arena.bytes(exchange), arena.bytes(routingKey),
+                               mandatory ? 1 : 0, 0, &properties,
+                               amqp_bytes_t(len: raw.count, bytes: UnsafeMutableRawPointer(mutating: raw.baseAddress)))
+        }
+        try check(status, .library, operation)
+        guard confirming else { return }
+        publishSequence += 1
+        try waitForConfirm(publishSequence, operation: operation)
+    }
+
+    private func waitForConfirm(_ sequence: UInt64, operation: String) throws {
+        let deadline = Date().addingTimeInterval(replyTimeout)
+        while ackedThrough < sequence && nackedThrough < sequence {
+            guard let frame = try readFrame(until: deadline, operation: operation) else {
+                throw fail(AMQPError(kind: .timeout, operation: operation,
+                                     detail: "no publisher confirm within \(Int(replyTimeout)) s", endpoint: endpoint))
+            }
+            try dispatch(frame, operation: operation)
+        }
+        if nackedThrough >= sequence && ackedThrough < sequence {
+            throw AMQPError(kind: .publishNacked, operation: operation, endpoint: endpoint)
+        }
+        // A return comes before the ack of the same message, and only one message is in flight.
+        if let returned = lastReturn {
+            lastReturn = nil
+            throw AMQPError(kind: .publishReturned, operation: operation, replyCode: returned.code,
+                            replyText: returned.text, endpoint: endpoint)
+        }
+    }
+
+    // MARK: Consuming
+
+    /// Limits unacked deliveries on channel 1 to `count` (0: no limit).
+    public func setPrefetch(_ count: UInt16) throws {
+        let state = try live()
+        _ = amqp_basic_qos(state, mainChannel, 0, count, 0)
+        try checkReply(on: mainChannel, "set prefetch to \(count)")
+    }
+
+    /// Starts consuming `queue` with manual acks; deliveries come from `nextDelivery(timeout:)`.
+    @discardableResult
+    public func consume(queue: String) throws -> String {
+        let state = try live()
+        let arena = CArena()
+        let ok = amqp_basic_consume(state, mainChannel, arena.bytes(queue), amqp_bytes_t(len: 0, bytes: nil),
+                                    0, 0, 0, amqp_empty_table)
+        let tag = ok?.pointee.consumer_tag.string ?? ""
+        try checkReply(on: mainChannel, "consume queue \(queue)")
+        return tag
+    }
+
+    /// The next delivery, or nil when none arrives within `timeout` seconds. While it waits it answers
+    /// heartbeats, so a thread holding an unacked delivery keeps the connection alive by calling this in a
+    /// loop. Throws when the broker closes the channel or connection or the connection breaks.
+    public func nextDelivery(timeout: TimeInterval) throws -> Delivery? {
+        if !pending.isEmpty { return pending.removeFirst() }
+        let deadline = Date().addingTimeInterval(max(0, timeout))
+        while pending.isEmpty {
+            guard let frame = try readFrame(until: deadline, operation: "wait for deliveries") else { return nil }
+            try dispatch(frame, operation: "wait for deliveries")
+        }
+        return pending.removeFirst()
+    }
+
+    /// Acknowledges one delivery: the broker forgets the message.
+    public func ack(_ deliveryTag: UInt64) throws {
+        let state = try live()
+        try check(amqp_basic_ack(state, mainChannel, deliveryTag, 0), .library, "ack delivery \(deliveryTag)")
+    }
+
+    /// Rejects one delivery: back to its queue when `requeue`, else to the queue's dead-letter exchange.
+    public func reject(_ deliveryTag: UInt64, requeue: Bool) throws {
+        let state = try live()
+        try check(amqp_basic_reject(state, mainChannel, deliveryTag, requeue ? 1 : 0), .library,
+                  "reject delivery \(deliveryTag)")
+    }
+
+    /// Moves a job to `attune.jobs.dead` with its reason in the `x-attune-reason` header: publishes a copy
+    /// there (waiting for the confirm when confirms are on), then acks the original. A crash in between
+    /// leaves the job in both places rather than in neither.
+    public func deadLetter(_ delivery: Delivery, reason: String) throws {
+        var headers = delivery.headers
+        headers[Topology.reasonHeader] = reason
+        try publish(exchange: Topology.deadExchange, routingKey: Topology.jobsRoutingKey, body: delivery.body,
+                    contentType: delivery.contentType ?? "", headers: headers, messageId: delivery.messageId,
+                    mandatory: true)
+        try ack(delivery.deliveryTag)
+    }
+
+    /// Sends a job back to `attune.jobs` after `delayMs` through the retry queue for that delay (declared
+    /// on first use), with `x-attune-attempt: attempt`; then acks the original.
+    public func retryLater(_ delivery: Delivery, delayMs: Int, attempt: Int) throws {
+        guard delayMs > 0 else {
+            throw AMQPError(kind: .invalidArgument, operation: "retry delivery \(delivery.deliveryTag)",
+                            detail: "delayMs must be positive, got \(delayMs)", endpoint: endpoint)
+        }
+        try declareRetryQueue(delayMs: delayMs)
+        var headers = delivery.headers
+        headers[Topology.attemptHeader] = String(attempt)
+        try publish(exchange: Topology.retryExchange, routingKey: Topology.retryQueue(delayMs: delayMs),
+                    body: delivery.body, contentType: delivery.contentType ?? "", headers: headers,
+                    messageId: delivery.messageId, mandatory: true)
+        try ack(delivery.deliveryTag)
+    }
+
+    // MARK: Closing
+
+    /// Closes the connection politely (unacked deliveries go back to their queues). Safe to call twice.
+    public func close() {
+        guard let state else { return }
+        if broken == nil {
+            var short = timeval(interval: 5)
+            amqp_set_rpc_timeout(state, &short)
+            _ = amqp_connection_close(state, AMQP_REPLY_SUCCESS)
+        }
+        amqp_destroy_connection(state)
+        self.state = nil
+        if broken == nil {
+            broken = AMQPError(kind: .closed, operation: "use the connection", detail: "it was closed", endpoint: endpoint)
+        }
+    }
+
+    /// False once the connection was closed or broke; make a new one then.
+    public var isOpen: Bool { state != nil && broken == nil }
+
+    // MARK: Frames
+
+    private func live() throws -> amqp_connection_state_t {
+        if let broken { throw broken }
+        guard let state else {
+            throw AMQPError(kind: .closed, operation: "use the connection", detail: "it was closed", endpoint: endpoint)
+        }
+        return state
+    }
+
+    /// Marks the connection unusable: after a socket error, timeout or connection.close nothing more
+    /// can be sent on it.
+    private func fail(_ error: AMQPError) -> AMQPError {
+        if broken == nil { broken = error }
+        return error
+    }
+
+    /// One frame, or nil when `deadline` passes first. Heartbeats are sent and checked inside.
+    private func readFrame(until deadline: Date, operation: String) throws -> amqp_frame_t? {
+        let state = try live()
+        var frame = amqp_frame_t()
+        var wait = timeval(interval: max(0, deadline.timeIntervalSinceNow))
+        let status = amqp_simple_wait_frame_noblock(state, &frame, &wait)
+        if status == AMQP_STATUS_TIMEOUT.rawValue { return nil }
+        if status == AMQP_STATUS_HEARTBEAT_TIMEOUT.rawValue {
+            throw fail(AMQPError(kind: .heartbeatTimeout, operation: operation, libraryStatus: Int(status),
+                                 detail: "no heartbeat from the broker for two intervals of \(heartbeatSeconds) s",
+                                 endpoint: endpoint))
+        }
+        try check(status, .library, operation)
+        return frame
+    }
+
+    /// Acts on one frame that arrived outside an RPC: deliveries are queued, confirms and returns are
+    /// recorded, closes become errors.
+    private func dispatch(_ frame: amqp_frame_t, operation: String) throws {
+        let state = try live()
+        defer { amqp_maybe_release_buffers(state) }
+        guard frame.frame_type == UInt8(AMQP_FRAME_METHOD) else { return }
+        let method = frame.payload.method
+        switch method.id {
+        case Method.basicDeliver:
+            let deliver = method.decoded!.assumingMemoryBound(to: amqp_basic_deliver_t.self).pointee
+            let tag = deliver.delivery_tag
+            let redelivered = deliver.redelivered != 0
+            let exchange = deliver.exchange.string
+            let routingKey = deliver.routing_key.string
+            let content = try readContent(on: frame.channel, operation: operation)
+            pending.append(Delivery(deliveryTag: tag, body: content.body, contentType: content.contentType,
+                                    headers: content.headers, redelivered: redelivered, exchange: exchange,
+                                    routingKey: routingKey, messageId: content.messageId))
+        case Method.basicAck:
+            let ack = method.decoded!.assumingMemoryBound(to: amqp_basic_ack_t.self).pointee
+            ackedThrough = max(ackedThrough, ack.delivery_tag)
+        case Method.basicNack:
+            let nack = method.decoded!.assumingMemoryBound(to: amqp_basic_nack_t.self).pointee
+            nackedThrough = max(nackedThrough, nack.delivery_tag)
+        case Method.basicReturn:
+            let returned = method.decoded!.assumingMemoryBound(to: amqp_basic_return_t.self).pointee
+            lastReturn = (Int(returned.reply_code), returned.reply_text.string)
+            _ = try readContent(on: frame.channel, operation: operation)
+        case Method.basicCancel:
+            throw fail(AMQPError(kind: .consumerCancelled, operation: operation,
+                                 detail: "the broker cancelled the consumer", endpoint: endpoint))
+        case Method.channelClose:
+            let close = method.decoded!.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
+            let error = AMQPError(kind: .channelClosed, operation: operation, replyCode: Int(close.reply_code),
+                                  replyText: close.reply_text.string, endpoint: endpoint)
+            var closeOk = amqp_channel_close_ok_t()
+            _ = amqp_send_method(state, frame.channel, Method.channelCloseOk, &closeOk)
+            if frame.channel == adminChannel {
+                adminOpen = false
+                return
+            }
+            // The main channel carries the consumer and the delivery tags: without it the connection is
+            // of no use, and a new one starts cleanly.
+            throw fail(error)
+        case Method.connectionClose:
+            let close = method.decoded!.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
+            var closeOk = amqp_connection_close_ok_t()
+            _ = amqp_send_method(state, 0, Method.connectionCloseOk, &closeOk)
+            throw fail(AMQPError(kind: .connectionClosed, operation: operation, replyCode: Int(close.reply_code),
+                                 replyText: close.reply_text.string, endpoint: endpoint))
+        default:
+            return
+        }
+    }
+
+    /// What a consumer needs from a message's content header and body, copied out of rabbitmq-c's pool.
+    private struct Content {
+        var contentType: String?
+        var headers: [String: String]
+        var messageId: String?
+        var body: Data
+    }
+
+    /// The content header and body frames that follow a basic.deliver or basic.return.
+    private func readContent(on channel: amqp_channel_t, operation: String) throws -> Content {
+        let state = try live()
+        var message = amqp_message_t()
+        let reply = amqp_read_message(state, channel, &message, 0)
+        try checkReply(reply, on: channel, operation)
+        defer { amqp_destroy_message(&message) }
+        let properties = message.properties
+        return Content(
+            contentType: properties.flag(AMQP_BASIC_CONTENT_TYPE_FLAG) ? properties.content_type.string : nil,
+            headers: properties.flag(AMQP_BASIC_HEADERS_FLAG) ? properties.headers.stringValues : [:],
+            messageId: properties.flag(AMQP_BASIC_MESSAGE_ID_FLAG) ? properties.message_id.string : nil,
+            body: message.body.data)
+    }
+
+    // MARK: Status checks
+
+    private func check(_ status: Int32, _ kind: AMQPError.Kind, _ operation: String) throws {
+        guard status < 0 else { return }
+        let text = String(cString: amqp_error_string2(status))
+        let error = AMQPError(kind: status == AMQP_STATUS_TIMEOUT.rawValue ? .timeout : kind, operation: operation,
+                              libraryStatus: Int(status), detail: text, endpoint: endpoint)
+        // Any socket-level failure leaves rabbitmq-c's state undefined.
+        throw fail(error)
+    }
+
+    private func checkReply(on channel: amqp_channel_t, _ operation: String) throws {
+        let state = try live()
+        try checkReply(amqp_get_rpc_reply(state), on: channel, operation)
+    }
+
+    private func checkReply(_ reply: amqp_rpc_reply_t, on channel: amqp_channel_t, _ operation: String) throws {
+        let state = try live()
+        switch reply.reply_type {
+        case AMQP_RESPONSE_NORMAL:
+            return
+        case AMQP_RESPONSE_NONE:
+            throw fail(AMQPError(kind: .library, operation: operation, detail: "no reply from rabbitmq-c",
+                                 endpoint: endpoint))
+        case AMQP_RESPONSE_LIBRARY_EXCEPTION:
+            let status = reply.library_error
+            let kind: AMQPError.Kind = status == AMQP_STATUS_TIMEOUT.rawValue ? .timeout
+                : status == AMQP_STATUS_HEARTBEAT_TIMEOUT.rawValue ? .heartbeatTimeout : .library
+            throw fail(AMQPError(kind: kind, operation: operation, libraryStatus: Int(status),
+                                 detail: String(cString: amqp_error_string2(status)), endpoint: endpoint))
+        default: // AMQP_RESPONSE_SERVER_EXCEPTION
+            if reply.reply.id == Method.channelClose {
+                let close = reply.reply.decoded!.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
+                let error = AMQPError(kind: .channelClosed, operation: operation, replyCode: Int(close.reply_code),
+                                      replyText: close.reply_text.string, endpoint: endpoint)
+                var closeOk = amqp_channel_close_ok_t()
+                _ = amqp_send_method(state, channel, Method.channelCloseOk, &closeOk)
+                amqp_maybe_release_buffers(state)
+                if channel == adminChannel {
+                    adminOpen = false
+                    throw error
+                }
+                throw fail(error)
+            }
+            if reply.reply.id == Method.connectionClose {
+                let close = reply.reply.decoded!.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
+                var closeOk = amqp_connection_close_ok_t()
+                _ = amqp_send_method(state, 0, Method.connectionCloseOk, &closeOk)
+                throw fail(AMQPError(kind: .connectionClosed, operation: operation, replyCode: Int(close.reply_code),
+                                     replyText: close.reply_text.string, endpoint: endpoint))
+            }
+            throw fail(AMQPError(kind: .library, operation: operation,
+                                 detail: "unexpected method 0x\(String(reply.reply.id, radix: 16)) from the broker",
+                                 endpoint: endpoint))
+        }
+    }
+}
+
+/// AMQP method numbers (class << 16 | method). rabbitmq-c defines them as cast macros, which Swift
+/// does not import.
+enum Method {
+    static let connectionStart: amqp_method_number_t = 0x000A_000A
+    static let connectionStartOk: amqp_method_number_t = 0x000A_000B
+    static let connectionTune: amqp_method_number_t = 0x000A_001E
+    static let connectionTuneOk: amqp_method_number_t = 0x000A_001F
+    static let connectionOpen: amqp_method_number_t = 0x000A_0028
+    static let connectionOpenOk: amqp_method_number_t = 0x000A_0029
+    static let connectionClose: amqp_method_number_t = 0x000A_0032
+    static let connectionCloseOk: amqp_method_number_t = 0x000A_0033
+    static let channelClose: amqp_method_number_t = 0x0014_0028
+    static let channelCloseOk: amqp_method_number_t = 0x0014_0029
+    static let basicCancel: amqp_method_number_t = 0x003C_001E
+    static let basicReturn: amqp_method_number_t = 0x003C_0032
+    static let basicDeliver: amqp_method_number_t = 0x003C_003C
+    static let basicAck: amqp_method_number_t = 0x003C_0050
+    static let basicNack: amqp_method_number_t = 0x003C_0078
+}
+
+extension amqp_basic_properties_t {
+    func flag(_ flag: Int32) -> Bool { _flags & amqp_flags_t(flag) != 0 }
+}
+
+extension timeval {
+    init(interval: TimeInterval) {
+        let whole = Int(interval.rounded(.down))
+        self.init(tv_sec: time_t(whole), tv_usec: suseconds_t(((interval - Double(whole)) * 1_000_000).rounded(.down)))
+    }
+}

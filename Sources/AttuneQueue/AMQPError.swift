@@ -1,0 +1,128 @@
+/// Everything that can go wrong talking to RabbitMQ. The broker's reply code and text are kept as the
+/// broker sent them; `isTransient` tells the caller whether reconnecting and trying again can help.
+/// Passwords never appear in the text: URLs are shown redacted.
+public struct AMQPError: Error, CustomStringConvertible, Sendable {
+    public enum Kind: String, Sendable {
+        /// The URL could not be parsed.
+        case invalidURL
+        /// TCP (or TLS) connection to the broker failed.
+        case connectFailed
+        /// The broker refused the login or the virtual host.
+        case loginFailed
+        /// rabbitmq-c reported a socket or protocol error; the connection is unusable.
+        case library
+        /// No frame from the broker for two heartbeat intervals; the connection is unusable.
+        case heartbeatTimeout
+        /// The broker did not answer in time; the connection is unusable.
+        case timeout
+        /// The broker closed a channel (e.g. 404 NOT_FOUND, 406 PRECONDITION_FAILED).
+        case channelClosed
+        /// The broker closed the connection (e.g. 320 CONNECTION_FORCED on shutdown).
+        case connectionClosed
+        /// The broker answered a confirmed publish with basic.nack: it did not take the message.
+        case publishNacked
+        /// A mandatory publish could not be routed to any queue (basic.return).
+        case publishReturned
+        /// The broker cancelled our consumer, e.g. because its queue was deleted.
+        case consumerCancelled
+        /// This connection was closed earlier or broke; make a new one.
+        case closed
+        /// The caller passed something the protocol cannot carry.
+        case invalidArgument
+    }
+
+    public let kind: Kind
+    /// What we were doing, e.g. "declare queue attune.jobs".
+    public let operation: String
+    /// The broker's reply code (AMQP constants: 404, 406, 320, ...), when the broker sent one.
+    public let replyCode: Int?
+    /// The broker's reply text, unchanged.
+    public let replyText: String?
+    /// rabbitmq-c's status code, when the library reported the error.
+    public let libraryStatus: Int?
+    /// Extra words from us (library error string, parse problem), never containing a password.
+    public let detail: String?
+    /// The broker's URL with the password replaced by `***`.
+    public let endpoint: String
+
+    public init(kind: Kind, operation: String, replyCode: Int? = nil, replyText: String? = nil,
+                libraryStatus: Int? = nil, detail: String? = nil, endpoint: String) {
+        self.kind = kind
+        self.operation = operation
+        self.replyCode = replyCode
+        self.replyText = replyText
+        self.libraryStatus = libraryStatus
+        self.detail = detail
+        self.endpoint = endpoint
+    }
+
+    /// True when a new connection and another attempt may succeed: network trouble, missed heartbeats,
+    /// timeouts, a broker restarting or shutting down (320 CONNECTION_FORCED), broker-internal errors,
+    /// a nacked publish. False for problems that repeat until someone changes something: bad URL or
+    /// credentials, 403 ACCESS_REFUSED, 404 NOT_FOUND, 406 PRECONDITION_FAILED, unroutable messages.
+    public var isTransient: Bool {
+        switch kind {
+        case .invalidURL, .loginFailed, .invalidArgument, .publishReturned:
+            return false
+        case .connectFailed, .library, .heartbeatTimeout, .timeout, .publishNacked, .consumerCancelled, .closed:
+            return true
+        case .channelClosed, .connectionClosed:
+            guard let replyCode else { return true }
+            switch replyCode {
+            case 320, // CONNECTION_FORCED: broker shutting down or an operator closed us
+                 505, // UNEXPECTED_FRAME
+                 506, // RESOURCE_ERROR: broker out of a resource for now
+                 541: // INTERNAL_ERROR
+                return true
+            default:
+                return false
+            }
+        }
+    }
+
+    public var description: String {
+        var text = "AMQP \(operation) failed"
+        if let replyCode {
+            text += ": broker replied \(replyCode)"
+            if let replyText, !replyText.isEmpty { text += " \(replyText)" }
+        }
+        if let detail, !detail.isEmpty { text += ": \(detail)" }
+        text += " [\(endpoint)]"
+        if let advice { text += "; \(advice)" }
+        return text
+    }
+
+    /// What to do about it, in a few words.
+    var advice: String? {
+        switch kind {
+        case .invalidURL:
+            return "write it as amqp://user:password@host:port/vhost (percent-encode '/' in the vhost as %2f)"
+        case .connectFailed:
+            return "is RabbitMQ running and listening there? (deploy/rabbitmq.sh start DIR starts a local one)"
+        case .loginFailed:
+            return "check the user, password and virtual host in the URL and the user's permissions on the vhost"
+        case .heartbeatTimeout, .library, .timeout, .closed:
+            return "reconnect; the connection cannot be used any more"
+        case .publishNacked:
+            return "the broker could not take the message (queue limits or an internal error); publish it again"
+        case .publishReturned:
+            return "no queue is bound for that exchange and routing key; declare the topology first"
+        case .consumerCancelled:
+            return "the queue was deleted or failed over; reconnect and declare the topology again"
+        case .invalidArgument:
+            return nil
+        case .channelClosed, .connectionClosed:
+            switch replyCode {
+            case 320: return "the broker is shutting down or closed the connection; reconnect"
+            case 403: return "the user lacks permission for this; grant it with rabbitmqctl set_permissions"
+            case 404: return "it does not exist; declare the topology first"
+            case 405: return "an exclusive queue of another connection holds that name"
+            case 406:
+                return "the broker already has it with other arguments or the delivery tag is unknown; "
+                    + "delete the old queue/exchange (rabbitmqctl delete_queue) or use the same arguments"
+            case 530: return "the virtual host is not allowed for this user"
+            default: return nil
+            }
+        }
+    }
+}

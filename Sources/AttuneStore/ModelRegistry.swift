@@ -1,0 +1,232 @@
+import Foundation
+
+/// Base models, personal heads and personal versions in PostgreSQL. Wraps one connection, so like
+/// the connection it belongs to one thread at a time; give each worker thread its own registry.
+public final class ModelRegistry {
+    public let connection: PostgresConnection
+
+    public init(connection: PostgresConnection) {
+        self.connection = connection
+    }
+
+    // MARK: - Base models
+
+    private static let baseColumns = """
+        b.name, b.version, b.kind, b.model_lo, b.size_bytes, b.sha256,
+        extract(epoch FROM b.imported_at)::float8 AS imported_at,
+        (SELECT count(*) FROM attune_personal_heads h
+          WHERE h.model = b.name AND h.base_version = b.version) AS user_count
+        """
+
+    /// Stores `bytes` as the next version of `name` (1 for a new name). Concurrent imports of the
+    /// same name queue on a transaction-scoped advisory lock, so versions are never skipped or reused.
+    public func importBaseModel(name: String, kind: String, bytes: Data) throws -> BaseModelRecord {
+        let conn = connection
+        return try conn.transaction {
+            try conn.query("SELECT pg_advisory_xact_lock(hashtextextended('attune.base_models:' || $1, 0))", [name])
+            let next = try conn.query("SELECT coalesce(max(version), 0) + 1 FROM attune_base_models WHERE name = $1",
+                                      [name]).int(0, 0)
+            let oid = try conn.createLargeObject(bytes)
+            try conn.query("""
+                INSERT INTO attune_base_models (name, version, kind, model_lo, size_bytes, sha256)
+                VALUES ($1, $2, $3, $4::oid, $5, encode(sha256(lo_get($4::oid)), 'hex'))
+                """, [name, next, kind, oid, Int64(bytes.count)])
+            return try Self.baseRecord(conn.query(
+                "SELECT \(Self.baseColumns) FROM attune_base_models b WHERE name = $1 AND version = $2",
+                [name, next])[0])
+        }
+    }
+
+    /// A base model and its bytes; `version` nil means the newest.
+    public func baseModel(name: String, version: Int?) throws -> (record: BaseModelRecord, bytes: Data) {
+        let conn = connection
+        return try conn.transaction {
+            let result = try conn.query("""
+                SELECT \(Self.baseColumns) FROM attune_base_models b
+                WHERE b.name = $1 AND ($2::integer IS NULL OR b.version = $2::integer)
+                ORDER BY b.version DESC LIMIT 1
+                """, [name, version])
+            guard result.rowCount == 1 else { throw RegistryError.unknownModel(name, version) }
+            let bytes = try conn.readLargeObject(result[0].oid("model_lo"))
+            return (try Self.baseRecord(result[0]), bytes)
+        }
+    }
+
+    /// Every imported version of every base model, by name then version.
+    public func listBaseModels() throws -> [BaseModelRecord] {
+        try connection.query("SELECT \(Self.baseColumns) FROM attune_base_models b ORDER BY b.name, b.version")
+            .rows.map(Self.baseRecord)
+    }
+
+    private static func baseRecord(_ row: QueryResult.Row) throws -> BaseModelRecord {
+        BaseModelRecord(name: try row.string("name"), version: try row.int("version"),
+                        kind: try row.string("kind"), sizeBytes: try row.int64("size_bytes"),
+                        sha256: try row.string("sha256"),
+                        importedAt: Date(timeIntervalSince1970: try row.double("imported_at")),
+                        userCount: try row.int("user_count"))
+    }
+
+    // MARK: - Personal versions
+
+    private static let versionColumns = """
+        v.user_id, v.model, v.version, v.base_version, v.parent_version, v.job_id, v.state_lo,
+        v.state_size_bytes, v.loss, v.samples, v.epochs, v.duration_seconds, v.worker,
+        extract(epoch FROM v.created_at)::float8 AS created_at
+        """
+
+    /// The user's head, or nil while the user is at version 0 (the base model itself).
+    public func head(user: String, model: String) throws -> PersonalHead? {
+        let result = try connection.query("""
+            SELECT user_id, model, version, base_version, extract(epoch FROM updated_at)::float8 AS updated_at
+            FROM attune_personal_heads WHERE user_id = $1 AND model = $2
+            """, [user, model])
+        guard result.rowCount == 1 else { return nil }
+        let row = result[0]
+        let version = try row.int("version")
+        guard version > 0 else { return nil }
+        return PersonalHead(user: try row.string("user_id"), model: try row.string("model"), version: version,
+                            baseVersion: try row.int("base_version"),
+                            updatedAt: Date(timeIntervalSince1970: try row.double("updated_at")))
+    }
+
+    /// The head and its update state read in one transaction, so they belong together; nil at version 0.
+    public func headState(user: String, model: String) throws -> (info: PersonalVersionRecord, state: Data)? {
+        let conn = connection
+        return try conn.transaction {
+            let result = try conn.query("""
+                SELECT \(Self.versionColumns) FROM attune_personal_heads h
+                JOIN attune_personal_versions v
+                  ON v.user_id = h.user_id AND v.model = h.model AND v.version = h.version
+                WHERE h.user_id = $1 AND h.model = $2
+                """, [user, model])
+            guard result.rowCount == 1 else { return nil }
+            return (try Self.versionRecord(result[0]), try conn.readLargeObject(result[0].oid("state_lo")))
+        }
+    }
+
+    /// One stored version and its update state.
+    public func personalVersion(user: String, model: String, version: Int) throws -> (info: PersonalVersionRecord, state: Data) {
+        let conn = connection
+        return try conn.transaction {
+            let result = try conn.query("""
+                SELECT \(Self.versionColumns) FROM attune_personal_versions v
+                WHERE v.user_id = $1 AND v.model = $2 AND v.version = $3
+                """, [user, model, version])
+            guard result.rowCount == 1 else {
+                throw RegistryError.unknownVersion(user: user, model: model, version: version)
+            }
+            return (try Self.versionRecord(result[0]), try conn.readLargeObject(result[0].oid("state_lo")))
+        }
+    }
+
+    /// The version a job produced, if it was applied; a worker checks this before training a redelivery.
+    public func versionApplied(jobId: String) throws -> PersonalVersionRecord? {
+        let result = try connection.query(
+            "SELECT \(Self.versionColumns) FROM attune_personal_versions v WHERE v.job_id = $1", [jobId])
+        return result.rowCount == 1 ? try Self.versionRecord(result[0]) : nil
+    }
+
+    /// All stored versions of one user's model, oldest first.
+    public func history(user: String, model: String) throws -> [PersonalVersionRecord] {
+        try connection.query("""
+            SELECT \(Self.versionColumns) FROM attune_personal_versions v
+            WHERE v.user_id = $1 AND v.model = $2 ORDER BY v.version
+            """, [user, model]).rows.map(Self.versionRecord)
+    }
+
+    /// Stores a new version and moves the head to it, all in one transaction: lock the head row,
+    /// check the job id and the head, write the state, insert the version, move the head. A crash
+    /// anywhere leaves the whole version or nothing.
+    public func commitVersion(_ v: NewPersonalVersion) throws -> CommitOutcome {
+        guard v.parentVersion >= 0 else {
+            throw RegistryError.invalidArgument("parentVersion \(v.parentVersion) is negative")
+        }
+        let conn = connection
+        do {
+            return try conn.transaction {
+                // A user's first commit has no head row to lock yet; create one at version 0. If two
+                // first commits race, one inserts and the other waits on the row lock below.
+                try conn.query("""
+                    INSERT INTO attune_personal_heads (user_id, model, base_version, version)
+                    VALUES ($1, $2, $3, 0) ON CONFLICT (user_id, model) DO NOTHING
+                    """, [v.user, v.model, v.baseVersion])
+                let head = try conn.query("""
+                    SELECT version, base_version FROM attune_personal_heads
+                    WHERE user_id = $1 AND model = $2 FOR UPDATE
+                    """, [v.user, v.model])[0]
+                let headVersion = try head.int("version")
+                let headBase = try head.int("base_version")
+
+                // Checked after taking the lock: a concurrent commit of the same job is visible now.
+                if let existing = try versionApplied(jobId: v.jobId) {
+                    throw EarlyExit(outcome: .duplicate(existing: existing))
+                }
+                if headBase != v.baseVersion {
+                    guard headVersion == 0 else {
+                        throw RegistryError.baseVersionMismatch(user: v.user, model: v.model,
+                                                                headBaseVersion: headBase, requested: v.baseVersion)
+                    }
+                    // Nothing is stored at version 0, so the user may start from another base.
+                    try conn.query("UPDATE attune_personal_heads SET base_version = $3 WHERE user_id = $1 AND model = $2",
+                                   [v.user, v.model, v.baseVersion])
+                }
+                if headVersion != v.parentVersion {
+                    throw EarlyExit(outcome: .headMoved(current: headVersion))
+                }
+
+                let version = headVersion + 1
+                let oid = try conn.createLargeObject(v.state)
+                try conn.query("""
+                    INSERT INTO attune_personal_versions
+                        (user_id, model, version, base_version, parent_version, job_id, state_lo,
+                         state_size_bytes, loss, samples, epochs, duration_seconds, worker)
+                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                    """, [v.user, v.model, version, v.baseVersion, v.parentVersion, v.jobId, oid,
+                          Int64(v.state.count), v.loss, v.samples, v.epochs, v.durationSeconds, v.worker])
+                try conn.query("""
+                    UPDATE attune_personal_heads SET version = $3, updated_at = now()
+                    WHERE user_id = $1 AND model = $2
+                    """, [v.user, v.model, version])
+                return .committed(version: version)
+            }
+        } catch let exit as EarlyExit {
+            return exit.outcome
+        } catch let error as DatabaseError where error.sqlState == "23503" {
+            // The head or version row points at a base model that does not exist.
+            throw RegistryError.unknownModel(v.model, v.baseVersion)
+        } catch let error as DatabaseError where error.sqlState == "23505" && error.constraint?.hasSuffix("job_id_key") == true {
+            // The same job id committed concurrently for another user or model: still applied once.
+            if let existing = try versionApplied(jobId: v.jobId) { return .duplicate(existing: existing) }
+            throw error
+        }
+    }
+
+    /// Deletes all but the newest `keep` versions of one user's model (the head is always kept);
+    /// their large objects go with them through the `lo_manage` trigger. Returns how many were
+    /// deleted. Deleted versions no longer answer `versionApplied`, so a very late redelivery of
+    /// their jobs would train again: keep more versions than jobs can stay in flight.
+    @discardableResult
+    public func pruneVersions(user: String, model: String, keep: Int) throws -> Int {
+        guard keep >= 1 else { throw RegistryError.invalidArgument("keep must be at least 1 (the head), got \(keep)") }
+        return try connection.query("""
+            DELETE FROM attune_personal_versions
+            WHERE user_id = $1 AND model = $2
+              AND version <= (SELECT version FROM attune_personal_heads WHERE user_id = $1 AND model = $2) - $3
+            """, [user, model, keep]).affectedRows
+    }
+
+    /// Leaves the transaction by rollback with an outcome that is not an error for the caller.
+    private struct EarlyExit: Error {
+        let outcome: CommitOutcome
+    }
+
+    private static func versionRecord(_ row: QueryResult.Row) throws -> PersonalVersionRecord {
+        PersonalVersionRecord(user: try row.string("user_id"), model: try row.string("model"),
+                              version: try row.int("version"), baseVersion: try row.int("base_version"),
+                              parentVersion: try row.int("parent_version"), jobId: try row.string("job_id"),
+                              stateSizeBytes: try row.int64("state_size_bytes"), loss: try row.optionalDouble("loss"),
+                              samples: try row.int("samples"), epochs: try row.int("epochs"),
+                              durationSeconds: try row.double("duration_seconds"), worker: try row.string("worker"),
+                              createdAt: Date(timeIntervalSince1970: try row.double("created_at")))
+    }
+}

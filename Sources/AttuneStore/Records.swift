@@ -1,0 +1,114 @@
+import Foundation
+
+/// An imported base model, `name@version`. Its bytes are read separately (they can be large).
+public struct BaseModelRecord: Sendable, Equatable {
+    public let name: String
+    public let version: Int
+    public let kind: String
+    public let sizeBytes: Int64
+    /// Hex SHA-256 of the model bytes, computed by the server when the model was imported.
+    public let sha256: String
+    public let importedAt: Date
+    /// Users whose personal head derives from this version.
+    public let userCount: Int
+
+    public var reference: String { "\(name)@\(version)" }
+}
+
+/// Where one user's personal model stands. A user without a head is at version 0: the base itself.
+public struct PersonalHead: Sendable, Equatable {
+    public let user: String
+    public let model: String
+    public let version: Int
+    public let baseVersion: Int
+    public let updatedAt: Date
+}
+
+/// One stored personal version: the metrics of the update task that produced it. The update state
+/// itself is read with `ModelRegistry.personalVersion`.
+public struct PersonalVersionRecord: Sendable, Equatable {
+    public let user: String
+    public let model: String
+    public let version: Int
+    public let baseVersion: Int
+    public let parentVersion: Int
+    public let jobId: String
+    public let stateSizeBytes: Int64
+    /// nil for tasks without a loss (k-nearest-neighbours only appends samples).
+    public let loss: Double?
+    public let samples: Int
+    public let epochs: Int
+    public let durationSeconds: Double
+    public let worker: String
+    public let createdAt: Date
+}
+
+/// What a worker commits after an update task.
+public struct NewPersonalVersion: Sendable {
+    public var user: String
+    public var model: String
+    public var baseVersion: Int
+    /// The head version the task started from; the commit succeeds only if it is still the head.
+    public var parentVersion: Int
+    public var jobId: String
+    /// The serialized update state (an `Attune_V1_UpdateState`).
+    public var state: Data
+    public var loss: Double?
+    public var samples: Int
+    public var epochs: Int
+    public var durationSeconds: Double
+    public var worker: String
+
+    public init(user: String, model: String, baseVersion: Int, parentVersion: Int, jobId: String,
+                state: Data, loss: Double?, samples: Int, epochs: Int, durationSeconds: Double,
+                worker: String) {
+        self.user = user
+        self.model = model
+        self.baseVersion = baseVersion
+        self.parentVersion = parentVersion
+        self.jobId = jobId
+        self.state = state
+        self.loss = loss
+        self.samples = samples
+        self.epochs = epochs
+        self.durationSeconds = durationSeconds
+        self.worker = worker
+    }
+}
+
+public enum CommitOutcome: Sendable, Equatable {
+    /// The new version is stored and is now the head.
+    case committed(version: Int)
+    /// The job id was applied before; nothing was written. Ack the job without training again.
+    case duplicate(existing: PersonalVersionRecord)
+    /// Another job moved the head since the task started; nothing was written. Retrain from
+    /// `current` (training is deterministic, so nothing is lost) and commit again.
+    case headMoved(current: Int)
+}
+
+/// Requests the registry cannot satisfy however often they are retried: dead-letter the job.
+public enum RegistryError: Error, CustomStringConvertible, Sendable, Equatable {
+    /// No base model with this name (and version, when given).
+    case unknownModel(String, Int?)
+    case unknownVersion(user: String, model: String, version: Int)
+    /// The user's line of versions derives from another base version than the job asked for.
+    case baseVersionMismatch(user: String, model: String, headBaseVersion: Int, requested: Int)
+    case invalidArgument(String)
+
+    public var isTransient: Bool { false }
+
+    public var description: String {
+        switch self {
+        case let .unknownModel(name, version?):
+            return "no base model \(name)@\(version); import it first (attune model import) or use an existing version"
+        case let .unknownModel(name, nil):
+            return "no base model named \(name); import it first (attune model import)"
+        case let .unknownVersion(user, model, version):
+            return "user \(user) has no version \(version) of \(model); list them with `attune model history`"
+        case let .baseVersionMismatch(user, model, head, requested):
+            return "user \(user)'s \(model) derives from base version \(head), but version \(requested) was requested; send base_version \(head) (or 0 for the user's own base)"
+        case let .invalidArgument(reason):
+            return "invalid argument: \(reason)"
+        }
+    }
+}

@@ -1,0 +1,138 @@
+// The errors of the training engine. Each says what was wrong and what to do, so a worker can put
+// `description` straight into a `failed` event. `UnsupportedModel` and `InvalidTrainingInput` can never
+// succeed on retry (dead-letter the job); `InvalidUpdateState` means a stored version does not fit its
+// base model (an operator problem); `UpdateTaskError` covers what happens while training.
+
+/// A base model this engine cannot train, found when `UpdatableModel` reads the spec.
+public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatable {
+    /// The model is not a neural-network classifier (e.g. a pipeline or k-NN).
+    case modelType(found: String)
+    case notUpdatable
+    /// A layer of a type, or with options, that this engine does not train.
+    case layer(name: String, type: String, reason: String)
+    /// The layers do not form one chain from the input to the loss input.
+    case brokenChain(String)
+    case input(String)
+    case classLabels(String)
+    case trainingInputs(String)
+    case loss(String)
+    case optimizer(String)
+    /// Weights stored in a form this engine does not read (float16, int8, quantized) or of the wrong size.
+    case weights(layer: String, reason: String)
+
+    static let supportedLayers =
+        "innerProduct, activation (ReLU, leakyReLU, sigmoid, tanh, linear), softmax, flatten"
+
+    public var description: String {
+        switch self {
+        case .modelType(let found):
+            return "unsupported model type \(found): the training engine updates neuralNetworkClassifier models; "
+                + "convert the model to an updatable neural-network classifier"
+        case .notUpdatable:
+            return "the model is not updatable (isUpdatable is false or no layer is marked updatable); "
+                + "mark the layers to personalize as updatable with coremltools before importing"
+        case .layer(let name, let type, let reason):
+            return "layer '\(name)' of type \(type) is not supported: \(reason). Supported layers: \(Self.supportedLayers)"
+        case .brokenChain(let detail):
+            return "the layers do not form a single chain from the model input to the loss input: \(detail)"
+        case .input(let detail):
+            return "unsupported model input: \(detail); the engine takes one multiArray input (FLOAT32, DOUBLE or INT32)"
+        case .classLabels(let detail):
+            return "unsupported class labels: \(detail); use stringClassLabels or int64ClassLabels"
+        case .trainingInputs(let detail):
+            return "unsupported training inputs: \(detail); declare the model input and one label feature"
+        case .loss(let detail):
+            return "unsupported loss: \(detail); use one categoricalCrossEntropy loss on the softmax output"
+        case .optimizer(let detail):
+            return "unsupported optimizer: \(detail); use sgdOptimizer"
+        case .weights(let layer, let reason):
+            return "weights of layer '\(layer)' cannot be read: \(reason); store them as float32 "
+                + "(floatValue or rawValue)"
+        }
+    }
+}
+
+/// Training input that can never be trained on: the job must be fixed by its producer.
+public enum InvalidTrainingInput: Error, CustomStringConvertible, Sendable, Equatable {
+    case sampleCount(count: Int, max: Int)
+    case missingFeature(sample: Int, feature: String)
+    case unknownFeature(sample: Int, feature: String, expected: [String])
+    case wrongType(sample: Int, feature: String, expected: String, found: String)
+    case wrongShape(sample: Int, feature: String, expected: [Int], shape: [Int64], valueCount: Int)
+    case nonFinite(sample: Int, feature: String, index: Int)
+    case unknownLabel(sample: Int, feature: String, label: String, known: [String])
+    /// An update parameter override outside what the model allows.
+    case parameterOutOfRange(name: String, value: String, allowed: String)
+    /// An override of a parameter the model does not declare, or that its optimizer does not use.
+    case parameterNotAllowed(name: String, reason: String)
+
+    public var description: String {
+        switch self {
+        case .sampleCount(let count, let max):
+            return "a training job needs 1...\(max) samples, got \(count); split larger batches into several jobs"
+        case .missingFeature(let sample, let feature):
+            return "sample \(sample): feature '\(feature)' is missing; every sample needs the model input and the label"
+        case .unknownFeature(let sample, let feature, let expected):
+            return "sample \(sample): unknown feature '\(feature)'; the model takes only \(expected.joined(separator: ", "))"
+        case .wrongType(let sample, let feature, let expected, let found):
+            return "sample \(sample): feature '\(feature)' must be \(expected), got \(found)"
+        case .wrongShape(let sample, let feature, let expected, let shape, let valueCount):
+            let product = expected.reduce(1, *)
+            return "sample \(sample): feature '\(feature)' must be a multiArray of shape \(expected) "
+                + "(\(product) values, shape may be omitted), got shape \(shape) with \(valueCount) values"
+        case .nonFinite(let sample, let feature, let index):
+            return "sample \(sample): feature '\(feature)' has a NaN or infinite value at index \(index); "
+                + "only finite numbers can be trained on"
+        case .unknownLabel(let sample, let feature, let label, let known):
+            let shown = known.prefix(20).joined(separator: ", ") + (known.count > 20 ? ", ..." : "")
+            return "sample \(sample): label '\(label)' in feature '\(feature)' is not one of the model's class labels (\(shown))"
+        case .parameterOutOfRange(let name, let value, let allowed):
+            return "update parameter \(name) = \(value) is not allowed by the model; allowed: \(allowed)"
+        case .parameterNotAllowed(let name, let reason):
+            return "update parameter \(name) cannot be set: \(reason); remove it from the job"
+        }
+    }
+}
+
+/// An update state that does not fit the base model it is applied to.
+public enum InvalidUpdateState: Error, CustomStringConvertible, Sendable, Equatable {
+    case missingTensor(name: String)
+    case unknownTensor(name: String, expected: [String])
+    case wrongSize(name: String, expected: [Int], shape: [Int64], valueCount: Int)
+    case nonFinite(name: String, index: Int)
+
+    public var description: String {
+        switch self {
+        case .missingTensor(let name):
+            return "update state has no tensor '\(name)'; the state was made for another base model — "
+                + "train from version 0 or load the matching base"
+        case .unknownTensor(let name, let expected):
+            return "update state has tensor '\(name)' that the base model does not have (expected "
+                + "\(expected.joined(separator: ", "))); the state was made for another base model"
+        case .wrongSize(let name, let expected, let shape, let valueCount):
+            return "update state tensor '\(name)' must have shape \(expected), has shape \(shape) with "
+                + "\(valueCount) values; the state was made for another base model"
+        case .nonFinite(let name, let index):
+            return "update state tensor '\(name)' has a NaN or infinite value at index \(index); the stored "
+                + "version is corrupt — roll the user back to an earlier version"
+        }
+    }
+}
+
+/// Failures while an update task runs.
+public enum UpdateTaskError: Error, CustomStringConvertible, Sendable, Equatable {
+    /// `isCancelled` returned true; nothing was produced. `epoch` and `batch` are 1-based.
+    case cancelled(epoch: Int, batch: Int)
+    /// The loss became NaN or infinite: the learning rate is too high for these samples.
+    case diverged(epoch: Int, batch: Int)
+
+    public var description: String {
+        switch self {
+        case .cancelled(let epoch, let batch):
+            return "update task cancelled before epoch \(epoch), mini-batch \(batch); no version was produced"
+        case .diverged(let epoch, let batch):
+            return "training diverged (loss is NaN or infinite) in epoch \(epoch), mini-batch \(batch); "
+                + "lower the learning rate or scale the input features"
+        }
+    }
+}

@@ -1,0 +1,122 @@
+// The compiled chain of layers and the buffers one pass through it needs.
+//
+// Boundary i is the input of step i and the output of step i−1; boundary 0 is the model input and the
+// last boundary the softmax output. During training the last step (the softmax) is fused with the loss.
+
+/// One layer of the chain, in execution order.
+enum NetworkStep: Sendable {
+    case dense(DenseLayer)
+    case activation(ActivationLayer)
+    case softmax(name: String)
+    case flatten(name: String)
+}
+
+/// Where one updatable tensor lives in the flat parameter buffer.
+struct TensorSlot: Sendable {
+    let name: String
+    let shape: [Int]
+    let offset: Int
+    let count: Int
+    let specIndex: Int
+    let isBias: Bool
+}
+
+struct NetworkPlan: Sendable {
+    let steps: [NetworkStep]
+    /// Elements per sample at each boundary (steps.count + 1 entries).
+    let widths: [Int]
+    /// Every dense layer's weights and biases, frozen and trainable, in one flat buffer.
+    let baseParameters: [Float]
+    /// The trainable tensors, in layer order; also the order of `UpdateState.tensors`.
+    let slots: [TensorSlot]
+    /// Index of the earliest step with trainable parameters: back-propagation stops there.
+    let firstTrainableStep: Int
+
+    var classCount: Int { widths[widths.count - 1] }
+    var inputWidth: Int { widths[0] }
+}
+
+/// A fixed-size float buffer owned by one task; raw memory so the inner loops see plain pointers.
+final class FloatBuffer {
+    let count: Int
+    let pointer: UnsafeMutablePointer<Float>
+
+    init(count: Int) {
+        self.count = count
+        pointer = .allocate(capacity: max(count, 1))
+        pointer.initialize(repeating: 0, count: max(count, 1))
+    }
+
+    convenience init(_ values: [Float]) {
+        self.init(count: values.count)
+        values.withUnsafeBufferPointer { pointer.update(from: $0.baseAddress!, count: values.count) }
+    }
+
+    deinit { pointer.deallocate() }
+
+    var array: [Float] { Array(UnsafeBufferPointer(start: pointer, count: count)) }
+}
+
+/// Activations, their gradients and the parameters for mini-batches of up to `maxBatch` rows,
+/// allocated once per task.
+final class Workspace {
+    let plan: NetworkPlan
+    let maxBatch: Int
+    let activations: [FloatBuffer]
+    let deltas: [FloatBuffer]
+    let params: FloatBuffer
+    let grads: FloatBuffer
+
+    init(plan: NetworkPlan, maxBatch: Int, parameters: [Float], training: Bool) {
+        self.plan = plan
+        self.maxBatch = maxBatch
+        activations = plan.widths.map { FloatBuffer(count: $0 * maxBatch) }
+        deltas = training ? plan.widths.map { FloatBuffer(count: $0 * maxBatch) } : []
+        params = FloatBuffer(parameters)
+        grads = FloatBuffer(count: training ? parameters.count : 0)
+    }
+
+    /// Runs steps `0..<end` on the `batch` rows already in boundary 0.
+    func forward(batch: Int, through end: Int) {
+        for (i, step) in plan.steps.prefix(end).enumerated() {
+            let x = UnsafePointer(activations[i].pointer), y = activations[i + 1].pointer
+            let n = batch * plan.widths[i]
+            switch step {
+            case .dense(let layer): layer.forward(x: x, y: y, batch: batch, params: params.pointer)
+            case .activation(let layer): layer.forward(x: x, y: y, count: n)
+            case .softmax: SoftmaxLayer.forward(z: x, p: y, batch: batch, width: plan.widths[i])
+            case .flatten: FlattenLayer.forward(x: x, y: y, count: n)
+            }
+        }
+    }
+
+    /// Forward, fused softmax + cross-entropy, backward down to the earliest trainable step.
+    /// Returns the summed loss of the rows; gradients are left in `grads`.
+    func trainStep(batch: Int, targets: UnsafePointer<Int>) -> Double {
+        let last = plan.steps.count - 1
+        forward(batch: batch, through: last)
+        let loss = SoftmaxCrossEntropy.forwardBackward(
+            z: activations[last].pointer, targets: targets, p: activations[last + 1].pointer,
+            dz: deltas[last].pointer, batch: batch, width: plan.widths[last])
+        var i = last - 1
+        while i >= plan.firstTrainableStep {
+            let x = UnsafePointer(activations[i].pointer), y = UnsafePointer(activations[i + 1].pointer)
+            let dy = UnsafePointer(deltas[i + 1].pointer)
+            let dx: UnsafeMutablePointer<Float>? = i > plan.firstTrainableStep ? deltas[i].pointer : nil
+            let n = batch * plan.widths[i]
+            switch plan.steps[i] {
+            case .dense(let layer):
+                layer.backward(x: x, dy: dy, dx: dx, batch: batch, params: params.pointer,
+                               grads: layer.trainable ? grads.pointer : nil)
+            case .activation(let layer):
+                if let dx { layer.backward(x: x, y: y, dy: dy, dx: dx, count: n) }
+            case .softmax:
+                if let dx { SoftmaxLayer.backward(p: y, dp: dy, dz: dx, batch: batch, width: plan.widths[i + 1]) }
+            case .flatten:
+                if let dx { FlattenLayer.backward(dy: dy, dx: dx, count: n) }
+            }
+            i -= 1
+        }
+        return loss
+    }
+}

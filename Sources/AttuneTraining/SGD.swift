@@ -1,0 +1,31 @@
+// Stochastic gradient descent with momentum, in the convention of Core ML and PyTorch's "Nesterov off"
+// variant written with the learning rate inside the velocity:
+//
+//   v ← momentum · v − learningRate · g
+//   w ← w + v
+//
+// The velocity starts at zero for every update task (it is not part of the stored update state), so a
+// task's result depends only on its inputs. With momentum 0 this is plain SGD: w ← w − learningRate · g.
+struct SGD {
+    let learningRate: Float
+    let momentum: Float
+    let velocity: FloatBuffer
+    let ranges: [Range<Int>]
+
+    init(learningRate: Double, momentum: Double, slots: [TensorSlot], parameterCount: Int) {
+        self.learningRate = Float(learningRate)
+        self.momentum = Float(momentum)
+        velocity = FloatBuffer(count: parameterCount)
+        ranges = slots.map { $0.offset..<($0.offset + $0.count) }
+    }
+
+    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>) {
+        let v = velocity.pointer
+        for range in ranges {
+            for i in range {
+                v[i] = momentum * v[i] - learningRate * grads[i]
+                params[i] += v[i]
+            }
+        }
+    }
+}

@@ -1,0 +1,44 @@
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+import AttuneTraining
+
+/// How one delivery of a job ended; the slot turns each into exactly one broker action.
+public enum JobOutcome: Sendable, Equatable {
+    /// A new version was committed: ack.
+    case committed(version: Int, loss: Double, durationSeconds: Double)
+    /// The job id was applied before (a redelivery or a re-publish): ack without training.
+    case alreadyApplied(version: Int)
+    /// The job can never succeed as sent: dead-letter it with the reason.
+    case rejected(reason: String)
+    /// Something outside the job failed (a server restarting): retry it later.
+    case transient(reason: String)
+}
+
+/// Sorts an error into "the job is at fault" (dead-letter now) or "the world is" (retry later).
+/// Unknown errors are retried: past the retry policy's attempts they are dead-lettered anyway, so a
+/// misclassified fault costs a few retries rather than a lost job.
+enum FailureClassifier {
+    static func outcome(for error: Error) -> JobOutcome {
+        switch error {
+        case let error as InvalidIdentifier: return .rejected(reason: error.description)
+        case let error as JobDecodingError: return .rejected(reason: error.description)
+        case let error as InvalidTrainingInput: return .rejected(reason: error.description)
+        case let error as UnsupportedModel: return .rejected(reason: error.description)
+        case let error as ModelFileError: return .rejected(reason: error.description)
+        case let error as RegistryError: return .rejected(reason: error.description)
+        case let error as InvalidUpdateState: return .rejected(reason: error.description)
+        case let error as UpdateTaskError:
+            if case .diverged = error { return .rejected(reason: error.description) }
+            return .transient(reason: error.description)
+        case let error as DatabaseError: return .transient(reason: error.description)
+        case let error as JobRejection: return .rejected(reason: error.description)
+        default: return .transient(reason: String(describing: error))
+        }
+    }
+}
+
+/// A reason to refuse a job that is decided in the worker itself rather than by a lower layer.
+struct JobRejection: Error, CustomStringConvertible {
+    let description: String
+}

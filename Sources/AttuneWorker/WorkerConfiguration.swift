@@ -1,0 +1,63 @@
+import Foundation
+
+/// Everything a worker needs to know, passed in rather than read from globals.
+public struct WorkerConfiguration: Sendable {
+    public var databaseURL: String
+    public var amqpURL: String
+    /// Jobs in hand at once; each has its own AMQP and PostgreSQL connection and thread.
+    public var concurrency: Int
+    /// Name reported in events and stored with each version (host and pid by default).
+    public var workerName: String
+    public var limits: JobLimits
+    public var retry: RetryPolicy
+    /// `mini_batch_end` events are throttled to at most one per interval per job.
+    public var miniBatchEventInterval: TimeInterval
+    /// AMQP heartbeat; the slot keeps servicing it while a task trains on another thread.
+    public var heartbeatSeconds: Int
+
+    public init(databaseURL: String, amqpURL: String, concurrency: Int = 1,
+                workerName: String = WorkerConfiguration.defaultWorkerName(),
+                limits: JobLimits = JobLimits(), retry: RetryPolicy = RetryPolicy(),
+                miniBatchEventInterval: TimeInterval = 0.5, heartbeatSeconds: Int = 30) {
+        self.databaseURL = databaseURL
+        self.amqpURL = amqpURL
+        self.concurrency = concurrency
+        self.workerName = workerName
+        self.limits = limits
+        self.retry = retry
+        self.miniBatchEventInterval = miniBatchEventInterval
+        self.heartbeatSeconds = heartbeatSeconds
+    }
+
+    public static func defaultWorkerName() -> String {
+        "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"
+    }
+}
+
+/// Bounds on what one job may ask of a worker; a job over them is dead-lettered, not attempted.
+public struct JobLimits: Sendable {
+    public var maxSamples: Int
+    public var maxBodyBytes: Int
+
+    public init(maxSamples: Int = 10_000, maxBodyBytes: Int = 16 << 20) {
+        self.maxSamples = maxSamples
+        self.maxBodyBytes = maxBodyBytes
+    }
+}
+
+/// Transient failures (a database restart, a dropped connection) are retried through the delayed retry
+/// queues; a job that keeps failing past `maxAttempts` is dead-lettered with the last reason.
+public struct RetryPolicy: Sendable {
+    public var delaysMs: [Int]
+    public var maxAttempts: Int
+
+    public init(delaysMs: [Int] = [1_000, 10_000, 60_000], maxAttempts: Int = 8) {
+        self.delaysMs = delaysMs
+        self.maxAttempts = maxAttempts
+    }
+
+    /// Delay before attempt `attempt + 1`, growing along `delaysMs` and then staying at its last value.
+    public func delayMs(afterAttempt attempt: Int) -> Int {
+        delaysMs[min(max(attempt - 1, 0), delaysMs.count - 1)]
+    }
+}

@@ -1,0 +1,47 @@
+import ArgumentParser
+import Foundation
+import Logging
+
+@main
+struct Attune: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "attune",
+        abstract: "Personalizes Core ML updatable models per user on a fleet of workers.",
+        subcommands: [Migrate.self, Model.self, Enqueue.self, WorkerCommand.self, Watch.self])
+
+    static func bootstrapLogging() {
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = ProcessInfo.processInfo.environment["ATTUNE_LOG_LEVEL"]
+                .flatMap(Logger.Level.init(rawValue:)) ?? .info
+            return handler
+        }
+    }
+}
+
+/// Connection settings shared by the commands: a flag wins, then the environment, then a local default.
+struct DatabaseOptions: ParsableArguments {
+    @Option(name: .customLong("database-url"),
+            help: "libpq connection URI (env ATTUNE_DATABASE_URL).")
+    var databaseURL: String?
+
+    func resolved() -> String {
+        databaseURL ?? ProcessInfo.processInfo.environment["ATTUNE_DATABASE_URL"]
+            ?? "postgresql://attune@127.0.0.1:5432/attune"
+    }
+}
+
+struct BrokerOptions: ParsableArguments {
+    @Option(name: .customLong("amqp-url"),
+            help: "amqp://user:password@host:port/vhost, or amqps:// for TLS (env ATTUNE_AMQP_URL).")
+    var amqpURL: String?
+
+    func resolved() -> String {
+        amqpURL ?? ProcessInfo.processInfo.environment["ATTUNE_AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5672/%2f"
+    }
+}
+
+/// A failure the command line reports as one readable line and a non-zero exit.
+struct CommandFailure: Error, CustomStringConvertible {
+    let description: String
+}

@@ -1,0 +1,68 @@
+import ArgumentParser
+import AttuneQueue
+import AttuneSpec
+import Foundation
+
+struct Enqueue: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Publish training jobs (with publisher confirms) and print their job ids.")
+
+    @OptionGroup var broker: BrokerOptions
+    @OptionGroup var samples: SampleFileOptions
+    @Option(help: "Base model name.") var model: String
+    @Option(help: "User id, [A-Za-z0-9_-]{1,128}.") var user: String
+    @Option(help: "Job id (default: a new UUID). Re-publishing an id applies it once.") var jobID: String?
+    @Option(help: "Split the samples into jobs of at most this many samples each.") var chunk: Int?
+    @Option(help: "Base model version; 0 for the newest.") var baseVersion: Int = 0
+    @Option(help: "Body encoding: protobuf or json.") var format: String = "protobuf"
+    @Option(help: "Override the model's epochs.") var epochs: Int?
+    @Option(help: "Override the learning rate.") var learningRate: Double?
+    @Option(help: "Override the mini-batch size.") var miniBatchSize: Int?
+    @Option(help: "Override the momentum.") var momentum: Double?
+    @Option(help: "Override the shuffle seed.") var seed: Int?
+    @Option(help: "Override shuffling (true or false).") var shuffle: Bool?
+
+    func run() throws {
+        try Identifier.validate(model, field: "model")
+        try Identifier.validate(user, field: "user")
+        let encoding: JobEncoding
+        switch format {
+        case "protobuf": encoding = .protobuf
+        case "json": encoding = .json
+        default: throw ValidationError("--format is protobuf or json")
+        }
+        let all = try samples.load()
+        let size = max(1, chunk ?? max(all.count, 1))
+        let chunks = stride(from: 0, to: max(all.count, 1), by: size).map { Array(all[$0..<min($0 + size, all.count)]) }
+        if jobID != nil && chunks.count > 1 { throw ValidationError("--job-id names one job; drop it or --chunk") }
+
+        let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-enqueue")
+        defer { connection.close() }
+        try connection.declareTopology()
+        try connection.enableConfirms()
+        for part in chunks {
+            var job = Attune_V1_TrainingJob()
+            job.jobID = jobID ?? UUID().uuidString.lowercased()
+            job.userID = user
+            job.model = model
+            job.baseVersion = Int64(baseVersion)
+            job.samples = part
+            job.parameters = overrides()
+            let (body, contentType) = try JobCodec.encode(job, as: encoding)
+            try connection.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey,
+                                   body: body, contentType: contentType, messageId: job.jobID)
+            print(job.jobID)
+        }
+    }
+
+    private func overrides() -> Attune_V1_UpdateParameters {
+        var parameters = Attune_V1_UpdateParameters()
+        if let epochs { parameters.epochs = Int64(epochs) }
+        if let learningRate { parameters.learningRate = learningRate }
+        if let miniBatchSize { parameters.miniBatchSize = Int64(miniBatchSize) }
+        if let momentum { parameters.momentum = momentum }
+        if let seed { parameters.seed = Int64(seed) }
+        if let shuffle { parameters.shuffle = shuffle }
+        return parameters
+    }
+}

@@ -1,0 +1,135 @@
+import ArgumentParser
+import AttuneSpec
+import AttuneStore
+import AttuneTraining
+import Foundation
+
+struct Model: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Base models and users' personal versions.",
+        subcommands: [Import.self, Export.self, List.self, History.self, Evaluate.self])
+}
+
+extension Model {
+    struct Import: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Import an updatable .mlmodel as the next version of a base model.")
+
+        @OptionGroup var database: DatabaseOptions
+        @Argument(help: "The .mlmodel file (CoreML.Specification.Model).") var file: String
+        @Option(help: "Base model name, [A-Za-z0-9_-]{1,128}.") var name: String
+
+        func run() throws {
+            try Identifier.validate(name, field: "model name")
+            let bytes = try Data(contentsOf: URL(fileURLWithPath: file))
+            // Refuse what no worker could train now, not when the first job arrives.
+            let spec = try ModelFile.decode(bytes)
+            _ = try UpdatableModel(spec: spec)
+            let registry = try ModelRegistry(connection: PostgresConnection(url: database.resolved()))
+            let record = try registry.importBaseModel(name: name, kind: ModelFile.kind(of: spec), bytes: bytes)
+            print("imported \(record.name)@\(record.version) (\(record.kind), \(bytes.count) bytes)")
+        }
+    }
+
+    struct Export: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Write a full .mlmodel: the base model with a user's version written into it.")
+
+        @OptionGroup var database: DatabaseOptions
+        @Option(help: "Base model name.") var name: String
+        @Option(help: "User whose personal model to export; omit for the base model.") var user: String?
+        @Option(help: "Personal version (default: the user's head), or base version without --user.") var version: Int?
+        @Option(name: .shortAndLong, help: "Output file.") var output: String
+
+        func run() throws {
+            let registry = try ModelRegistry(connection: PostgresConnection(url: database.resolved()))
+            let loaded = try PersonalModelLoader(registry: registry).load(name: name, user: user, version: version)
+            let spec = try loaded.state.map { try loaded.model.applying($0) } ?? loaded.spec
+            try ModelFile.encode(spec).write(to: URL(fileURLWithPath: output))
+            print("wrote \(output): \(loaded.label)")
+        }
+    }
+
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List base models.")
+        @OptionGroup var database: DatabaseOptions
+
+        func run() throws {
+            let registry = try ModelRegistry(connection: PostgresConnection(url: database.resolved()))
+            let models = try registry.listBaseModels()
+            print(pad("MODEL", 24) + pad("KIND", 28) + pad("BYTES", 10) + pad("USERS", 7) + "IMPORTED")
+            for model in models {
+                print(pad("\(model.name)@\(model.version)", 24) + pad(model.kind, 28) + pad("\(model.sizeBytes)", 10)
+                      + pad("\(model.userCount)", 7) + ISO8601DateFormatter().string(from: model.importedAt))
+            }
+        }
+    }
+
+    struct History: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "A user's versions of a model, oldest first.")
+        @OptionGroup var database: DatabaseOptions
+        @Option(help: "Base model name.") var name: String
+        @Option(help: "User id.") var user: String
+
+        func run() throws {
+            let registry = try ModelRegistry(connection: PostgresConnection(url: database.resolved()))
+            let versions = try registry.history(user: user, model: name)
+            print(pad("VERSION", 9) + pad("BASE", 6) + pad("SAMPLES", 9) + pad("EPOCHS", 8) + pad("LOSS", 10)
+                  + pad("SECONDS", 9) + pad("JOB", 38) + "WORKER")
+            for v in versions {
+                print(pad("\(v.version)", 9) + pad("\(v.baseVersion)", 6) + pad("\(v.samples)", 9) + pad("\(v.epochs)", 8)
+                      + pad(v.loss.map { String(format: "%.4f", $0) } ?? "-", 10) + pad(String(format: "%.3f", v.durationSeconds), 9)
+                      + pad(v.jobId, 38) + v.worker)
+            }
+        }
+    }
+
+    struct Evaluate: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Accuracy of a base or personal model on labelled rows of a CSV file.")
+        @OptionGroup var database: DatabaseOptions
+        @OptionGroup var samples: SampleFileOptions
+        @Option(help: "Base model name.") var name: String
+        @Option(help: "User id; omit for the base model.") var user: String?
+        @Option(help: "Personal version (default: the user's head).") var version: Int?
+
+        func run() throws {
+            let registry = try ModelRegistry(connection: PostgresConnection(url: database.resolved()))
+            let loaded = try PersonalModelLoader(registry: registry).load(name: name, user: user, version: version)
+            let rows = try samples.load()
+            let accuracy = try loaded.model.accuracy(samples: rows, state: loaded.state)
+            print(String(format: "%@: accuracy %.3f on %d samples", loaded.label, accuracy, rows.count))
+        }
+    }
+}
+
+/// Finds the base model and, for a user, the version's update state.
+struct PersonalModelLoader {
+    let registry: ModelRegistry
+
+    struct Loaded {
+        let spec: CoreML_Specification_Model
+        let model: UpdatableModel
+        let state: Attune_V1_UpdateState?
+        let label: String
+    }
+
+    func load(name: String, user: String?, version: Int?) throws -> Loaded {
+        guard let user else {
+            let (record, bytes) = try registry.baseModel(name: name, version: version)
+            let spec = try ModelFile.decode(bytes)
+            return Loaded(spec: spec, model: try UpdatableModel(spec: spec), state: nil, label: "\(name)@\(record.version)")
+        }
+        let head = try registry.head(user: user, model: name)
+        let personal = version ?? head?.version ?? 0
+        let (record, bytes) = try registry.baseModel(name: name, version: head?.baseVersion)
+        let spec = try ModelFile.decode(bytes)
+        let state = personal == 0 ? nil : try Attune_V1_UpdateState(
+            serializedBytes: registry.personalVersion(user: user, model: name, version: personal).state)
+        return Loaded(spec: spec, model: try UpdatableModel(spec: spec), state: state,
+                      label: "\(name)@\(record.version) for \(user) v\(personal)")
+    }
+}
+
+func pad(_ text: String, _ width: Int) -> String {
+    text.count >= width ? text + " " : text + String(repeating: " ", count: width - text.count)
+}

@@ -1,0 +1,75 @@
+import ArgumentParser
+import AttuneQueue
+import AttuneSpec
+import Foundation
+
+struct Watch: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Show training jobs as they start, progress per epoch, and end.")
+
+    @OptionGroup var broker: BrokerOptions
+    @Option(help: "Only this user's jobs.") var user: String?
+    @Option(help: "Only this model's jobs.") var model: String?
+    @Flag(help: "Also show throttled mini-batch events.") var miniBatches = false
+    @Flag(help: "Print each event as a JSON line instead of text.") var json = false
+    @Option(help: "Exit after this many jobs have ended (completed or failed for good).") var exitAfter: Int?
+    @Option(help: "Exit with status 3 if nothing arrives for this many seconds.") var idleTimeout: Double?
+
+    func run() throws {
+        if let user { try Identifier.validate(user, field: "user") }
+        if let model { try Identifier.validate(model, field: "model") }
+        let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-watch")
+        defer { connection.close() }
+        try connection.declareTopology()
+        let queue = try connection.declareEventQueue(bindingKeys: [EventRouting.bindingKey(model: model, user: user)])
+        try connection.consume(queue: queue)
+        FileHandle.standardError.write(Data("watching \(model ?? "*")/\(user ?? "*") on \(queue)\n".utf8))
+        var ended = 0
+        var lastSeen = Date()
+        while exitAfter.map({ ended < $0 }) ?? true {
+            guard let delivery = try connection.nextDelivery(timeout: 1) else {
+                if let idleTimeout, Date().timeIntervalSince(lastSeen) > idleTimeout {
+                    FileHandle.standardError.write(Data("no events for \(idleTimeout) s\n".utf8))
+                    throw ExitCode(3)
+                }
+                continue
+            }
+            lastSeen = Date()
+            try connection.ack(delivery.deliveryTag)
+            let event = try EventCodec.decode(delivery.body, contentType: delivery.contentType)
+            if event.kind == .completed || (event.kind == .failed && !event.willRetry) { ended += 1 }
+            if event.kind == .miniBatchEnd && !miniBatches { continue }
+            if json {
+                print(try event.jsonString())
+            } else {
+                print(EventLine.text(event))
+            }
+            fflush(stdout)
+        }
+    }
+}
+
+/// One human-readable line per event.
+enum EventLine {
+    static func text(_ event: Attune_V1_Event) -> String {
+        let time = Date(timeIntervalSince1970: Double(event.timestampMs) / 1000)
+        let stamp = ISO8601DateFormatter.string(from: time, timeZone: .current, formatOptions: [.withTime, .withColonSeparatorInTime])
+        let who = "\(event.model)/\(event.userID) job \(event.jobID.prefix(8))"
+        switch event.kind {
+        case .trainingBegin:
+            return "\(stamp) \(who) started from v\(event.version): \(event.samples) samples, \(event.epochs) epochs [\(event.worker)]"
+        case .epochEnd:
+            return "\(stamp) \(who) epoch \(event.epoch)/\(event.epochs) loss \(String(format: "%.4f", event.loss))"
+        case .miniBatchEnd:
+            return "\(stamp) \(who) epoch \(event.epoch) batch \(event.miniBatch) loss \(String(format: "%.4f", event.loss))"
+        case .completed where event.duplicate:
+            return "\(stamp) \(who) already applied as v\(event.version); nothing trained"
+        case .completed:
+            return "\(stamp) \(who) completed v\(event.version) loss \(String(format: "%.4f", event.loss)) in \(String(format: "%.2f", event.durationSeconds)) s"
+        case .failed:
+            return "\(stamp) \(who) FAILED (\(event.willRetry ? "will retry" : "dead-lettered")): \(event.reason)"
+        default:
+            return "\(stamp) \(who) \(event.kind)"
+        }
+    }
+}

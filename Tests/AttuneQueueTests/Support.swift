@@ -1,0 +1,50 @@
+import AttuneQueue
+import AttuneSpec
+import Foundation
+import XCTest
+
+/// The broker under test, from ATTUNE_TEST_AMQP_URL. Without it the test is skipped, unless
+/// ATTUNE_REQUIRE_SERVICES=1 demands the services, in which case it fails.
+func requireBrokerURL(file: StaticString = #filePath, line: UInt = #line) throws -> String {
+    let environment = ProcessInfo.processInfo.environment
+    if let url = environment["ATTUNE_TEST_AMQP_URL"], !url.isEmpty { return url }
+    let why = "ATTUNE_TEST_AMQP_URL is not set; start a broker with "
+        + "`eval \"$(deploy/rabbitmq.sh start /tmp/rmq)\"`"
+    if environment["ATTUNE_REQUIRE_SERVICES"] == "1" {
+        XCTFail(why, file: file, line: line)
+        throw XCTSkip("failed: " + why)
+    }
+    throw XCTSkip(why)
+}
+
+func makeJob(id: String, user: String = "user-1", model: String = "digits", samples: Int = 2) -> Attune_V1_TrainingJob {
+    var job = Attune_V1_TrainingJob()
+    job.jobID = id
+    job.userID = user
+    job.model = model
+    job.baseVersion = 3
+    for i in 0..<samples {
+        var sample = Attune_V1_Sample()
+        var pixels = Attune_V1_FeatureValue()
+        var array = Attune_V1_MultiArray()
+        array.shape = [1, 2, 2]
+        array.values = [0.0, 0.25, 0.5, Double(i)]
+        pixels.multiArray = array
+        var label = Attune_V1_FeatureValue()
+        label.stringValue = "\(i % 10)"
+        sample.features = ["image": pixels, "label": label]
+        job.samples.append(sample)
+    }
+    job.parameters.epochs = 2
+    job.parameters.learningRate = 0.01
+    return job
+}
+
+/// Waits for a delivery for up to `seconds`, keeping the connection serviced.
+func waitForDelivery(_ connection: AMQPConnection, seconds: TimeInterval) throws -> Delivery? {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if let delivery = try connection.nextDelivery(timeout: 0.2) { return delivery }
+    }
+    return nil
+}

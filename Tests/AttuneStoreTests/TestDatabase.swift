@@ -1,0 +1,96 @@
+import AttuneStore
+import Foundation
+import XCTest
+
+struct MissingServiceError: Error, CustomStringConvertible {
+    let variable: String
+    var description: String {
+        "\(variable) is not set but ATTUNE_REQUIRE_SERVICES=1; start the server with deploy/postgres.sh and export it"
+    }
+}
+
+/// The test database's URL, or a skip when none is configured (a failure under ATTUNE_REQUIRE_SERVICES=1,
+/// so CI cannot pass by silently skipping every integration test).
+func testDatabaseURL(file: StaticString = #filePath, line: UInt = #line) throws -> String {
+    let env = ProcessInfo.processInfo.environment
+    if let url = env["ATTUNE_TEST_DATABASE_URL"], !url.isEmpty { return url }
+    if env["ATTUNE_REQUIRE_SERVICES"] == "1" {
+        XCTFail("ATTUNE_TEST_DATABASE_URL is not set and ATTUNE_REQUIRE_SERVICES=1", file: file, line: line)
+        throw MissingServiceError(variable: "ATTUNE_TEST_DATABASE_URL")
+    }
+    throw XCTSkip("ATTUNE_TEST_DATABASE_URL is not set; run `eval \"$(deploy/postgres.sh start /tmp/attune-pg)\"` first")
+}
+
+/// A schema of its own for one test, so tests never see each other's rows. Connections from
+/// `connect()` put it first on the search path (public second, where the lo extension lives).
+final class TestSchema {
+    let url: String
+    let name: String
+
+    init() throws {
+        url = try testDatabaseURL()
+        name = "attune_test_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(16).lowercased()
+        let admin = try PostgresConnection(url: url)
+        try admin.query("SELECT set_config('search_path', $1, false)", ["public"])
+        // The identifier is ours (hex), never user input; schema names cannot be bound as parameters.
+        try admin.query("CREATE SCHEMA \(name)")
+    }
+
+    func connect() throws -> PostgresConnection {
+        let conn = try PostgresConnection(url: url)
+        try conn.query("SELECT set_config('search_path', $1, false)", ["\(name), public"])
+        return conn
+    }
+
+    /// A connection with the schema migrated.
+    func migrated() throws -> PostgresConnection {
+        let conn = try connect()
+        try Migrator(directory: try XCTUnwrap(Migrator.defaultDirectory())).migrate(conn)
+        return conn
+    }
+
+    /// Deletes rows first so the lo_manage triggers unlink their large objects (DROP fires no triggers).
+    func drop() {
+        guard let conn = try? connect() else { return }
+        _ = try? conn.transaction {
+            let tables = try conn.query("""
+                SELECT table_name FROM information_schema.tables
+                WHERE table_schema = $1 AND table_name IN ('attune_personal_versions', 'attune_base_models', 'attune_personal_heads')
+                """, [name]).rows.map { try $0.string(0) }
+            for table in ["attune_personal_versions", "attune_personal_heads", "attune_base_models"] where tables.contains(table) {
+                try conn.query("DELETE FROM \(table)")
+            }
+        }
+        _ = try? conn.query("DROP SCHEMA \(name) CASCADE")
+    }
+}
+
+extension XCTestCase {
+    func makeSchema() throws -> TestSchema {
+        let schema = try TestSchema()
+        addTeardownBlock { schema.drop() }
+        return schema
+    }
+
+    /// Runs `body(i)` on `count` threads at once and waits for all of them.
+    func onThreads(_ count: Int, _ body: @escaping (Int) -> Void) {
+        let group = DispatchGroup()
+        for i in 0..<count {
+            group.enter()
+            let thread = Thread {
+                body(i)
+                group.leave()
+            }
+            thread.start()
+        }
+        group.wait()
+    }
+}
+
+/// Collects values from several threads.
+final class Collector<T>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var items: [T] = []
+    func append(_ item: T) { lock.lock(); items.append(item); lock.unlock() }
+    var all: [T] { lock.lock(); defer { lock.unlock() }; return items }
+}

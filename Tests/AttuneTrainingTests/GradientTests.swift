@@ -1,0 +1,219 @@
+import AttuneSpec
+import Foundation
+import XCTest
+
+@testable import AttuneTraining
+
+// Each layer's float32 backward pass against central finite differences of a float64 twin of its
+// forward pass. The scalar checked is L = Σ c ⊙ y for fixed random c (so dy = c), or the mean
+// cross-entropy for the fused softmax loss. Step h = 1e-5 in float64 (truncation error ~h², rounding
+// ~1e-11); the float32 analytic side is accurate to ~1e-6 relative, so the tolerance is 1e-4 of each
+// tensor's largest gradient.
+final class GradientTests: XCTestCase {
+    let h = 1e-5
+    let tolerance = 1e-4
+
+    /// Central difference of `f` with respect to each entry of `x`.
+    func numericGradient(_ x: [Double], _ f: ([Double]) -> Double) -> [Double] {
+        (0..<x.count).map { i in
+            var plus = x, minus = x
+            plus[i] += h
+            minus[i] -= h
+            return (f(plus) - f(minus)) / (2 * h)
+        }
+    }
+
+    func assertClose(_ analytic: [Float], _ numeric: [Double], _ what: String, file: StaticString = #filePath,
+                     line: UInt = #line) {
+        let d = relativeDifference(analytic.map(Double.init), numeric)
+        print("gradient check \(what): relative difference \(d)")
+        XCTAssertLessThanOrEqual(d, tolerance, what, file: file, line: line)
+    }
+
+    func testDenseBackward() {
+        var random = TestRandom(seed: 11)
+        let batch = 3, inputs = 4, outputs = 5
+        let x = random.uniform(count: batch * inputs, -1, 1)
+        let w = random.uniform(count: outputs * inputs, -1, 1)
+        let b = random.uniform(count: outputs, -1, 1)
+        let c = random.uniform(count: batch * outputs, -1, 1)
+        let layer = DenseLayer(name: "d", specIndex: 0, inputs: inputs, outputs: outputs, hasBias: true,
+                               weightOffset: 0, biasOffset: w.count, trainable: true)
+        let params = FloatBuffer(w + b), grads = FloatBuffer(count: w.count + b.count)
+        let dx = FloatBuffer(count: x.count), y = FloatBuffer(count: batch * outputs)
+        x.withUnsafeBufferPointer { xp in
+            c.withUnsafeBufferPointer { cp in
+                layer.forward(x: xp.baseAddress!, y: y.pointer, batch: batch, params: params.pointer)
+                layer.backward(x: xp.baseAddress!, dy: cp.baseAddress!, dx: dx.pointer, batch: batch,
+                               params: params.pointer, grads: grads.pointer)
+            }
+        }
+        let cd = c.map(Double.init)
+        func loss(_ x: [Double], _ w: [Double], _ b: [Double]) -> Double {
+            var total = 0.0
+            for r in 0..<batch {
+                for o in 0..<outputs {
+                    var s = b[o]
+                    for i in 0..<inputs { s += x[r * inputs + i] * w[o * inputs + i] }
+                    total += cd[r * outputs + o] * s
+                }
+            }
+            return total
+        }
+        let xd = x.map(Double.init), wd = w.map(Double.init), bd = b.map(Double.init)
+        // The forward pass itself against the twin.
+        let yTwin = (0..<batch * outputs).map { k -> Double in
+            let r = k / outputs, o = k % outputs
+            return bd[o] + (0..<inputs).reduce(0.0) { $0 + xd[r * inputs + $1] * wd[o * inputs + $1] }
+        }
+        XCTAssertLessThanOrEqual(relativeDifference(y.array.map(Double.init), yTwin), 1e-6)
+        let g = grads.array
+        assertClose(Array(g[0..<w.count]), numericGradient(wd) { loss(xd, $0, bd) }, "dense dW")
+        assertClose(Array(g[w.count...]), numericGradient(bd) { loss(xd, wd, $0) }, "dense db")
+        assertClose(dx.array, numericGradient(xd) { loss($0, wd, bd) }, "dense dx")
+    }
+
+    func testActivationsBackward() {
+        let kinds: [(ActivationLayer.Kind, (Double) -> Double)] = [
+            (.relu, { max(0, $0) }),
+            (.leakyReLU(alpha: 0.3), { $0 >= 0 ? $0 : 0.3 * $0 }),
+            (.sigmoid, { 1 / (1 + exp(-$0)) }),
+            (.tanh, { Foundation.tanh($0) }),
+            (.linear(alpha: 1.5, beta: -0.25), { 1.5 * $0 - 0.25 }),
+        ]
+        for (kind, twin) in kinds {
+            var random = TestRandom(seed: 12)
+            // Keep inputs away from the ReLU kink so the finite difference does not straddle it.
+            let x = random.uniform(count: 12, 0.1, 2).enumerated().map { $0.offset % 2 == 0 ? $0.element : -$0.element }
+            let c = random.uniform(count: 12, -1, 1)
+            let layer = ActivationLayer(name: "a", kind: kind)
+            let y = FloatBuffer(count: 12), dx = FloatBuffer(count: 12)
+            x.withUnsafeBufferPointer { xp in
+                c.withUnsafeBufferPointer { cp in
+                    layer.forward(x: xp.baseAddress!, y: y.pointer, count: 12)
+                    layer.backward(x: xp.baseAddress!, y: y.pointer, dy: cp.baseAddress!, dx: dx.pointer, count: 12)
+                }
+            }
+            let cd = c.map(Double.init)
+            XCTAssertLessThanOrEqual(relativeDifference(y.array.map(Double.init), x.map { twin(Double($0)) }), 1e-6)
+            let numeric = numericGradient(x.map(Double.init)) { xs in zip(xs, cd).reduce(0) { $0 + twin($1.0) * $1.1 } }
+            assertClose(dx.array, numeric, "activation \(kind)")
+        }
+    }
+
+    func twinSoftmax(_ z: [Double], batch: Int, width: Int) -> [Double] {
+        var p = [Double](repeating: 0, count: z.count)
+        for r in 0..<batch {
+            let row = z[(r * width)..<((r + 1) * width)]
+            let m = row.max()!
+            let s = row.reduce(0) { $0 + exp($1 - m) }
+            for k in 0..<width { p[r * width + k] = exp(z[r * width + k] - m) / s }
+        }
+        return p
+    }
+
+    func testSoftmaxBackward() {
+        var random = TestRandom(seed: 13)
+        let batch = 3, width = 4
+        let z = random.uniform(count: batch * width, -2, 2), c = random.uniform(count: batch * width, -1, 1)
+        let p = FloatBuffer(count: z.count), dz = FloatBuffer(count: z.count)
+        z.withUnsafeBufferPointer { zp in
+            c.withUnsafeBufferPointer { cp in
+                SoftmaxLayer.forward(z: zp.baseAddress!, p: p.pointer, batch: batch, width: width)
+                SoftmaxLayer.backward(p: p.pointer, dp: cp.baseAddress!, dz: dz.pointer, batch: batch, width: width)
+            }
+        }
+        let cd = c.map(Double.init)
+        XCTAssertLessThanOrEqual(
+            relativeDifference(p.array.map(Double.init), twinSoftmax(z.map(Double.init), batch: batch, width: width)), 1e-6)
+        let numeric = numericGradient(z.map(Double.init)) { zs in
+            zip(twinSoftmax(zs, batch: batch, width: width), cd).reduce(0) { $0 + $1.0 * $1.1 }
+        }
+        assertClose(dz.array, numeric, "softmax dz")
+    }
+
+    func testSoftmaxCrossEntropyBackward() {
+        var random = TestRandom(seed: 14)
+        let batch = 5, width = 3
+        let z = random.uniform(count: batch * width, -3, 3)
+        let targets = (0..<batch).map { $0 % width }
+        let p = FloatBuffer(count: z.count), dz = FloatBuffer(count: z.count)
+        let sum = z.withUnsafeBufferPointer { zp in
+            targets.withUnsafeBufferPointer { tp in
+                SoftmaxCrossEntropy.forwardBackward(z: zp.baseAddress!, targets: tp.baseAddress!, p: p.pointer,
+                                                    dz: dz.pointer, batch: batch, width: width)
+            }
+        }
+        func loss(_ zs: [Double]) -> Double {
+            let p = twinSoftmax(zs, batch: batch, width: width)
+            return (0..<batch).reduce(0) { $0 - log(p[$1 * width + targets[$1]]) } / Double(batch)
+        }
+        XCTAssertEqual(sum / Double(batch), loss(z.map(Double.init)), accuracy: 1e-6)
+        assertClose(dz.array, numericGradient(z.map(Double.init), loss), "softmax cross-entropy dz")
+    }
+
+    func testFlattenBackward() {
+        let x: [Float] = [1, 2, 3, 4, 5, 6]
+        let y = FloatBuffer(count: 6), dx = FloatBuffer(count: 6)
+        x.withUnsafeBufferPointer { FlattenLayer.forward(x: $0.baseAddress!, y: y.pointer, count: 6) }
+        XCTAssertEqual(y.array, x)
+        x.withUnsafeBufferPointer { FlattenLayer.backward(dy: $0.baseAddress!, dx: dx.pointer, count: 6) }
+        XCTAssertEqual(dx.array, x)
+    }
+
+    /// The whole chain: gradients of the trainable tensors through frozen dense layers, activations and a
+    /// mid-chain softmax, against finite differences of a float64 twin of the network.
+    func testNetworkBackward() throws {
+        let net = TestNetwork(layers: [
+            .dense("frozen0", inputs: 6, outputs: 5, updatable: false),
+            .sigmoid("act0"),
+            .dense("dense1", inputs: 5, outputs: 4, updatable: true),
+            .tanh("act1"),
+            .dense("frozen2", inputs: 4, outputs: 4, updatable: false, bias: false),
+            .softmax("mid"),
+            .dense("dense3", inputs: 4, outputs: 3, updatable: true),
+            .softmax("probs"),
+        ], inputShape: [6], labels: ["a", "b", "c"])
+        let model = try UpdatableModel(spec: net.spec)
+        XCTAssertEqual(model.tensorNames, ["dense1.weights", "dense1.bias", "dense3.weights", "dense3.bias"])
+        let samples = randomSamples(4, width: 6, labels: net.labels, seed: 3)
+        let batch = try model.prepareBatch(samples, maxSamples: 10)
+        let workspace = Workspace(plan: model.plan, maxBatch: 4, parameters: model.plan.baseParameters, training: true)
+        batch.inputs.withUnsafeBufferPointer { workspace.activations[0].pointer.update(from: $0.baseAddress!, count: 24) }
+        _ = batch.targets.withUnsafeBufferPointer { workspace.trainStep(batch: 4, targets: $0.baseAddress!) }
+        let grads = workspace.grads.array
+
+        let x = batch.inputs.map(Double.init)
+        func loss(_ params: [String: [Double]]) -> Double {
+            var a = x, width = 6
+            for layer in net.layers {
+                switch layer {
+                case .dense(let name, let inputs, let outputs, _, let hasBias):
+                    let w = params["\(name).weights"] ?? net.weights[name]!.map(Double.init)
+                    let b = hasBias ? (params["\(name).bias"] ?? net.biases[name]!.map(Double.init)) : nil
+                    a = (0..<4 * outputs).map { k in
+                        let r = k / outputs, o = k % outputs
+                        return (b?[o] ?? 0) + (0..<inputs).reduce(0.0) { $0 + a[r * inputs + $1] * w[o * inputs + $1] }
+                    }
+                    width = outputs
+                case .sigmoid: a = a.map { 1 / (1 + exp(-$0)) }
+                case .tanh: a = a.map { Foundation.tanh($0) }
+                case .softmax: a = twinSoftmax(a, batch: 4, width: width)
+                default: XCTFail("not in this network")
+                }
+            }
+            return (0..<4).reduce(0) { $0 - log(a[$1 * width + batch.targets[$1]]) } / 4
+        }
+        let base: [String: [Double]] = [:]
+        for slot in model.plan.slots {
+            let layerName = String(slot.name.split(separator: ".")[0])
+            let value = (slot.isBias ? net.biases[layerName]! : net.weights[layerName]!).map(Double.init)
+            let numeric = numericGradient(value) { v in
+                var p = base
+                p[slot.name] = v
+                return loss(p)
+            }
+            assertClose(Array(grads[slot.offset..<(slot.offset + slot.count)]), numeric, "network \(slot.name)")
+        }
+    }
+}

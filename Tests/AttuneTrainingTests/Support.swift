@@ -1,0 +1,236 @@
+import AttuneSpec
+import Foundation
+import XCTest
+
+@testable import AttuneTraining
+
+/// A layer of a small test network, turned into a Core ML spec by `TestNetwork`.
+enum TestLayer {
+    case dense(String, inputs: Int, outputs: Int, updatable: Bool, bias: Bool = true)
+    case relu(String)
+    case leakyReLU(String, alpha: Float)
+    case sigmoid(String)
+    case tanh(String)
+    case linear(String, alpha: Float, beta: Float)
+    case flatten(String)
+    case softmax(String)
+}
+
+/// Uniform floats from SplitMix64, so test data is the same everywhere.
+struct TestRandom {
+    var generator: SplitMix64
+    init(seed: Int64) { generator = SplitMix64(seed: seed) }
+    mutating func uniform(_ low: Float, _ high: Float) -> Float {
+        low + (high - low) * Float(generator.next() >> 40) / Float(1 << 24)
+    }
+    mutating func uniform(count: Int, _ low: Float, _ high: Float) -> [Float] {
+        (0..<count).map { _ in uniform(low, high) }
+    }
+    mutating func int(_ bound: Int) -> Int { Int(generator.next() % UInt64(bound)) }
+}
+
+/// A small updatable classifier spec with random weights, and the pieces tests need to mirror it.
+struct TestNetwork {
+    var layers: [TestLayer]
+    var inputShape: [Int64]
+    var labels: [String]
+    var spec: CoreML_Specification_Model
+    /// Weights and biases of every dense layer, by layer name.
+    var weights: [String: [Float]] = [:]
+    var biases: [String: [Float]] = [:]
+
+    init(layers: [TestLayer], inputShape: [Int64], labels: [String], seed: Int64 = 1,
+         learningRate: Double = 0.1, miniBatchSize: Int64 = 4, momentum: Double? = 0.5, epochs: Int64 = 2,
+         shuffle: Bool? = true, modelSeed: Int64? = nil, rawWeights: Bool = false) {
+        self.layers = layers
+        self.inputShape = inputShape
+        self.labels = labels
+        var random = TestRandom(seed: seed)
+        var spec = CoreML_Specification_Model()
+        spec.specificationVersion = 4
+        spec.isUpdatable = true
+        var input = CoreML_Specification_FeatureDescription()
+        input.name = "x"
+        var array = CoreML_Specification_ArrayFeatureType()
+        array.shape = inputShape
+        array.dataType = .double
+        input.type.multiArrayType = array
+        spec.description_p.input = [input]
+        var label = CoreML_Specification_FeatureDescription()
+        label.name = "label"
+        label.type.stringType = CoreML_Specification_StringFeatureType()
+        spec.description_p.trainingInput = [input, label]
+        spec.description_p.predictedFeatureName = "label"
+        spec.description_p.predictedProbabilitiesName = "probs"
+
+        var nn = CoreML_Specification_NeuralNetworkClassifier()
+        var blob = "x"
+        for (i, layer) in layers.enumerated() {
+            var l = CoreML_Specification_NeuralNetworkLayer()
+            let out = i == layers.count - 1 ? "probs" : "blob\(i)"
+            l.input = [blob]
+            l.output = [out]
+            blob = out
+            switch layer {
+            case .dense(let name, let inputs, let outputs, let updatable, let bias):
+                l.name = name
+                l.isUpdatable = updatable
+                var ip = CoreML_Specification_InnerProductLayerParams()
+                ip.inputChannels = UInt64(inputs)
+                ip.outputChannels = UInt64(outputs)
+                ip.hasBias_p = bias
+                let scale = 1 / Float(inputs).squareRoot()
+                let w = random.uniform(count: inputs * outputs, -scale, scale)
+                weights[name] = w
+                if rawWeights {
+                    ip.weights.rawValue = w.withUnsafeBufferPointer { Data(buffer: $0) }
+                } else {
+                    ip.weights.floatValue = w
+                }
+                ip.weights.isUpdatable = updatable
+                if bias {
+                    let b = random.uniform(count: outputs, -0.1, 0.1)
+                    biases[name] = b
+                    ip.bias.floatValue = b
+                    ip.bias.isUpdatable = updatable
+                }
+                l.innerProduct = ip
+            case .relu(let name):
+                l.name = name
+                l.activation.reLu = CoreML_Specification_ActivationReLU()
+            case .leakyReLU(let name, let alpha):
+                l.name = name
+                l.activation.leakyReLu.alpha = alpha
+            case .sigmoid(let name):
+                l.name = name
+                l.activation.sigmoid = CoreML_Specification_ActivationSigmoid()
+            case .tanh(let name):
+                l.name = name
+                l.activation.tanh = CoreML_Specification_ActivationTanh()
+            case .linear(let name, let alpha, let beta):
+                l.name = name
+                l.activation.linear.alpha = alpha
+                l.activation.linear.beta = beta
+            case .flatten(let name):
+                l.name = name
+                l.flatten = CoreML_Specification_FlattenLayerParams()
+            case .softmax(let name):
+                l.name = name
+                l.softmax = CoreML_Specification_SoftmaxLayerParams()
+            }
+            nn.layers.append(l)
+        }
+        nn.stringClassLabels.vector = labels
+        var loss = CoreML_Specification_LossLayer()
+        loss.name = "loss"
+        loss.categoricalCrossEntropyLossLayer.input = "probs"
+        loss.categoricalCrossEntropyLossLayer.target = "probs_true"
+        nn.updateParams.lossLayers = [loss]
+        var sgd = CoreML_Specification_SGDOptimizer()
+        sgd.learningRate.defaultValue = learningRate
+        sgd.learningRate.range.maxValue = 1
+        sgd.miniBatchSize.defaultValue = miniBatchSize
+        sgd.miniBatchSize.range.minValue = 1
+        sgd.miniBatchSize.range.maxValue = 64
+        if let momentum {
+            sgd.momentum.defaultValue = momentum
+            sgd.momentum.range.maxValue = 1
+        }
+        nn.updateParams.optimizer.sgdOptimizer = sgd
+        nn.updateParams.epochs.defaultValue = epochs
+        nn.updateParams.epochs.range.minValue = 1
+        nn.updateParams.epochs.range.maxValue = 100
+        if let shuffle { nn.updateParams.shuffle.defaultValue = shuffle }
+        if let modelSeed { nn.updateParams.seed.defaultValue = modelSeed }
+        spec.neuralNetworkClassifier = nn
+        self.spec = spec
+    }
+
+    /// The problem description `Tests/python/reference_sgd.py` reads.
+    func referenceLayers() -> [[String: Any]] {
+        layers.map { layer -> [String: Any] in
+            switch layer {
+            case .dense(let name, let inputs, let outputs, let updatable, let bias):
+                return ["type": "dense", "name": name, "in": inputs, "out": outputs,
+                        "weights": weights[name]!.map(Double.init),
+                        "bias": bias ? biases[name]!.map(Double.init) as Any : NSNull(), "trainable": updatable]
+            case .relu: return ["type": "relu"]
+            case .leakyReLU(_, let alpha): return ["type": "leaky_relu", "alpha": Double(alpha)]
+            case .sigmoid: return ["type": "sigmoid"]
+            case .tanh: return ["type": "tanh"]
+            case .linear(_, let alpha, let beta): return ["type": "linear", "alpha": Double(alpha), "beta": Double(beta)]
+            case .flatten: return ["type": "flatten"]
+            case .softmax: return ["type": "softmax"]
+            }
+        }
+    }
+}
+
+func sample(_ values: [Double], label: String, inputName: String = "x", labelName: String = "label",
+            shape: [Int64] = []) -> Attune_V1_Sample {
+    var s = Attune_V1_Sample()
+    var array = Attune_V1_MultiArray()
+    array.values = values
+    array.shape = shape
+    s.features[inputName] = .with { $0.multiArray = array }
+    s.features[labelName] = .with { $0.stringValue = label }
+    return s
+}
+
+/// Random samples for a `TestNetwork`: inputs uniform in [-1, 1], labels uniform over the classes.
+func randomSamples(_ count: Int, width: Int, labels: [String], seed: Int64) -> [Attune_V1_Sample] {
+    var random = TestRandom(seed: seed)
+    return (0..<count).map { _ in
+        sample(random.uniform(count: width, -1, 1).map(Double.init), label: labels[random.int(labels.count)])
+    }
+}
+
+enum Fixtures {
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent()
+
+    static func digitsModel() throws -> CoreML_Specification_Model {
+        let data = try Data(contentsOf: root.appendingPathComponent("Tests/Fixtures/digits-mlp-updatable.mlmodel"))
+        return try CoreML_Specification_Model(serializedBytes: data)
+    }
+
+    /// The first `count` rows of examples/data/digits.csv.gz as samples ("pixels" → "digit").
+    static func digitsSamples(_ count: Int) throws -> [Attune_V1_Sample] {
+        let path = root.appendingPathComponent("examples/data/digits.csv.gz").path
+        let text = try run("/bin/sh", ["-c", "gzip -dc '\(path)'"]).output
+        var samples: [Attune_V1_Sample] = []
+        for line in text.split(separator: "\n") where samples.count < count {
+            let fields = line.split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) }
+            guard fields.count == 65, let values = Optional(fields.prefix(64).compactMap(Double.init)),
+                  values.count == 64 else { continue }  // a header line
+            samples.append(sample(values, label: fields[64], inputName: "pixels", labelName: "digit"))
+        }
+        return samples
+    }
+
+    struct Output { var status: Int32; var output: String; var error: String }
+
+    static func run(_ executable: String, _ arguments: [String]) throws -> Output {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        let out = Pipe(), err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        try process.run()
+        // Read before waiting so a large output cannot fill the pipe and block the child.
+        let outData = out.fileHandleForReading.readDataToEndOfFile()
+        let errData = err.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return Output(status: process.terminationStatus, output: String(decoding: outData, as: UTF8.self),
+                      error: String(decoding: errData, as: UTF8.self))
+    }
+}
+
+/// Max |a − b| over the tensor divided by max |b| (at least 1e-12): agreement relative to the tensor's scale.
+func relativeDifference(_ a: [Double], _ b: [Double]) -> Double {
+    precondition(a.count == b.count)
+    let diff = zip(a, b).map { abs($0 - $1) }.max() ?? 0
+    let scale = max(b.map(abs).max() ?? 0, 1e-12)
+    return diff / scale
+}

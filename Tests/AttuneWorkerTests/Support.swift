@@ -1,0 +1,209 @@
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+import AttuneWorker
+import Foundation
+import XCTest
+
+/// Server URLs from the environment; a missing server skips the test locally and fails it in CI.
+enum TestServices {
+    static func urls() throws -> (database: String, amqp: String) {
+        let env = ProcessInfo.processInfo.environment
+        guard let database = env["ATTUNE_TEST_DATABASE_URL"], let amqp = env["ATTUNE_TEST_AMQP_URL"] else {
+            let message = "ATTUNE_TEST_DATABASE_URL and ATTUNE_TEST_AMQP_URL are not set: start servers with deploy/services.sh"
+            if env["ATTUNE_REQUIRE_SERVICES"] == "1" {
+                XCTFail(message)
+                throw XCTSkip("failed: \(message)")
+            }
+            throw XCTSkip(message)
+        }
+        return (database, amqp)
+    }
+}
+
+enum Paths {
+    static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        .deletingLastPathComponent().deletingLastPathComponent()
+
+    /// The model coremltools built for this run (deploy/test.sh), else the copy of it kept in the repository
+    /// (built by Tests/python/coreml_fixtures.py).
+    static var digitsModel: URL {
+        if let dir = ProcessInfo.processInfo.environment["ATTUNE_TEST_FIXTURES"] {
+            return URL(fileURLWithPath: dir).appendingPathComponent("digits-mlp.mlmodel")
+        }
+        return repository.appendingPathComponent("Tests/Fixtures/digits-mlp.mlmodel")
+    }
+
+    /// The `attune` executable built beside the test bundle.
+    static var attuneExecutable: URL {
+        let beside = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+        for candidate in [beside, beside.deletingLastPathComponent(), Bundle.main.bundleURL] {
+            let url = candidate.appendingPathComponent("attune")
+            if FileManager.default.isExecutableFile(atPath: url.path) { return url }
+        }
+        return repository.appendingPathComponent(".build/debug/attune")
+    }
+}
+
+/// Rows of the digits set (64 pixels, then the label) as job samples.
+enum Digits {
+    static let rows: [(pixels: [Double], label: Int)] = {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/gzip")
+        process.arguments = ["-dc", Paths.repository.appendingPathComponent("examples/data/digits.csv.gz").path]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        try! process.run()
+        let text = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        return text.split(separator: "\n").map { line in
+            let cells = line.split(separator: ",").map { Double($0)! }
+            return (Array(cells.dropLast()), Int(cells.last!))
+        }
+    }()
+
+    static func sample(_ row: Int, inputName: String = "pixels", labelName: String = "digit") -> Attune_V1_Sample {
+        var pixels = Attune_V1_FeatureValue()
+        pixels.multiArray.shape = [64]
+        pixels.multiArray.values = rows[row].pixels
+        var label = Attune_V1_FeatureValue()
+        label.stringValue = String(rows[row].label)
+        var sample = Attune_V1_Sample()
+        sample.features = [inputName: pixels, labelName: label]
+        return sample
+    }
+
+    static func job(id: String = UUID().uuidString, user: String, model: String, rows: Range<Int>,
+                    epochs: Int64? = 2) -> Attune_V1_TrainingJob {
+        var job = Attune_V1_TrainingJob()
+        job.jobID = id
+        job.userID = user
+        job.model = model
+        job.samples = rows.map { sample($0) }
+        if let epochs { job.parameters.epochs = epochs }
+        return job
+    }
+}
+
+/// A fresh model name, a clean queue, and connections for publishing and listening, per test.
+final class FleetHarness {
+    let databaseURL: String
+    let amqpURL: String
+    let model: String
+    let registry: ModelRegistry
+    let publisher: AMQPConnection
+    let listener: AMQPConnection
+    private var workers: [(Worker, Thread, DispatchSemaphore)] = []
+    private var processes: [Process] = []
+
+    init() throws {
+        (databaseURL, amqpURL) = try TestServices.urls()
+        model = "digits_" + UUID().uuidString.prefix(8).lowercased()
+        let connection = try PostgresConnection(url: databaseURL)
+        _ = try Migrator(directory: Paths.repository.appendingPathComponent("migrations")).migrate(connection)
+        registry = ModelRegistry(connection: connection)
+        let bytes = try Data(contentsOf: Paths.digitsModel)
+        _ = try registry.importBaseModel(name: model, kind: "neuralNetworkClassifier", bytes: bytes)
+        publisher = try AMQPConnection(url: amqpURL, connectionName: "test-publisher")
+        try publisher.declareTopology()
+        try publisher.enableConfirms()
+        _ = try publisher.purge(Topology.jobsQueue)
+        _ = try publisher.purge(Topology.deadLetterQueue)
+        listener = try AMQPConnection(url: amqpURL, connectionName: "test-listener")
+        // Every event, not just this model's: a job that cannot be decoded, or names another model, reports
+        // under other routing keys. Tests run one at a time, each with a fresh queue.
+        let queue = try listener.declareEventQueue(bindingKeys: ["#"])
+        try listener.consume(queue: queue)
+    }
+
+    func configuration(name: String = "test-worker", concurrency: Int = 1) -> WorkerConfiguration {
+        var configuration = WorkerConfiguration(databaseURL: databaseURL, amqpURL: amqpURL, concurrency: concurrency,
+                                                workerName: name)
+        configuration.limits = JobLimits(maxSamples: 200, maxBodyBytes: 256 << 10)
+        return configuration
+    }
+
+    func startWorker(_ configuration: WorkerConfiguration) {
+        let worker = Worker(configuration: configuration)
+        let done = DispatchSemaphore(value: 0)
+        let thread = Thread {
+            worker.run()
+            done.signal()
+        }
+        thread.start()
+        workers.append((worker, thread, done))
+    }
+
+    func startWorkerProcess(name: String, concurrency: Int = 1) throws {
+        let process = Process()
+        process.executableURL = Paths.attuneExecutable
+        process.arguments = ["worker", "--name", name, "--concurrency", "\(concurrency)"]
+        var environment = ProcessInfo.processInfo.environment
+        environment["ATTUNE_DATABASE_URL"] = databaseURL
+        environment["ATTUNE_AMQP_URL"] = amqpURL
+        environment["ATTUNE_MIGRATIONS_DIR"] = Paths.repository.appendingPathComponent("migrations").path
+        process.environment = environment
+        process.standardOutput = FileHandle.nullDevice
+        try process.run()
+        processes.append(process)
+    }
+
+    func publish(_ job: Attune_V1_TrainingJob, as encoding: JobEncoding = .protobuf) throws {
+        let (body, contentType) = try JobCodec.encode(job, as: encoding)
+        try publish(body: body, contentType: contentType, messageId: job.jobID)
+    }
+
+    func publish(body: Data, contentType: String, messageId: String) throws {
+        try publisher.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey, body: body,
+                              contentType: contentType, messageId: messageId)
+    }
+
+    /// Events until `count` jobs have ended (completed, or failed for good).
+    func events(untilEnded count: Int, timeout: TimeInterval = 60) throws -> [Attune_V1_Event] {
+        var events: [Attune_V1_Event] = []
+        var ended = 0
+        let deadline = Date().addingTimeInterval(timeout)
+        while ended < count {
+            guard Date() < deadline else {
+                XCTFail("only \(ended) of \(count) jobs ended within \(timeout) s; events: \(events.map(\.kind))")
+                break
+            }
+            guard let delivery = try listener.nextDelivery(timeout: 0.5) else { continue }
+            try listener.ack(delivery.deliveryTag)
+            let event = try EventCodec.decode(delivery.body, contentType: delivery.contentType)
+            events.append(event)
+            if event.kind == .completed || (event.kind == .failed && !event.willRetry) { ended += 1 }
+        }
+        return events
+    }
+
+    /// Everything in the dead-letter queue now, acked.
+    func deadLetters(expected: Int, timeout: TimeInterval = 10) throws -> [Delivery] {
+        let reader = try AMQPConnection(url: amqpURL, connectionName: "test-dlq-reader")
+        defer { reader.close() }
+        try reader.consume(queue: Topology.deadLetterQueue)
+        var letters: [Delivery] = []
+        let deadline = Date().addingTimeInterval(timeout)
+        while letters.count < expected && Date() < deadline {
+            if let delivery = try reader.nextDelivery(timeout: 0.5) {
+                try reader.ack(delivery.deliveryTag)
+                letters.append(delivery)
+            }
+        }
+        return letters
+    }
+
+    func stop() {
+        for (worker, _, _) in workers { worker.requestStop() }
+        for (_, _, done) in workers { _ = done.wait(timeout: .now() + 30) }
+        for process in processes where process.isRunning {
+            process.terminate()
+            process.waitUntilExit()
+        }
+        workers.removeAll()
+        listener.close()
+        publisher.close()
+    }
+
+    var workerExitStatuses: [Int32] { processes.map(\.terminationStatus) }
+}

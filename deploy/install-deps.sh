@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what Attune needs on a Debian bookworm machine (idempotent; quiet when all is there).
+#   deploy/install-deps.sh            servers, C libraries for the build
+#   deploy/install-deps.sh --python   also a virtual environment with numpy and coremltools (for the tests)
+# Needs root for apt-get (CI and the dev machines run as root). The Swift 6 toolchain itself is not a
+# Debian package: it must already be on PATH (swift.org's Linux tarball, or the machine image).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+packages=(postgresql postgresql-contrib rabbitmq-server librabbitmq-dev libpq-dev libblas-dev
+          libopenblas0-pthread python3-venv gzip)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing Debian packages: ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+command -v swift >/dev/null || { echo "swift is not on PATH: install the Swift 6 toolchain first" >&2; exit 1; }
+
+if [[ "${1:-}" == "--python" ]]; then
+  venv=${ATTUNE_VENV:-$here/.venv}
+  if ! "$venv/bin/python" -c "import numpy, coremltools" 2>/dev/null; then
+    echo "creating $venv with numpy and coremltools 9.0" >&2
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check numpy coremltools==9.0 >&2
+  fi
+fi

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Throwaway PostgreSQL 15 for development and CI: an unprivileged server on loopback whose
+# data, socket and log all live under one folder, so deleting the folder removes every trace.
+#
+#   deploy/postgres.sh start DIR [PORT]   # prints: export ATTUNE_TEST_DATABASE_URL=...
+#   deploy/postgres.sh stop DIR
+#
+# Only the export line goes to stdout, so `eval "$(deploy/postgres.sh start /tmp/pg)"` works.
+# Not for production: fsync is off and the local socket trusts everyone who can reach DIR.
+set -euo pipefail
+
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+
+usage() {
+    echo "usage: $0 start DIR [PORT] | $0 stop DIR" >&2
+    exit 2
+}
+
+log() { echo "postgres.sh: $*" >&2; }
+
+# initdb and the server refuse to run as root; CI runs as root, a developer usually does not.
+as_pg() {
+    if [ "$(id -u)" = 0 ]; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+running_port() {
+    # Line 4 of postmaster.pid is the port the running server listens on.
+    sed -n 4p "$DATA/postmaster.pid" 2>/dev/null || true
+}
+
+is_running() {
+    as_pg "$PG_BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1
+}
+
+psql_super() {
+    as_pg "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$SOCK" -p "$1" -U postgres "${@:2}"
+}
+
+[ $# -ge 2 ] || usage
+CMD=$1
+DIR=$(realpath -m "$2")
+PORT=${3:-55432}
+DATA=$DIR/data
+SOCK=$DIR/socket
+LOGFILE=$DIR/postgres.log
+
+case "$CMD" in
+start)
+    [ -x "$PG_BIN/initdb" ] || { log "no PostgreSQL 15 at $PG_BIN; install postgresql-15 or set PG_BIN"; exit 1; }
+    mkdir -p "$DIR" "$SOCK"
+    touch "$LOGFILE"
+    if [ "$(id -u)" = 0 ]; then
+        chown postgres:postgres "$DIR" "$SOCK" "$LOGFILE"
+        # The postgres user must be able to reach DIR through its parents (e.g. a root-owned mktemp dir).
+        chmod o+x "$(dirname "$DIR")" 2>/dev/null || true
+    fi
+
+    if [ ! -s "$DATA/PG_VERSION" ]; then
+        log "initdb in $DATA"
+        # Passwords are checked over TCP (like a real deployment); the socket in DIR is trusted
+        # so this script can administer the server without a password file.
+        as_pg "$PG_BIN/initdb" -D "$DATA" -U postgres -E UTF8 --no-locale \
+            --auth-local=trust --auth-host=scram-sha-256 >>"$LOGFILE" 2>&1 \
+            || { log "initdb failed; see $LOGFILE"; exit 1; }
+        cat >>"$DATA/postgresql.conf" <<EOF
+
+# throwaway server written by deploy/postgres.sh: speed over durability
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$SOCK'
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+shared_buffers = 32MB
+max_connections = 100
+EOF
+    fi
+
+    if is_running; then
+        if [ "$(running_port)" != "$PORT" ] && [ $# -ge 3 ]; then
+            log "already running on port $(running_port), not $PORT; stop it first to change the port"
+        fi
+        PORT=$(running_port)
+        log "already running on port $PORT"
+    else
+        if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
+            log "port $PORT on 127.0.0.1 is taken; pass another: $0 start $DIR PORT"
+            exit 1
+        fi
+        log "starting on 127.0.0.1:$PORT (log: $LOGFILE)"
+        as_pg "$PG_BIN/pg_ctl" -D "$DATA" -l "$LOGFILE" -w -t 60 -o "-p $PORT" start >&2 \
+            || { log "server did not start; see $LOGFILE"; exit 1; }
+    fi
+
+    # The application role owns its database, which is all CREATE EXTENSION lo needs:
+    # lo is a trusted extension since PostgreSQL 13, so no superuser rights are required.
+    psql_super "$PORT" -d postgres <<'EOF' >&2
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'attune') THEN
+        CREATE ROLE attune LOGIN PASSWORD 'attune';
+    END IF;
+END
+$$;
+SELECT 'CREATE DATABASE attune OWNER attune'
+WHERE NOT EXISTS (SELECT 1 FROM pg_database WHERE datname = 'attune') \gexec
+EOF
+    echo "export ATTUNE_TEST_DATABASE_URL=postgresql://attune:attune@127.0.0.1:$PORT/attune"
+    ;;
+stop)
+    if [ -s "$DATA/PG_VERSION" ] && is_running; then
+        as_pg "$PG_BIN/pg_ctl" -D "$DATA" -m fast -w -t 60 stop >&2
+    else
+        log "not running in $DIR"
+    fi
+    ;;
+*)
+    usage
+    ;;
+esac

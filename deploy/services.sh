@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Throwaway PostgreSQL and RabbitMQ for the demo and the tests, as unprivileged processes on loopback
+# ports in a temporary folder.
+#   eval "$(deploy/services.sh start DIR)"   prints `export ATTUNE_DATABASE_URL=… ATTUNE_AMQP_URL=…` lines
+#   deploy/services.sh stop DIR
+# Ports: ATTUNE_PG_PORT and ATTUNE_AMQP_PORT, else free ones picked now.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cmd=${1:?usage: services.sh start|stop DIR}
+dir=${2:?usage: services.sh start|stop DIR}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+case "$cmd" in
+  start)
+    mkdir -p "$dir"
+    pg_port=${ATTUNE_PG_PORT:-$(free_port)}
+    amqp_port=${ATTUNE_AMQP_PORT:-$(free_port)}
+    # RabbitMQ's distribution port is derived from its AMQP port and must stay below 65536.
+    while ((amqp_port + 20000 > 65535)); do amqp_port=$(free_port); done
+    pg=$("$here/postgres.sh" start "$dir/postgres" "$pg_port")
+    amqp=$("$here/rabbitmq.sh" start "$dir/rabbitmq" "$amqp_port")
+    db_url=${pg#*=}; amqp_url=${amqp#*=}
+    echo "export ATTUNE_DATABASE_URL=$db_url ATTUNE_AMQP_URL=$amqp_url"
+    echo "export ATTUNE_TEST_DATABASE_URL=$db_url ATTUNE_TEST_AMQP_URL=$amqp_url"
+    ;;
+  stop)
+    "$here/rabbitmq.sh" stop "$dir/rabbitmq" || true
+    "$here/postgres.sh" stop "$dir/postgres" || true
+    ;;
+  *) echo "usage: services.sh start|stop DIR" >&2; exit 2 ;;
+esac

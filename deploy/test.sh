@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, starts throwaway servers, builds, and runs every test
+# against them (integration tests fail rather than skip when a server is missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/install-deps.sh --python
+export ATTUNE_PYTHON=${ATTUNE_VENV:-$PWD/.venv}/bin/python
+work=$(mktemp -d /tmp/attune-test.XXXXXX)
+chmod 755 "$work"
+trap 'deploy/services.sh stop "$work" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+eval "$(deploy/services.sh start "$work")"
+export ATTUNE_REQUIRE_SERVICES=1
+export ATTUNE_TEST_FIXTURES="$work/fixtures"
+"$ATTUNE_PYTHON" Tests/python/coreml_fixtures.py "$ATTUNE_TEST_FIXTURES" 2>&1 | grep -v "Failed to load" >&2
+start=$(date +%s)
+swift build --build-tests 2>&1 | tail -n 3
+echo "build took $(( $(date +%s) - start )) s" >&2
+swift test --skip-build "$@"
