@@ -97,29 +97,14 @@ public final class AMQPConnection {
                   .connectFailed, "connect to \(url.host):\(url.port)")
         var rpcTimeout = timeval(interval: replyTimeout)
         amqp_set_rpc_timeout(state, &rpcTimeout)
-        try login(state: state, heartbeat: heartbeat, connectionName: connectionName,
-                  deadline: Date().addingTimeInterval(max(connectTimeout, 10)))
+        var handshakeTimeout = timeval(interval: max(connectTimeout, 10))
+        try check(amqp_set_handshake_timeout(state, &handshakeTimeout), .library, "set the handshake timeout")
+        try login(state: state, heartbeat: heartbeat, connectionName: connectionName)
         try openChannel(mainChannel)
     }
 
-    /// The connection handshake (start, start-ok, tune, tune-ok, open), done by hand because
-    /// `amqp_login` is variadic and Swift cannot call C variadic functions.
-    private func login(state: amqp_connection_state_t, heartbeat: Int, connectionName: String?,
-                       deadline: Date) throws {
-        try check(amqp_send_header(state), .connectFailed, "send the AMQP protocol header")
-        let start = try waitForMethod(on: 0, [Method.connectionStart], deadline: deadline, operation: "log in")
-        let startInfo = start.decoded!.assumingMemoryBound(to: amqp_connection_start_t.self).pointee
-        guard startInfo.version_major == 0, startInfo.version_minor == 9 else {
-            throw AMQPError(kind: .loginFailed, operation: "log in",
-                            detail: "the server speaks AMQP \(startInfo.version_major)-\(startInfo.version_minor), not 0-9-1",
-                            endpoint: endpoint)
-        }
-        guard startInfo.mechanisms.string.split(separator: " ").contains("PLAIN") else {
-            throw AMQPError(kind: .loginFailed, operation: "log in",
-                            detail: "the broker does not offer PLAIN authentication (offers \(startInfo.mechanisms.string))",
-                            endpoint: endpoint)
-        }
-
+    /// Logs in with PLAIN through rabbitmq-c's own handshake, announcing our capabilities and name.
+    private func login(state: amqp_connection_state_t, heartbeat: Int, connectionName: String?) throws {
         let arena = CArena()
         var properties: [(String, FieldValue)] = [
             ("product", .string("Attune")),
@@ -133,62 +118,17 @@ public final class AMQPConnection {
             ])),
         ]
         if let connectionName { properties.append(("connection_name", .string(connectionName))) }
-        var startOk = amqp_connection_start_ok_t(
-            client_properties: arena.table(properties),
-            mechanism: arena.bytes("PLAIN"),
-            response: arena.bytes(Data([0] + Array(url.user.utf8) + [0] + Array(url.password.utf8))),
-            locale: arena.bytes("en_US"))
-        try check(amqp_send_method(state, 0, Method.connectionStartOk, &startOk), .library, "log in")
-        amqp_maybe_release_buffers(state)
-
-        let tuneOrClose = try waitForMethod(on: 0, [Method.connectionTune, Method.connectionClose],
-                                            deadline: deadline, operation: "log in")
-        if tuneOrClose.id == Method.connectionClose {
-            let close = tuneOrClose.decoded!.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
-            throw AMQPError(kind: .loginFailed, operation: "log in as \(url.user)",
-                            replyCode: Int(close.reply_code), replyText: close.reply_text.string, endpoint: endpoint)
+        var table = arena.table(properties)
+        // Only two channels are used; 128 KiB frames are rabbitmq-c's default.
+        let reply = attune_login_plain(state, url.vhost, 8, 131_072, Int32(heartbeat), &table,
+                                       url.user, url.password)
+        do {
+            try checkReply(reply, on: 0, "log in as \(url.user) to vhost \(url.vhost)")
+        } catch let error as AMQPError where error.kind == .connectionClosed {
+            throw AMQPError(kind: .loginFailed, operation: error.operation, replyCode: error.replyCode,
+                            replyText: error.replyText, endpoint: endpoint)
         }
-        let tune = tuneOrClose.decoded!.assumingMemoryBound(to: amqp_connection_tune_t.self).pointee
-        // Only two channels are used; a frame max of 128 KiB is rabbitmq-c's default.
-        var channelMax: UInt16 = 8
-        if tune.channel_max != 0 { channelMax = min(channelMax, tune.channel_max) }
-        var frameMax: UInt32 = 131_072
-        if tune.frame_max != 0 { frameMax = min(frameMax, tune.frame_max) }
-        var beat = UInt16(heartbeat)
-        if tune.heartbeat != 0 && tune.heartbeat < beat { beat = tune.heartbeat }
-        try check(amqp_tune_connection(state, Int32(channelMax), Int32(frameMax), Int32(beat)), .library, "tune")
-        heartbeatSeconds = Int(beat)
-        var tuneOk = amqp_connection_tune_ok_t(channel_max: channelMax, frame_max: frameMax, heartbeat: beat)
-        try check(amqp_send_method(state, 0, Method.connectionTuneOk, &tuneOk), .library, "tune")
-        amqp_maybe_release_buffers(state)
-
-        var openMethod = amqp_connection_open_t(virtual_host: arena.bytes(url.vhost),
-                                                capabilities: amqp_bytes_t(len: 0, bytes: nil), insist: 1)
-        try check(amqp_send_method(state, 0, Method.connectionOpen, &openMethod), .library, "open vhost")
-        let opened = try waitForMethod(on: 0, [Method.connectionOpenOk, Method.connectionClose],
-                                       deadline: deadline, operation: "open vhost \(url.vhost)")
-        if opened.id == Method.connectionClose {
-            let close = opened.decoded!.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
-            throw AMQPError(kind: .loginFailed, operation: "open vhost \(url.vhost)",
-                            replyCode: Int(close.reply_code), replyText: close.reply_text.string, endpoint: endpoint)
-        }
-        amqp_maybe_release_buffers(state)
-    }
-
-    /// Reads frames until a method in `ids` arrives on `channel`. Used only during the handshake, when
-    /// nothing else can arrive.
-    private func waitForMethod(on channel: amqp_channel_t, _ ids: [amqp_method_number_t], deadline: Date,
-                               operation: String) throws -> amqp_method_t {
-        while true {
-            guard let frame = try readFrame(until: deadline, operation: operation) else {
-                throw fail(AMQPError(kind: .timeout, operation: operation,
-                                     detail: "no answer from the broker in time", endpoint: endpoint))
-            }
-            if frame.frame_type == UInt8(AMQP_FRAME_METHOD), frame.channel == channel,
-               ids.contains(frame.payload.method.id) {
-                return frame.payload.method
-            }
-        }
+        heartbeatSeconds = Int(amqp_get_heartbeat(state))
     }
 
     private func openChannel(_ channel: amqp_channel_t) throws {
@@ -660,12 +600,6 @@ public final class AMQPConnection {
 /// AMQP method numbers (class << 16 | method). rabbitmq-c defines them as cast macros, which Swift
 /// does not import.
 enum Method {
-    static let connectionStart: amqp_method_number_t = 0x000A_000A
-    static let connectionStartOk: amqp_method_number_t = 0x000A_000B
-    static let connectionTune: amqp_method_number_t = 0x000A_001E
-    static let connectionTuneOk: amqp_method_number_t = 0x000A_001F
-    static let connectionOpen: amqp_method_number_t = 0x000A_0028
-    static let connectionOpenOk: amqp_method_number_t = 0x000A_0029
     static let connectionClose: amqp_method_number_t = 0x000A_0032
     static let connectionCloseOk: amqp_method_number_t = 0x000A_0033
     static let channelClose: amqp_method_number_t = 0x0014_0028

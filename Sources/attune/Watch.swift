@@ -51,6 +51,10 @@ struct Watch: ParsableCommand {
 
 /// One human-readable line per event.
 enum EventLine {
+    static func duration(_ seconds: Double) -> String {
+        seconds < 1 ? String(format: "%.1f ms", seconds * 1000) : String(format: "%.2f s", seconds)
+    }
+
     static func text(_ event: Attune_V1_Event) -> String {
         let time = Date(timeIntervalSince1970: Double(event.timestampMs) / 1000)
         let stamp = ISO8601DateFormatter.string(from: time, timeZone: .current, formatOptions: [.withTime, .withColonSeparatorInTime])
@@ -65,7 +69,7 @@ enum EventLine {
         case .completed where event.duplicate:
             return "\(stamp) \(who) already applied as v\(event.version); nothing trained"
         case .completed:
-            return "\(stamp) \(who) completed v\(event.version) loss \(String(format: "%.4f", event.loss)) in \(String(format: "%.2f", event.durationSeconds)) s"
+            return "\(stamp) \(who) completed v\(event.version) loss \(String(format: "%.4f", event.loss)) in \(duration(event.durationSeconds))"
         case .failed:
             return "\(stamp) \(who) FAILED (\(event.willRetry ? "will retry" : "dead-lettered")): \(event.reason)"
         default:
