@@ -60,20 +60,25 @@ final class WorkerSlot {
         thread.stackSize = 16 << 20
         thread.start()
         var brokerError: Error?
+        var lastServiced = Date()
         while true {
+            run.waitForNews(timeout: 0.05)
             let finished = run.outcome
+            let events = run.drainEvents()
             if brokerError == nil {
                 do {
-                    for event in run.drainEvents() { try publish(event, on: broker) }
-                    if finished == nil, let stray = try broker.nextDelivery(timeout: 0.1) {
-                        try broker.reject(stray.deliveryTag, requeue: true)
+                    for event in events { try publish(event, on: broker) }
+                    // Reading the socket is what answers heartbeats; with prefetch 1 nothing else arrives.
+                    if finished == nil, Date().timeIntervalSince(lastServiced) > 0.5 {
+                        if let stray = try broker.nextDelivery(timeout: 0.01) {
+                            try broker.reject(stray.deliveryTag, requeue: true)
+                        }
+                        lastServiced = Date()
                     }
                 } catch {
                     // The task goes on and commits; the broker redelivers the job, which is then acked as applied.
                     brokerError = error
                 }
-            } else if finished == nil {
-                Thread.sleep(forTimeInterval: 0.1)
             }
             if let finished {
                 if let brokerError { throw brokerError }
@@ -152,16 +157,35 @@ final class WorkerSlot {
 
 /// What the job thread hands back to the slot thread: events as they happen, then the outcome.
 final class JobRun: @unchecked Sendable {
-    private let lock = NSLock()
+    private let condition = NSCondition()
     private var events: [Attune_V1_Event] = []
     private var result: JobOutcome?
 
-    func post(_ event: Attune_V1_Event) { lock.withLock { events.append(event) } }
-    func finish(_ outcome: JobOutcome) { lock.withLock { result = outcome } }
-    var outcome: JobOutcome? { lock.withLock { result } }
+    func post(_ event: Attune_V1_Event) {
+        condition.withLock {
+            events.append(event)
+            condition.signal()
+        }
+    }
+
+    func finish(_ outcome: JobOutcome) {
+        condition.withLock {
+            result = outcome
+            condition.signal()
+        }
+    }
+
+    var outcome: JobOutcome? { condition.withLock { result } }
+
+    /// Returns as soon as there is an event or an outcome to collect, or after `timeout`.
+    func waitForNews(timeout: TimeInterval) {
+        condition.withLock {
+            if events.isEmpty && result == nil { _ = condition.wait(until: Date().addingTimeInterval(timeout)) }
+        }
+    }
 
     func drainEvents() -> [Attune_V1_Event] {
-        lock.withLock {
+        condition.withLock {
             defer { events.removeAll() }
             return events
         }
