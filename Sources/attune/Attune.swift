@@ -1,4 +1,5 @@
 import ArgumentParser
+import AttuneStore
 import Foundation
 import Logging
 
@@ -28,6 +29,10 @@ struct DatabaseOptions: ParsableArguments {
     func resolved() -> String {
         databaseURL ?? ProcessInfo.processInfo.environment["ATTUNE_DATABASE_URL"]
             ?? "postgresql://attune@127.0.0.1:5432/attune"
+    }
+
+    func registry() throws -> ModelRegistry {
+        ModelRegistry(connection: try PostgresConnection(url: resolved()))
     }
 }
 

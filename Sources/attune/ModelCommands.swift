@@ -24,7 +24,7 @@ extension Model {
             // Refuse what no worker could train now, not when the first job arrives.
             let spec = try ModelFile.decode(bytes)
             _ = try UpdatableModel(spec: spec)
-            let registry = try ModelRegistry(connection: PostgresConnection(url: database.resolved()))
+            let registry = try database.registry()
             let record = try registry.importBaseModel(name: name, kind: ModelFile.kind(of: spec), bytes: bytes)
             print("imported \(record.name)@\(record.version) (\(record.kind), \(bytes.count) bytes)")
         }
@@ -41,7 +41,7 @@ extension Model {
         @Option(name: .shortAndLong, help: "Output file.") var output: String
 
         func run() throws {
-            let registry = try ModelRegistry(connection: PostgresConnection(url: database.resolved()))
+            let registry = try database.registry()
             let loaded = try PersonalModelLoader(registry: registry).load(name: name, user: user, version: version)
             let spec = try loaded.state.map { try loaded.model.applying($0) } ?? loaded.spec
             try ModelFile.encode(spec).write(to: URL(fileURLWithPath: output))
@@ -54,7 +54,7 @@ extension Model {
         @OptionGroup var database: DatabaseOptions
 
         func run() throws {
-            let registry = try ModelRegistry(connection: PostgresConnection(url: database.resolved()))
+            let registry = try database.registry()
             let models = try registry.listBaseModels()
             print(pad("MODEL", 24) + pad("KIND", 28) + pad("BYTES", 10) + pad("USERS", 7) + "IMPORTED")
             for model in models {
@@ -71,7 +71,7 @@ extension Model {
         @Option(help: "User id.") var user: String
 
         func run() throws {
-            let registry = try ModelRegistry(connection: PostgresConnection(url: database.resolved()))
+            let registry = try database.registry()
             let versions = try registry.history(user: user, model: name)
             print(pad("VERSION", 9) + pad("BASE", 6) + pad("SAMPLES", 9) + pad("EPOCHS", 8) + pad("LOSS", 10)
                   + pad("SECONDS", 9) + pad("JOB", 38) + "WORKER")
@@ -93,7 +93,7 @@ extension Model {
         @Option(help: "Personal version (default: the user's head).") var version: Int?
 
         func run() throws {
-            let registry = try ModelRegistry(connection: PostgresConnection(url: database.resolved()))
+            let registry = try database.registry()
             let loaded = try PersonalModelLoader(registry: registry).load(name: name, user: user, version: version)
             let rows = try samples.load()
             let accuracy = try loaded.model.accuracy(samples: rows, state: loaded.state)
