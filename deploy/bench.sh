@@ -5,21 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workers=${1:-2} concurrency=${2:-1} jobs=${3:-200} samples=${4:-50} users=${5:-20}
-deploy/install-deps.sh
-swift build -c release 2>&1 | tail -n 1
-attune=$PWD/.build/release/attune
-work=$(mktemp -d /tmp/attune-bench.XXXXXX)
-chmod 755 "$work"
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  deploy/services.sh stop "$work" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-eval "$(deploy/services.sh start "$work" 2>/dev/null)"
-"$attune" migrate >/dev/null
+source deploy/fleet-session.sh bench
 "$attune" model import Tests/Fixtures/digits-mlp-updatable.mlmodel --name digits >/dev/null
 
 per_user=$(( (jobs + users - 1) / users ))

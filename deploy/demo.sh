@@ -4,25 +4,8 @@
 # before and after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-deploy/install-deps.sh
-echo "== building (release)"
-swift build -c release 2>&1 | tail -n 1
-attune=$PWD/.build/release/attune
+source deploy/fleet-session.sh demo
 data=examples/data/digits.csv.gz
-work=$(mktemp -d /tmp/attune-demo.XXXXXX)
-chmod 755 "$work"
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  deploy/services.sh stop "$work" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-echo "== starting throwaway PostgreSQL and RabbitMQ in $work"
-eval "$(deploy/services.sh start "$work")"
-"$attune" migrate
 "$attune" model import Tests/Fixtures/digits-mlp-updatable.mlmodel --name digits
 
 users=(alice bob carol)

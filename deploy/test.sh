@@ -8,7 +8,8 @@ export ATTUNE_PYTHON=${ATTUNE_VENV:-$PWD/.venv}/bin/python
 work=$(mktemp -d /tmp/attune-test.XXXXXX)
 chmod 755 "$work"
 trap 'deploy/services.sh stop "$work" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-eval "$(deploy/services.sh start "$work")"
+services=$(deploy/services.sh start "$work")
+eval "$services"
 export ATTUNE_REQUIRE_SERVICES=1
 export ATTUNE_TEST_FIXTURES="$work/fixtures"
 "$ATTUNE_PYTHON" Tests/python/coreml_fixtures.py "$ATTUNE_TEST_FIXTURES" 2>&1 | grep -v "Failed to load" >&2

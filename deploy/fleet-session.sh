@@ -1,0 +1,21 @@
+# Sourced by demo.sh and bench.sh (from the repository root): installs what is missing, builds the
+# release binary into $attune, starts throwaway servers in the temporary folder $work, and on exit
+# sends SIGTERM to every process listed in $pids, stops the servers and removes the folder.
+deploy/install-deps.sh
+echo "== building (release)"
+swift build -c release 2>&1 | tail -n 1
+attune=$PWD/.build/release/attune
+work=$(mktemp -d "/tmp/attune-${1:-session}.XXXXXX")
+chmod 755 "$work"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  deploy/services.sh stop "$work" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+echo "== starting throwaway PostgreSQL and RabbitMQ in $work"
+services=$(deploy/services.sh start "$work" 2>"$work/services.log") || { cat "$work/services.log" >&2; exit 1; }
+eval "$services"
+"$attune" migrate >/dev/null
