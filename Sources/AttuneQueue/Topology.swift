@@ -14,8 +14,6 @@ public enum Topology {
     public static let deadExchange = "attune.dead"
     /// Durable queue holding dead jobs for a human (or a replay tool) to look at.
     public static let deadQueue = "attune.jobs.dead"
-    /// Same as `deadQueue`, under the name the worker's tests use.
-    public static var deadLetterQueue: String { deadQueue }
 
     /// Durable direct exchange in front of the retry queues; the routing key is the retry queue's name.
     public static let retryExchange = "attune.retry"

@@ -108,7 +108,7 @@ final class FleetHarness {
         try publisher.declareTopology()
         try publisher.enableConfirms()
         _ = try publisher.purge(Topology.jobsQueue)
-        _ = try publisher.purge(Topology.deadLetterQueue)
+        _ = try publisher.purge(Topology.deadQueue)
         listener = try AMQPConnection(url: amqpURL, connectionName: "test-listener")
         // Every event, not just this model's: a job that cannot be decoded, or names another model, reports
         // under other routing keys. Tests run one at a time, each with a fresh queue.
@@ -181,7 +181,7 @@ final class FleetHarness {
     func deadLetters(expected: Int, timeout: TimeInterval = 10) throws -> [Delivery] {
         let reader = try AMQPConnection(url: amqpURL, connectionName: "test-dlq-reader")
         defer { reader.close() }
-        try reader.consume(queue: Topology.deadLetterQueue)
+        try reader.consume(queue: Topology.deadQueue)
         var letters: [Delivery] = []
         let deadline = Date().addingTimeInterval(timeout)
         while letters.count < expected && Date() < deadline {
