@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what Attune needs on a Debian bookworm machine (idempotent; quiet when all is there).
 #   deploy/install-deps.sh            servers, C libraries for the build
-#   deploy/install-deps.sh --python   also a virtual environment with numpy and coremltools (for the tests)
+#   deploy/install-deps.sh --python   also a virtual environment with numpy, Pillow and coremltools (for the tests)
 # Needs root for apt-get (CI and the dev machines run as root). The Swift 6 toolchain itself is not a
 # Debian package: it must already be on PATH (swift.org's Linux tarball, or the machine image).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-packages=(postgresql postgresql-contrib rabbitmq-server librabbitmq-dev libpq-dev libblas-dev
+packages=(postgresql postgresql-contrib rabbitmq-server librabbitmq-dev libpq-dev libblas-dev libpng-dev libjpeg62-turbo-dev
           libopenblas0-pthread python3-venv gzip)
 missing=()
 for p in "${packages[@]}"; do
@@ -22,9 +22,9 @@ command -v swift >/dev/null || { echo "swift is not on PATH: install the Swift 6
 
 if [[ "${1:-}" == "--python" ]]; then
   venv=${ATTUNE_VENV:-$here/.venv}
-  if ! "$venv/bin/python" -c "import numpy, coremltools" 2>/dev/null; then
-    echo "creating $venv with numpy and coremltools 9.0" >&2
+  if ! "$venv/bin/python" -c "import numpy, coremltools, PIL" 2>/dev/null; then
+    echo "creating $venv with numpy, Pillow and coremltools 9.0" >&2
     python3 -m venv "$venv" >&2
-    "$venv/bin/pip" install -q --disable-pip-version-check numpy coremltools==9.0 >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check numpy pillow coremltools==9.0 >&2
   fi
 fi
