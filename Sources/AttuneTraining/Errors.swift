@@ -3,6 +3,8 @@
 // succeed on retry (dead-letter the job); `InvalidUpdateState` means a stored version does not fit its
 // base model (an operator problem); `UpdateTaskError` covers what happens while training.
 
+import AttuneSpec
+
 /// A base model this engine cannot train, found when `UpdatableModel` reads the spec.
 public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatable {
     /// The model is not a neural-network classifier (e.g. a pipeline or k-NN).
@@ -19,6 +21,11 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
     case optimizer(String)
     /// Weights stored in a form this engine does not read (float16, int8, quantized) or of the wrong size.
     case weights(layer: String, reason: String)
+
+    /// The name of the spec's model type as Core ML's proto spells it ("pipelineClassifier", …).
+    static func typeName(of spec: CoreML_Specification_Model) -> String {
+        spec.type.map { "\($0)".components(separatedBy: "(").first ?? "?" } ?? "none"
+    }
 
     static let supportedLayers =
         "innerProduct, activation (ReLU, leakyReLU, sigmoid, tanh, linear), softmax, flatten"

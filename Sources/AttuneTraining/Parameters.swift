@@ -78,7 +78,7 @@ struct ParameterDeclarations: Sendable {
     func resolve(_ overrides: Attune_V1_UpdateParameters) throws(InvalidTrainingInput) -> ResolvedParameters {
         var p: ResolvedParameters
         do { p = try defaults() } catch {
-            // `UpdatableModel.init` already checked the defaults.
+            // `NeuralNetworkModel.init` already checked the defaults.
             preconditionFailure("\(error)")
         }
         if overrides.hasEpochs {

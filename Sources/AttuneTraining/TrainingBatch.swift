@@ -1,85 +1,20 @@
 import AttuneSpec
 
-/// Samples checked against a model and laid out for training: inputs as float32 rows, labels as class
-/// indices.
+/// Samples checked against a model and laid out for its update task: inputs as float32 rows, targets in
+/// the form the model's kind trains on.
 public struct TrainingBatch: Sendable {
     public let count: Int
     /// Values per sample (the product of the model's input shape).
     public let inputWidth: Int
     /// Row-major [count][inputWidth].
     public let inputs: [Float]
-    /// Index into `UpdatableModel.classLabels` for each sample.
+    /// Classifiers: the index of each sample's label in `UpdatableModel.classLabels`.
     public let targets: [Int]
-}
 
-extension UpdatableModel {
-    /// Validates every sample (sample indices in errors are 0-based): exactly the model input and the label
-    /// feature; the input a multiArray of the declared shape (the shape may be omitted) with finite values;
-    /// the label of the class labels' type and one of them; between 1 and `maxSamples` samples.
-    public func prepareBatch(_ samples: [Attune_V1_Sample], maxSamples: Int) throws(InvalidTrainingInput) -> TrainingBatch {
-        guard !samples.isEmpty, samples.count <= maxSamples else {
-            throw .sampleCount(count: samples.count, max: maxSamples)
-        }
-        let width = plan.inputWidth
-        var inputs = [Float](repeating: 0, count: samples.count * width)
-        var targets: [Int] = []
-        targets.reserveCapacity(samples.count)
-        for (i, sample) in samples.enumerated() {
-            for name in sample.features.keys.sorted() where name != inputName && name != labelFeatureName {
-                throw .unknownFeature(sample: i, feature: name, expected: [inputName, labelFeatureName])
-            }
-            guard let input = sample.features[inputName] else { throw .missingFeature(sample: i, feature: inputName) }
-            try readInput(input, sample: i, into: &inputs, at: i * width)
-            guard let label = sample.features[labelFeatureName] else {
-                throw .missingFeature(sample: i, feature: labelFeatureName)
-            }
-            targets.append(try classIndex(of: label, sample: i))
-        }
-        return TrainingBatch(count: samples.count, inputWidth: width, inputs: inputs, targets: targets)
-    }
-
-    func readInput(_ value: Attune_V1_FeatureValue, sample: Int, into buffer: inout [Float],
-                   at offset: Int) throws(InvalidTrainingInput) {
-        guard case .multiArray(let array)? = value.kind else {
-            throw .wrongType(sample: sample, feature: inputName, expected: "a multiArray",
-                             found: Self.kindName(value))
-        }
-        let width = plan.inputWidth
-        guard array.values.count == width, array.shape.isEmpty || array.shape == inputShape.map(Int64.init) else {
-            throw .wrongShape(sample: sample, feature: inputName, expected: inputShape, shape: array.shape,
-                              valueCount: array.values.count)
-        }
-        for (j, v) in array.values.enumerated() {
-            let f = Float(v)
-            guard v.isFinite, f.isFinite else { throw .nonFinite(sample: sample, feature: inputName, index: j) }
-            buffer[offset + j] = f
-        }
-    }
-
-    func classIndex(of value: Attune_V1_FeatureValue, sample: Int) throws(InvalidTrainingInput) -> Int {
-        let label: ClassLabel
-        switch (value.kind, classLabels[0]) {
-        case (.stringValue(let s)?, .string): label = .string(s)
-        case (.int64Value(let n)?, .int64): label = .int64(n)
-        default:
-            throw .wrongType(sample: sample, feature: labelFeatureName, expected: Self.labelTypeName(classLabels[0]),
-                             found: Self.kindName(value))
-        }
-        guard let index = labelIndex[label] else {
-            throw .unknownLabel(sample: sample, feature: labelFeatureName, label: label.description,
-                                known: classLabels.map(\.description))
-        }
-        return index
-    }
-
-    static func kindName(_ value: Attune_V1_FeatureValue) -> String {
-        switch value.kind {
-        case .doubleValue?: return "a double"
-        case .int64Value?: return "an int64"
-        case .stringValue?: return "a string"
-        case .multiArray?: return "a multiArray"
-        case .image?: return "an image"
-        case nil: return "an empty value"
-        }
+    public init(count: Int, inputWidth: Int, inputs: [Float], targets: [Int]) {
+        self.count = count
+        self.inputWidth = inputWidth
+        self.inputs = inputs
+        self.targets = targets
     }
 }

@@ -7,7 +7,7 @@ import XCTest
 /// The coremltools-built fixture, trained on real digits rows with its own defaults.
 final class DigitsTests: XCTestCase {
     func testFixtureIsReadAsDeclared() throws {
-        let model = try UpdatableModel(spec: Fixtures.digitsModel())
+        let model = try NeuralNetworkModel(spec: Fixtures.digitsModel())
         XCTAssertEqual(model.inputName, "pixels")
         XCTAssertEqual(model.inputShape, [64])
         XCTAssertEqual(model.labelFeatureName, "digit")
@@ -19,13 +19,13 @@ final class DigitsTests: XCTestCase {
     }
 
     func testTrainingLowersLossAndRaisesAccuracy() throws {
-        let model = try UpdatableModel(spec: Fixtures.digitsModel())
+        let model = try NeuralNetworkModel(spec: Fixtures.digitsModel())
         let samples = try Fixtures.digitsSamples(300)
         XCTAssertEqual(samples.count, 300)
         let batch = try model.prepareBatch(samples, maxSamples: 1000)
         let before = try model.accuracy(samples: samples, state: nil)
         var epochLosses: [Double] = []
-        let result = try UpdateTask(model: model, state: nil, batch: batch, parameters: model.defaults).run { event in
+        let result = try UpdateTask(model: .neuralNetwork(model), state: nil, batch: batch, parameters: model.defaults).run { event in
             if case .epochEnd(_, let loss) = event { epochLosses.append(loss) }
         }
         let after = try model.accuracy(samples: samples, state: result.state)

@@ -174,7 +174,7 @@ final class GradientTests: XCTestCase {
             .dense("dense3", inputs: 4, outputs: 3, updatable: true),
             .softmax("probs"),
         ], inputShape: [6], labels: ["a", "b", "c"])
-        let model = try UpdatableModel(spec: net.spec)
+        let model = try NeuralNetworkModel(spec: net.spec)
         XCTAssertEqual(model.tensorNames, ["dense1.weights", "dense1.bias", "dense3.weights", "dense3.bias"])
         let samples = randomSamples(4, width: 6, labels: net.labels, seed: 3)
         let batch = try model.prepareBatch(samples, maxSamples: 10)

@@ -21,7 +21,7 @@ final class ReferenceTests: XCTestCase {
             .softmax("probs"),
         ], inputShape: [6], labels: ["a", "b", "c", "d"], learningRate: 0.2, miniBatchSize: 5, momentum: 0.7,
            epochs: 3, shuffle: true)
-        let model = try UpdatableModel(spec: net.spec)
+        let model = try NeuralNetworkModel(spec: net.spec)
         let samples = randomSamples(23, width: 6, labels: net.labels, seed: 5)  // 23 = 4·5 + 3: a partial batch
         let batch = try model.prepareBatch(samples, maxSamples: 100)
         var overrides = Attune_V1_UpdateParameters()
@@ -30,7 +30,7 @@ final class ReferenceTests: XCTestCase {
         XCTAssertEqual(parameters, ResolvedParameters(epochs: 3, learningRate: 0.2, miniBatchSize: 5, momentum: 0.7,
                                                       shuffle: true, seed: 987_654_321))
         var epochLosses: [Double] = []
-        let result = try UpdateTask(model: model, state: nil, batch: batch, parameters: parameters).run { event in
+        let result = try UpdateTask(model: .neuralNetwork(model), state: nil, batch: batch, parameters: parameters).run { event in
             if case .epochEnd(_, let loss) = event { epochLosses.append(loss) }
         }
 
