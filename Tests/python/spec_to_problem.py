@@ -27,6 +27,8 @@ reshape, flatten (channel-first), activation (ReLU, leaky ReLU, sigmoid, tanh, l
 Anything else stops with a message naming the layer. trainable = the layer's isUpdatable flag.
 """
 import argparse
+import contextlib
+import io
 import json
 import math
 import os
@@ -389,12 +391,41 @@ def self_test(fixtures):
         except (AssertionError, ProblemError) as error:
             failures.append(f"{name}: {error!r}")
     failures += conv_layout_check()
+    failures += pretrained_update_check(fixtures, manifest)
     try:
         build_problem(utils.load_spec(os.path.join(fixtures, "digits-knn.mlmodel")), {"inputs": [], "targets": []})
         failures.append("a k-NN model was accepted")
     except ProblemError:
         pass
     return failures
+
+
+def pretrained_update_check(fixtures, manifest):
+    """User 0's update of digits-pretrained, through this script and reference_sgd.py, must reproduce the
+    held-out accuracy the fixture script's own NumPy trainer recorded (two independent code paths)."""
+    import gzip
+    import subprocess
+    import tempfile
+    user = manifest["digits_blocks"]["users"][0]
+    here = os.path.dirname(os.path.abspath(__file__))
+    rows = np.loadtxt(gzip.open(os.path.join(here, "..", "..", "examples", "data", "digits.csv.gz"), "rt"),
+                      delimiter=",")
+    (ta, tb), (ha, hb) = user["train_rows"], user["held_out_rows"]
+    samples = {"inputs": rows[ta:tb, :64].tolist(), "targets": [str(int(v)) for v in rows[ta:tb, 64]]}
+    problem = build_problem(utils.load_spec(os.path.join(fixtures, "digits-pretrained.mlmodel")), samples)
+    with tempfile.TemporaryDirectory() as tmp:
+        json.dump(problem, open(f"{tmp}/p.json", "w"))
+        subprocess.run([sys.executable, os.path.join(here, "reference_sgd.py"), f"{tmp}/p.json", f"{tmp}/o.json"],
+                       check=True)
+        tensors = json.load(open(f"{tmp}/o.json"))["tensors"]
+    w1 = np.array(tensors["hidden.weights"]).reshape(-1, 64)
+    w2 = np.array(tensors["classes.weights"]).reshape(10, -1)
+    hidden = np.maximum(rows[ha:hb, :64] @ w1.T + tensors["hidden.bias"], 0)
+    accuracy = float(np.mean((hidden @ w2.T + tensors["classes.bias"]).argmax(axis=1) == rows[ha:hb, 64]))
+    if abs(accuracy - user["reference_accuracy_after_update"]) > 1e-9:
+        return [f"user 0 after update: reference_sgd {accuracy}, manifest {user['reference_accuracy_after_update']}"]
+    print(f"ok digits-pretrained user 0: {user['base_accuracy']} -> {accuracy} via spec_to_problem + reference_sgd")
+    return []
 
 
 def conv_layout_check():
@@ -413,7 +444,8 @@ def conv_layout_check():
     builder.add_inner_product("d", np.zeros((3, 8), np.float32), None, 8, 3, has_bias=False,
                               input_name="flat", output_name="y")
     builder.make_updatable(["c", "d"])
-    builder.set_mean_squared_error_loss("loss", input_feature=("y", datatypes.Array(3)))
+    with contextlib.redirect_stdout(io.StringIO()):  # the builder announces the target it adds
+        builder.set_mean_squared_error_loss("loss", input_feature=("y", datatypes.Array(3)))
     builder.set_sgd_optimizer(SgdParams(lr=0.1, batch=1))
     builder.set_epochs(1)
     try:
