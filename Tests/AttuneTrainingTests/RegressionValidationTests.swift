@@ -169,3 +169,40 @@ final class RegressionValidationTests: XCTestCase {
         XCTAssertNoThrow(try UpdatableModel(spec: mseClassifier))
     }
 }
+
+/// A classifier trained with mean squared error against a multiArray target (coremltools' `<output>_true`)
+/// rather than its class label.
+final class ClassifierTargetRowTests: XCTestCase {
+    func testTargetRowsTrainAndCountTheirLargestValueAsTheClass() throws {
+        var net = TestNetwork(layers: [.dense("d", inputs: 2, outputs: 3, updatable: true), .softmax("probs")],
+                              inputShape: [2], labels: ["a", "b", "c"], learningRate: 0.5, loss: .meanSquaredError)
+        net.spec.description_p.trainingInput[1] = .with {
+            $0.name = "probs_true"
+            $0.type.multiArrayType.shape = [3]
+            $0.type.multiArrayType.dataType = .double
+        }
+        let model = try UpdatableModel(spec: net.spec)
+        XCTAssertEqual(model.labelFeatureName, "probs_true")
+        func row(_ x: [Double], _ t: [Double]) -> Attune_V1_Sample {
+            var s = Attune_V1_Sample()
+            s.features["x"] = .with { $0.multiArray.values = x }
+            s.features["probs_true"] = .with { $0.multiArray.values = t }
+            return s
+        }
+        let samples = (0..<30).map { i -> Attune_V1_Sample in
+            let k = i % 3
+            let x: [Double] = [k == 0 ? 1 : -1, k == 1 ? 1 : -1]
+            return row(x, (0..<3).map { $0 == k ? 1 : 0 })
+        }
+        let batch = try model.prepareBatch(samples, maxSamples: 100)
+        XCTAssertEqual(Array(batch.targetValues[3..<6]), [0, 1, 0])
+        var o = Attune_V1_UpdateParameters()
+        o.epochs = 50
+        let result = try UpdateTask(model: model, state: nil, batch: batch, parameters: model.resolveParameters(o)).run { _ in }
+        let before = try model.accuracy(samples: samples, state: nil)
+        let after = try model.accuracy(samples: samples, state: result.state)
+        print("classifier with MSE target rows: accuracy \(before) → \(after), final loss \(result.finalLoss)")
+        XCTAssertEqual(after, 1)
+        XCTAssertEqual(try model.evaluate(samples: samples, state: result.state), .accuracy(1))
+    }
+}

@@ -405,13 +405,19 @@ public struct NeuralNetworkModel: Sendable {
         return predictions(inputs: row, count: 1, parameters: parameters)[0]
     }
 
-    /// The fraction of samples whose predicted class is their label. Classifiers only.
+    /// The fraction of samples whose predicted class is their label. Classifiers only; a classifier whose
+    /// samples carry target rows (mean squared error) counts each row's largest value as its class.
     public func accuracy(samples: [Attune_V1_Sample], state: Attune_V1_UpdateState?) throws -> Double {
         guard !isRegressor else { throw MetricUnavailable.accuracy }
         let batch = try prepareBatch(samples, maxSamples: max(samples.count, 1))
         let parameters = try parameters(applying: state)
         let predicted = predictions(inputs: batch.inputs, count: batch.count, parameters: parameters)
-        let correct = zip(predicted, batch.targets).filter { $0.classIndex == $1 }.count
+        let width = plan.outputWidth
+        let truth = target == .classLabel ? batch.targets : (0..<batch.count).map { r in
+            let row = batch.targetValues[(r * width)..<((r + 1) * width)]
+            return row.indices.reduce(row.startIndex) { row[$1] > row[$0] ? $1 : $0 } - r * width
+        }
+        let correct = zip(predicted, truth).filter { $0.classIndex == $1 }.count
         return Double(correct) / Double(batch.count)
     }
 
