@@ -48,6 +48,29 @@ final class FeatureExtractorTests: XCTestCase {
         XCTAssertEqual(extractor.extract(Array(inputs[(299 * 6)...]), count: 1), Array(outputs[(299 * 4)...]))
     }
 
+    /// The first model of a coremltools-built pipeline (extractor → k-NN), against NumPy embeddings computed
+    /// by Tests/python/extractor_fixture.py from the same weights.
+    func testCoremltoolsPipelineExtractor() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("attune-extractor-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let script = Fixtures.root.appendingPathComponent("Tests/python/extractor_fixture.py").path
+        _ = try NumPyReference.python([script, dir.path])
+        let pipeline = try CoreML_Specification_Model(
+            serializedBytes: Data(contentsOf: dir.appendingPathComponent("extractor-pipeline.mlmodel")))
+        let expected = try XCTUnwrap(JSONSerialization.jsonObject(
+            with: Data(contentsOf: dir.appendingPathComponent("extractor-expected.json"))) as? [String: [[Double]]])
+        let extractor = try FeatureExtractor(spec: pipeline.pipelineClassifier.pipeline.models[0])
+        XCTAssertEqual(extractor.inputName, "pixels")
+        XCTAssertEqual(extractor.inputShape, [64])
+        XCTAssertEqual(extractor.outputName, "embedding")
+        XCTAssertEqual(extractor.outputWidth, 16)
+        let inputs = try XCTUnwrap(expected["inputs"]), outputs = try XCTUnwrap(expected["outputs"])
+        let embedded = extractor.extract(inputs.flatMap { $0.map(Float.init) }, count: inputs.count)
+        let d = relativeDifference(embedded.map(Double.init), outputs.flatMap { $0 })
+        print("coremltools pipeline extractor vs NumPy: relative difference \(d) over \(inputs.count) rows")
+        XCTAssertLessThanOrEqual(d, 1e-5)
+    }
+
     func testRegressorTypeIsAcceptedToo() throws {
         XCTAssertEqual(try FeatureExtractor(spec: extractorNetwork(kind: .regressor).spec).outputWidth, 4)
     }
