@@ -50,8 +50,9 @@ extension NeuralNetworkModel {
                         let sample = order[first + r]
                         (x + r * width).update(from: inputs.baseAddress! + sample * width, count: width)
                         if usesValues {
-                            targetRows.replaceSubrange((r * outputWidth)..<((r + 1) * outputWidth),
-                                                       with: batch.targetValues[(sample * outputWidth)..<((sample + 1) * outputWidth)])
+                            for k in 0..<outputWidth {
+                                targetRows[r * outputWidth + k] = batch.targetValues[sample * outputWidth + k]
+                            }
                         } else {
                             targets[r] = batch.targets[sample]
                         }
