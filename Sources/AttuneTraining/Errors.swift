@@ -19,6 +19,8 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
     case trainingInputs(String)
     case loss(String)
     case optimizer(String)
+    /// A model that cannot serve as a pipeline's frozen feature extractor.
+    case featureExtractor(String)
     /// Weights stored in a form this engine does not read (float16, int8, quantized) or of the wrong size.
     case weights(layer: String, reason: String)
 
@@ -33,8 +35,9 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
     public var description: String {
         switch self {
         case .modelType(let found):
-            return "unsupported model type \(found): the training engine updates neuralNetworkClassifier models; "
-                + "convert the model to an updatable neural-network classifier"
+            return "unsupported model type \(found): the training engine updates neural networks "
+                + "(neuralNetworkClassifier, neuralNetworkRegressor, neuralNetwork); "
+                + "convert the model to an updatable neural network"
         case .notUpdatable:
             return "the model is not updatable (isUpdatable is false or no layer is marked updatable); "
                 + "mark the layers to personalize as updatable with coremltools before importing"
@@ -47,11 +50,15 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
         case .classLabels(let detail):
             return "unsupported class labels: \(detail); use stringClassLabels or int64ClassLabels"
         case .trainingInputs(let detail):
-            return "unsupported training inputs: \(detail); declare the model input and one label feature"
+            return "unsupported training inputs: \(detail); declare the model input and one label (or target) feature"
         case .loss(let detail):
-            return "unsupported loss: \(detail); use one categoricalCrossEntropy loss on the softmax output"
+            return "unsupported loss: \(detail); use one categoricalCrossEntropy loss on a classifier's softmax "
+                + "output or one meanSquaredError loss on the network's output"
         case .optimizer(let detail):
-            return "unsupported optimizer: \(detail); use sgdOptimizer"
+            return "unsupported optimizer: \(detail); use sgdOptimizer or adamOptimizer"
+        case .featureExtractor(let detail):
+            return "unsupported feature extractor: \(detail); a pipeline's first model must be a frozen "
+                + "neuralNetwork with one multiArray input and one output"
         case .weights(let layer, let reason):
             return "weights of layer '\(layer)' cannot be read: \(reason); store them as float32 "
                 + "(floatValue or rawValue)"
@@ -78,7 +85,7 @@ public enum InvalidTrainingInput: Error, CustomStringConvertible, Sendable, Equa
         case .sampleCount(let count, let max):
             return "a training job needs 1...\(max) samples, got \(count); split larger batches into several jobs"
         case .missingFeature(let sample, let feature):
-            return "sample \(sample): feature '\(feature)' is missing; every sample needs the model input and the label"
+            return "sample \(sample): feature '\(feature)' is missing; every sample needs the model input and the label (or target)"
         case .unknownFeature(let sample, let feature, let expected):
             return "sample \(sample): unknown feature '\(feature)'; the model takes only \(expected.joined(separator: ", "))"
         case .wrongType(let sample, let feature, let expected, let found):

@@ -10,11 +10,15 @@ public struct TrainingBatch: Sendable {
     public let inputs: [Float]
     /// Classifiers: the index of each sample's label in `UpdatableModel.classLabels`.
     public let targets: [Int]
+    /// Mean squared error: what each sample's output should be, row-major [count][output width] (a
+    /// classifier's label as a one-hot row); empty for other losses.
+    public let targetValues: [Float]
 
-    public init(count: Int, inputWidth: Int, inputs: [Float], targets: [Int]) {
+    public init(count: Int, inputWidth: Int, inputs: [Float], targets: [Int], targetValues: [Float] = []) {
         self.count = count
         self.inputWidth = inputWidth
         self.inputs = inputs
         self.targets = targets
+        self.targetValues = targetValues
     }
 }

@@ -10,7 +10,7 @@ public enum UpdatableModel: Sendable {
     /// supported.
     public init(spec: CoreML_Specification_Model) throws(UnsupportedModel) {
         switch spec.type {
-        case .neuralNetworkClassifier?:
+        case .neuralNetworkClassifier?, .neuralNetworkRegressor?, .neuralNetwork?:
             self = .neuralNetwork(try NeuralNetworkModel(spec: spec))
         default:
             throw .modelType(found: UnsupportedModel.typeName(of: spec))
@@ -88,7 +88,16 @@ public enum UpdatableModel: Sendable {
         }
     }
 
-    /// The fraction of samples whose predicted class is their label.
+    /// The metric that fits the model: mean squared error for a network that predicts values, accuracy for
+    /// every classifier.
+    public func evaluate(samples: [Attune_V1_Sample], state: Attune_V1_UpdateState?) throws -> Evaluation {
+        if case .neuralNetwork(let m) = self, m.isRegressor {
+            return .meanSquaredError(try m.meanSquaredError(samples: samples, state: state))
+        }
+        return .accuracy(try accuracy(samples: samples, state: state))
+    }
+
+    /// The fraction of samples whose predicted class is their label (classifiers only).
     public func accuracy(samples: [Attune_V1_Sample], state: Attune_V1_UpdateState?) throws -> Double {
         switch self {
         case .neuralNetwork(let m): return try m.accuracy(samples: samples, state: state)

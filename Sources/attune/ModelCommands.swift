@@ -85,7 +85,7 @@ extension Model {
 
     struct Evaluate: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Accuracy of a base or personal model on labelled rows of a CSV file.")
+            abstract: "Accuracy (classifiers) or mean squared error (regressors) of a base or personal model on labelled rows.")
         @OptionGroup var database: DatabaseOptions
         @OptionGroup var samples: SampleFileOptions
         @Option(help: "Base model name.") var name: String
@@ -95,9 +95,20 @@ extension Model {
         func run() throws {
             let registry = try database.registry()
             let loaded = try PersonalModelLoader(registry: registry).load(name: name, user: user, version: version)
-            let rows = try samples.load()
-            let accuracy = try loaded.model.accuracy(samples: rows, state: loaded.state)
-            print(String(format: "%@: accuracy %.3f on %d samples", loaded.label, accuracy, rows.count))
+            var rows = try samples.load()
+            if loaded.model.classLabels.isEmpty { rows = rows.map { Self.numericTarget($0, feature: samples.labelFeature) } }
+            let evaluation = try loaded.model.evaluate(samples: rows, state: loaded.state)
+            print("\(loaded.label): \(evaluation) on \(rows.count) samples")
+        }
+
+        /// A CSV row's last column arrives as a string label; a regressor reads it as a one-value target.
+        static func numericTarget(_ sample: Attune_V1_Sample, feature: String) -> Attune_V1_Sample {
+            guard case .stringValue(let text)? = sample.features[feature]?.kind, let value = Double(text) else {
+                return sample
+            }
+            var converted = sample
+            converted.features[feature] = .with { $0.multiArray.values = [value] }
+            return converted
         }
     }
 }

@@ -35,7 +35,7 @@ extension Model {
             for (index, row) in rows.enumerated() {
                 let prediction = try loaded.model.predict(features: row.features, state: loaded.state)
                 let before = try base.map { try $0.model.predict(features: row.features, state: nil) }
-                if let before, before.label != prediction.label { changed += 1 }
+                if let before, before.answer != prediction.answer { changed += 1 }
                 print(format == .json ? jsonLine(index, row, prediction, before) : textLine(index, row, prediction, before))
             }
             if base != nil, format == .text { print("\(changed) of \(rows.count) prediction(s) differ from the base model") }
@@ -79,21 +79,34 @@ extension Model {
         }
 
         private func textLine(_ index: Int, _ row: Row, _ p: Prediction, _ before: Prediction?) -> String {
-            var line = pad(row.name, 8) + "→ " + pad(p.label.description, 10)
+            var line = pad(row.name, 8) + "→ " + pad(p.answer, 10)
             let shown = p.probabilities.isEmpty ? [] : ranked(p, classes: p.classes)
             line += shown.map { "\($0.0) \(String(format: "%.3f", $0.1))" }.joined(separator: "  ")
-            if let label = row.label { line += "   label \(label)" + (label == p.label.description ? " ✓" : " ✗") }
-            if let before { line += "   base → \(before.label)" + (before.label != p.label ? "  (changed)" : "") }
+            if let label = row.label, p.label != nil { line += "   label \(label)" + (label == p.answer ? " ✓" : " ✗") }
+            if let before { line += "   base → \(before.answer)" + (before.answer != p.answer ? "  (changed)" : "") }
             return line
         }
 
         private func jsonLine(_ index: Int, _ row: Row, _ p: Prediction, _ before: Prediction?) -> String {
-            var object: [String: Any] = ["sample": row.name, "prediction": p.label.description,
-                                         "probabilities": Dictionary(uniqueKeysWithValues: zip(p.classes.map(\.description), p.probabilities))]
+            var object: [String: Any] = ["sample": row.name]
+            if p.label != nil {
+                object["prediction"] = p.answer
+                object["probabilities"] = Dictionary(uniqueKeysWithValues: zip(p.classes.map(\.description), p.probabilities))
+            } else {
+                object["values"] = p.values
+            }
             if let label = row.label { object["label"] = label }
-            if let before { object["base_prediction"] = before.label.description }
+            if let before { object["base_prediction"] = before.label != nil ? before.answer as Any : before.values as Any }
             let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data()
             return String(decoding: data, as: UTF8.self)
         }
+    }
+}
+
+extension Prediction {
+    /// What a person reads first: the class, or a regressor's output values.
+    var answer: String {
+        if let label { return label.description }
+        return values.map { String(format: "%.4g", $0) }.joined(separator: " ")
     }
 }

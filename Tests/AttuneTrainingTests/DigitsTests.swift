@@ -41,6 +41,6 @@ final class DigitsTests: XCTestCase {
         let prediction = try model.predict(features: samples[0].features, state: result.state)
         XCTAssertEqual(prediction.probabilities.count, 10)
         XCTAssertEqual(prediction.probabilities.reduce(0, +), 1, accuracy: 1e-5)
-        XCTAssertEqual(prediction.label, model.classLabels[prediction.classIndex])
+        XCTAssertEqual(prediction.label, model.classLabels[try XCTUnwrap(prediction.classIndex)])
     }
 }

@@ -29,9 +29,25 @@ struct TestRandom {
     mutating func int(_ bound: Int) -> Int { Int(generator.next() % UInt64(bound)) }
 }
 
-/// A small updatable classifier spec with random weights, and the pieces tests need to mirror it.
+/// Which Core ML model type a `TestNetwork` is.
+enum TestModelKind { case classifier, regressor, plain }
+
+/// The loss of a `TestNetwork`: `.none` leaves out updateParams and isUpdatable (a frozen feature extractor).
+/// Mean squared error reads a multiArray training input "target" (or, on a classifier, the class label).
+enum TestLoss { case crossEntropy, meanSquaredError, none }
+
+enum TestOptimizer {
+    case sgd
+    case adam(beta1: Double, beta2: Double, eps: Double)
+}
+
+/// A small updatable network spec (a classifier unless `kind` says otherwise) with random weights, and the
+/// pieces tests need to mirror it.
 struct TestNetwork {
     var layers: [TestLayer]
+    var kind: TestModelKind
+    var loss: TestLoss
+    var optimizer: TestOptimizer
     var inputShape: [Int64]
     var labels: [String]
     var spec: CoreML_Specification_Model
@@ -41,14 +57,18 @@ struct TestNetwork {
 
     init(layers: [TestLayer], inputShape: [Int64], labels: [String], seed: Int64 = 1,
          learningRate: Double = 0.1, miniBatchSize: Int64 = 4, momentum: Double? = 0.5, epochs: Int64 = 2,
-         shuffle: Bool? = true, modelSeed: Int64? = nil, rawWeights: Bool = false) {
+         shuffle: Bool? = true, modelSeed: Int64? = nil, rawWeights: Bool = false,
+         kind: TestModelKind = .classifier, loss: TestLoss = .crossEntropy, optimizer: TestOptimizer = .sgd) {
         self.layers = layers
+        self.kind = kind
+        self.loss = loss
+        self.optimizer = optimizer
         self.inputShape = inputShape
         self.labels = labels
         var random = TestRandom(seed: seed)
         var spec = CoreML_Specification_Model()
         spec.specificationVersion = 4
-        spec.isUpdatable = true
+        spec.isUpdatable = loss != .none
         var input = CoreML_Specification_FeatureDescription()
         input.name = "x"
         var array = CoreML_Specification_ArrayFeatureType()
@@ -63,11 +83,29 @@ struct TestNetwork {
         spec.description_p.predictedFeatureName = "label"
         spec.description_p.predictedProbabilitiesName = "probs"
 
+        if kind != .classifier {
+            let outputWidth = layers.reduce(Int(inputShape.reduce(1, *))) {
+                if case .dense(_, _, let outputs, _, _) = $1 { return outputs }
+                return $0
+            }
+            var output = CoreML_Specification_FeatureDescription()
+            output.name = "out"
+            output.type.multiArrayType.shape = [Int64(outputWidth)]
+            output.type.multiArrayType.dataType = .double
+            spec.description_p.output = [output]
+            spec.description_p.predictedFeatureName = ""
+            spec.description_p.predictedProbabilitiesName = ""
+            var target = output
+            target.name = "target"
+            spec.description_p.trainingInput = loss == .none ? [] : [input, target]
+        }
+        let lastBlob = kind == .classifier ? "probs" : "out"
+
         var nn = CoreML_Specification_NeuralNetworkClassifier()
         var blob = "x"
         for (i, layer) in layers.enumerated() {
             var l = CoreML_Specification_NeuralNetworkLayer()
-            let out = i == layers.count - 1 ? "probs" : "blob\(i)"
+            let out = i == layers.count - 1 ? lastBlob : "blob\(i)"
             l.input = [blob]
             l.output = [out]
             blob = out
@@ -121,28 +159,68 @@ struct TestNetwork {
             nn.layers.append(l)
         }
         nn.stringClassLabels.vector = labels
-        var loss = CoreML_Specification_LossLayer()
-        loss.name = "loss"
-        loss.categoricalCrossEntropyLossLayer.input = "probs"
-        loss.categoricalCrossEntropyLossLayer.target = "probs_true"
-        nn.updateParams.lossLayers = [loss]
-        var sgd = CoreML_Specification_SGDOptimizer()
-        sgd.learningRate.defaultValue = learningRate
-        sgd.learningRate.range.maxValue = 1
-        sgd.miniBatchSize.defaultValue = miniBatchSize
-        sgd.miniBatchSize.range.minValue = 1
-        sgd.miniBatchSize.range.maxValue = 64
-        if let momentum {
-            sgd.momentum.defaultValue = momentum
-            sgd.momentum.range.maxValue = 1
+        var lossLayer = CoreML_Specification_LossLayer()
+        lossLayer.name = "loss"
+        switch loss {
+        case .crossEntropy:
+            lossLayer.categoricalCrossEntropyLossLayer.input = lastBlob
+            lossLayer.categoricalCrossEntropyLossLayer.target = "\(lastBlob)_true"
+        case .meanSquaredError:
+            lossLayer.meanSquaredErrorLossLayer.input = lastBlob
+            lossLayer.meanSquaredErrorLossLayer.target = kind == .classifier ? "\(lastBlob)_true" : "target"
+        case .none:
+            break
         }
-        nn.updateParams.optimizer.sgdOptimizer = sgd
-        nn.updateParams.epochs.defaultValue = epochs
-        nn.updateParams.epochs.range.minValue = 1
-        nn.updateParams.epochs.range.maxValue = 100
-        if let shuffle { nn.updateParams.shuffle.defaultValue = shuffle }
-        if let modelSeed { nn.updateParams.seed.defaultValue = modelSeed }
-        spec.neuralNetworkClassifier = nn
+        if loss != .none {
+            nn.updateParams.lossLayers = [lossLayer]
+            switch optimizer {
+            case .sgd:
+                var sgd = CoreML_Specification_SGDOptimizer()
+                sgd.learningRate.defaultValue = learningRate
+                sgd.learningRate.range.maxValue = 1
+                sgd.miniBatchSize.defaultValue = miniBatchSize
+                sgd.miniBatchSize.range.minValue = 1
+                sgd.miniBatchSize.range.maxValue = 64
+                if let momentum {
+                    sgd.momentum.defaultValue = momentum
+                    sgd.momentum.range.maxValue = 1
+                }
+                nn.updateParams.optimizer.sgdOptimizer = sgd
+            case .adam(let beta1, let beta2, let eps):
+                var adam = CoreML_Specification_AdamOptimizer()
+                adam.learningRate.defaultValue = learningRate
+                adam.learningRate.range.maxValue = 1
+                adam.miniBatchSize.defaultValue = miniBatchSize
+                adam.miniBatchSize.range.minValue = 1
+                adam.miniBatchSize.range.maxValue = 64
+                adam.beta1.defaultValue = beta1
+                adam.beta1.range.maxValue = 1
+                adam.beta2.defaultValue = beta2
+                adam.beta2.range.maxValue = 1
+                adam.eps.defaultValue = eps
+                adam.eps.range.maxValue = 1
+                nn.updateParams.optimizer.adamOptimizer = adam
+            }
+            nn.updateParams.epochs.defaultValue = epochs
+            nn.updateParams.epochs.range.minValue = 1
+            nn.updateParams.epochs.range.maxValue = 100
+            if let shuffle { nn.updateParams.shuffle.defaultValue = shuffle }
+            if let modelSeed { nn.updateParams.seed.defaultValue = modelSeed }
+        }
+        switch kind {
+        case .classifier:
+            spec.neuralNetworkClassifier = nn
+        case .regressor:
+            spec.neuralNetworkRegressor = .with {
+                $0.layers = nn.layers
+                if loss != .none { $0.updateParams = nn.updateParams }
+            }
+        case .plain:
+            spec.neuralNetwork = .with {
+                $0.layers = nn.layers
+                if loss != .none { $0.updateParams = nn.updateParams }
+            }
+        }
         self.spec = spec
     }
 
@@ -175,6 +253,23 @@ func sample(_ values: [Double], label: String, inputName: String = "x", labelNam
     s.features[inputName] = .with { $0.multiArray = array }
     s.features[labelName] = .with { $0.stringValue = label }
     return s
+}
+
+/// A sample for a network trained with mean squared error: input "x", target values "target".
+func sample(_ values: [Double], target: [Double], shape: [Int64] = []) -> Attune_V1_Sample {
+    var s = Attune_V1_Sample()
+    s.features["x"] = .with { $0.multiArray.values = values; $0.multiArray.shape = shape }
+    s.features["target"] = .with { $0.multiArray.values = target }
+    return s
+}
+
+/// Random samples for a regression `TestNetwork`: inputs uniform in [-1, 1], targets uniform in [-1, 1].
+func randomRegressionSamples(_ count: Int, width: Int, targetWidth: Int, seed: Int64) -> [Attune_V1_Sample] {
+    var random = TestRandom(seed: seed)
+    return (0..<count).map { _ in
+        sample(random.uniform(count: width, -1, 1).map(Double.init),
+               target: random.uniform(count: targetWidth, -1, 1).map(Double.init))
+    }
 }
 
 /// Random samples for a `TestNetwork`: inputs uniform in [-1, 1], labels uniform over the classes.

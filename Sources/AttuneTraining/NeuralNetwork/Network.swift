@@ -1,7 +1,8 @@
 // The compiled chain of layers and the buffers one pass through it needs.
 //
 // Boundary i is the input of step i and the output of step i−1; boundary 0 is the model input and the
-// last boundary the softmax output. During training the last step (the softmax) is fused with the loss.
+// last boundary the network's output. During training with cross-entropy the last step (the softmax) is
+// fused with the loss; mean squared error reads the last boundary as it is.
 
 /// One layer of the chain, in execution order.
 enum NetworkStep: Sendable {
@@ -21,18 +22,30 @@ struct TensorSlot: Sendable {
     let isBias: Bool
 }
 
+/// The loss an update task minimizes, read at the chain's end.
+enum NetworkLoss: Sendable, Equatable {
+    /// Categorical cross-entropy on the last step's softmax, fused with it (targets: class indices).
+    case crossEntropy
+    /// Mean squared error on the last boundary (targets: rows of the output's width).
+    case meanSquaredError
+}
+
 struct NetworkPlan: Sendable {
     let steps: [NetworkStep]
+    /// nil for a frozen network that is only run forward (a feature extractor).
+    let loss: NetworkLoss?
     /// Elements per sample at each boundary (steps.count + 1 entries).
     let widths: [Int]
     /// Every dense layer's weights and biases, frozen and trainable, in one flat buffer.
     let baseParameters: [Float]
     /// The trainable tensors, in layer order; also the order of `UpdateState.tensors`.
     let slots: [TensorSlot]
-    /// Index of the earliest step with trainable parameters: back-propagation stops there.
+    /// Index of the earliest step with trainable parameters: back-propagation stops there
+    /// (`steps.count` when nothing is trainable).
     let firstTrainableStep: Int
 
-    var classCount: Int { widths[widths.count - 1] }
+    var outputWidth: Int { widths[widths.count - 1] }
+    var classCount: Int { outputWidth }
     var inputWidth: Int { widths[0] }
 }
 
@@ -90,15 +103,45 @@ final class Workspace {
         }
     }
 
-    /// Forward, fused softmax + cross-entropy, backward down to the earliest trainable step.
-    /// Returns the summed loss of the rows; gradients are left in `grads`.
+    /// What one mini-batch's rows should produce: class indices (cross-entropy) or output rows (mean
+    /// squared error), as the plan's loss reads them.
+    enum Targets {
+        case classes(UnsafePointer<Int>)
+        case values(UnsafePointer<Float>)
+    }
+
+    /// Cross-entropy models: forward, fused softmax + cross-entropy, backward down to the earliest trainable
+    /// step. Returns the summed loss of the rows; gradients are left in `grads`.
     func trainStep(batch: Int, targets: UnsafePointer<Int>) -> Double {
+        trainStep(batch: batch, targets: .classes(targets))
+    }
+
+    /// Mean-squared-error models: `targetValues` holds `batch` rows of the output's width.
+    func trainStep(batch: Int, targetValues: UnsafePointer<Float>) -> Double {
+        trainStep(batch: batch, targets: .values(targetValues))
+    }
+
+    func trainStep(batch: Int, targets: Targets) -> Double {
         let last = plan.steps.count - 1
-        forward(batch: batch, through: last)
-        let loss = SoftmaxCrossEntropy.forwardBackward(
-            z: activations[last].pointer, targets: targets, p: activations[last + 1].pointer,
-            dz: deltas[last].pointer, batch: batch, width: plan.widths[last])
-        var i = last - 1
+        let loss: Double
+        // The first step back-propagation runs through: the fused softmax has already been differentiated.
+        var i: Int
+        switch (plan.loss, targets) {
+        case (.crossEntropy?, .classes(let classes)):
+            forward(batch: batch, through: last)
+            loss = SoftmaxCrossEntropy.forwardBackward(
+                z: activations[last].pointer, targets: classes, p: activations[last + 1].pointer,
+                dz: deltas[last].pointer, batch: batch, width: plan.widths[last])
+            i = last - 1
+        case (.meanSquaredError?, .values(let values)):
+            forward(batch: batch, through: plan.steps.count)
+            let y = UnsafePointer(activations[last + 1].pointer), width = plan.outputWidth
+            loss = MeanSquaredErrorLoss.forward(y: y, t: values, batch: batch, width: width)
+            MeanSquaredErrorLoss.backward(y: y, t: values, dy: deltas[last + 1].pointer, batch: batch, width: width)
+            i = last
+        default:
+            preconditionFailure("trainStep: targets \(targets) do not fit the plan's loss \(String(describing: plan.loss))")
+        }
         while i >= plan.firstTrainableStep {
             let x = UnsafePointer(activations[i].pointer), y = UnsafePointer(activations[i + 1].pointer)
             let dy = UnsafePointer(deltas[i + 1].pointer)

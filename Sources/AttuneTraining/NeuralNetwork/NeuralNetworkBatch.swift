@@ -2,16 +2,19 @@ import AttuneSpec
 
 extension NeuralNetworkModel {
     /// Validates every sample (sample indices in errors are 0-based): exactly the model input and the label
-    /// feature; the input a multiArray of the declared shape (the shape may be omitted) with finite values;
-    /// the label of the class labels' type and one of them; between 1 and `maxSamples` samples.
+    /// (or target) feature; the input a multiArray of the declared shape (the shape may be omitted) with
+    /// finite values; a label of the class labels' type and one of them, or a target multiArray of the
+    /// output's shape with finite values; between 1 and `maxSamples` samples.
     public func prepareBatch(_ samples: [Attune_V1_Sample], maxSamples: Int) throws(InvalidTrainingInput) -> TrainingBatch {
         guard !samples.isEmpty, samples.count <= maxSamples else {
             throw .sampleCount(count: samples.count, max: maxSamples)
         }
-        let width = plan.inputWidth
+        let width = plan.inputWidth, outputWidth = plan.outputWidth
         var inputs = [Float](repeating: 0, count: samples.count * width)
         var targets: [Int] = []
         targets.reserveCapacity(samples.count)
+        let wantsValues = plan.loss == .meanSquaredError
+        var targetValues = [Float](repeating: 0, count: wantsValues ? samples.count * outputWidth : 0)
         for (i, sample) in samples.enumerated() {
             for name in sample.features.keys.sorted() where name != inputName && name != labelFeatureName {
                 throw .unknownFeature(sample: i, feature: name, expected: [inputName, labelFeatureName])
@@ -21,25 +24,40 @@ extension NeuralNetworkModel {
             guard let label = sample.features[labelFeatureName] else {
                 throw .missingFeature(sample: i, feature: labelFeatureName)
             }
-            targets.append(try classIndex(of: label, sample: i))
+            switch target {
+            case .classLabel:
+                let index = try classIndex(of: label, sample: i)
+                targets.append(index)
+                // Mean squared error on a classifier compares the output with the label's one-hot row.
+                if wantsValues { targetValues[i * outputWidth + index] = 1 }
+            case .values(let shape):
+                try readArray(label, feature: labelFeatureName, shape: shape, sample: i, into: &targetValues,
+                              at: i * outputWidth)
+            }
         }
-        return TrainingBatch(count: samples.count, inputWidth: width, inputs: inputs, targets: targets)
+        return TrainingBatch(count: samples.count, inputWidth: width, inputs: inputs, targets: targets,
+                             targetValues: targetValues)
     }
 
     func readInput(_ value: Attune_V1_FeatureValue, sample: Int, into buffer: inout [Float],
                    at offset: Int) throws(InvalidTrainingInput) {
+        try readArray(value, feature: inputName, shape: inputShape, sample: sample, into: &buffer, at: offset)
+    }
+
+    /// Copies a multiArray feature of `shape` (which the sample may omit) into `buffer` as float32.
+    func readArray(_ value: Attune_V1_FeatureValue, feature: String, shape: [Int], sample: Int,
+                   into buffer: inout [Float], at offset: Int) throws(InvalidTrainingInput) {
         guard case .multiArray(let array)? = value.kind else {
-            throw .wrongType(sample: sample, feature: inputName, expected: "a multiArray",
-                             found: Self.kindName(value))
+            throw .wrongType(sample: sample, feature: feature, expected: "a multiArray", found: Self.kindName(value))
         }
-        let width = plan.inputWidth
-        guard array.values.count == width, array.shape.isEmpty || array.shape == inputShape.map(Int64.init) else {
-            throw .wrongShape(sample: sample, feature: inputName, expected: inputShape, shape: array.shape,
+        let width = shape.reduce(1, *)
+        guard array.values.count == width, array.shape.isEmpty || array.shape == shape.map(Int64.init) else {
+            throw .wrongShape(sample: sample, feature: feature, expected: shape, shape: array.shape,
                               valueCount: array.values.count)
         }
         for (j, v) in array.values.enumerated() {
             let f = Float(v)
-            guard v.isFinite, f.isFinite else { throw .nonFinite(sample: sample, feature: inputName, index: j) }
+            guard v.isFinite, f.isFinite else { throw .nonFinite(sample: sample, feature: feature, index: j) }
             buffer[offset + j] = f
         }
     }

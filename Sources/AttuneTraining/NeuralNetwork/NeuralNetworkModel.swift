@@ -1,38 +1,144 @@
 import AttuneSpec
 import Foundation
 
-/// An updatable neural-network classifier, read from its Core ML spec and checked once; then the source
-/// of update tasks, predictions and exported models.
+/// An updatable neural network, read from its Core ML spec and checked once; then the source of update
+/// tasks, predictions and exported models.
 ///
-/// Supported: one multiArray input (FLOAT32, DOUBLE or INT32; shape [C] or [C, H, W]); a chain of
-/// innerProduct, activation (ReLU, leakyReLU, sigmoid, tanh, linear), softmax and flatten layers ending in
-/// a softmax; updatable innerProduct layers (weights and bias as float32); one categorical cross-entropy
-/// loss on the softmax output; SGD. Everything else is refused with `UnsupportedModel`.
+/// Supported: a `neuralNetworkClassifier`, `neuralNetworkRegressor` or plain `neuralNetwork` with one
+/// multiArray input (FLOAT32, DOUBLE or INT32; shape [C] or [C, H, W]); a chain of the layers in
+/// `UnsupportedModel.supportedLayers`; updatable innerProduct layers (weights and bias as float32); one loss:
+/// categorical cross-entropy on a softmax output (classifiers) or mean squared error on the network's output
+/// (any of the three: the target is a multiArray training input, or a classifier's class label taken as a
+/// one-hot row); SGD or Adam. Everything else is refused with `UnsupportedModel`.
 public struct NeuralNetworkModel: Sendable {
     public let spec: CoreML_Specification_Model
     public let inputName: String
     public let inputShape: [Int]
-    /// The training input that is not a model input: where samples carry their label.
+    /// The training input that is not a model input: where samples carry their label (a class label) or
+    /// their target values (a multiArray of the output's shape).
     public let labelFeatureName: String
+    /// Empty for a plain network or a regressor.
     public let classLabels: [ClassLabel]
     /// The model's own update parameters, as a task without overrides runs them.
     public let defaults: ResolvedParameters
     /// Names of the updatable tensors, "<layer>.weights" and "<layer>.bias", in layer order.
     public var tensorNames: [String] { plan.slots.map(\.name) }
+    /// True for a model that predicts values, not classes (a plain network or a regressor).
+    public var isRegressor: Bool { classLabels.isEmpty }
+
+    /// How samples carry what the loss compares the output with.
+    enum TargetForm: Sendable, Equatable {
+        /// A class label: cross-entropy reads its index, mean squared error its one-hot row.
+        case classLabel
+        /// A multiArray of this shape (the output's width values), for mean squared error.
+        case values(shape: [Int])
+    }
 
     let plan: NetworkPlan
     let declarations: ParameterDeclarations
     let labelIndex: [ClassLabel: Int]
+    let target: TargetForm
 
     public init(spec: CoreML_Specification_Model) throws(UnsupportedModel) {
-        guard case .neuralNetworkClassifier(let nn)? = spec.type else {
-            throw .modelType(found: UnsupportedModel.typeName(of: spec))
-        }
+        guard let nn = NetworkParts(spec) else { throw .modelType(found: UnsupportedModel.typeName(of: spec)) }
         guard spec.isUpdatable else { throw .notUpdatable }
         self.spec = spec
 
         // Input.
         let description = spec.description_p
+        let (inputName, shape) = try Self.modelInput(description)
+        guard nn.preprocessing.isEmpty else { throw .input("image preprocessing is not supported") }
+        self.inputName = inputName
+        inputShape = shape
+
+        // Class labels (classifiers only).
+        switch nn.classLabels {
+        case .stringClassLabels(let v)?: classLabels = v.vector.map(ClassLabel.string)
+        case .int64ClassLabels(let v)?: classLabels = v.vector.map(ClassLabel.int64)
+        case nil:
+            if nn.isClassifier { throw .classLabels("the classifier declares no class labels") }
+            classLabels = []
+        }
+        if nn.isClassifier, classLabels.isEmpty { throw .classLabels("the class label list is empty") }
+        var index: [ClassLabel: Int] = [:]
+        for (i, label) in classLabels.enumerated() {
+            guard index.updateValue(i, forKey: label) == nil else {
+                throw .classLabels("label '\(label)' appears twice")
+            }
+        }
+        labelIndex = index
+
+        // Training inputs: the model input plus exactly one feature the loss reads its target from.
+        let others = description.trainingInput.filter { $0.name != inputName }
+        guard description.trainingInput.contains(where: { $0.name == inputName }) else {
+            throw .trainingInputs("trainingInput does not list the model input '\(inputName)'")
+        }
+        guard others.count == 1, let label = others.first else {
+            throw .trainingInputs("expected one label or target feature besides '\(inputName)', found \(others.map(\.name))")
+        }
+        labelFeatureName = label.name
+        let labelMatchesClasses: Bool
+        switch (label.type.type, classLabels.first) {
+        case (.stringType?, .string?), (.int64Type?, .int64?): labelMatchesClasses = true
+        default: labelMatchesClasses = false
+        }
+
+        // Loss and optimizer.
+        let update = nn.updateParams
+        guard update.lossLayers.count == 1, let loss = update.lossLayers.first else {
+            throw .loss("expected one loss layer, found \(update.lossLayers.count)")
+        }
+        let end: ChainEnd
+        var targetShape: [Int]?
+        switch loss.lossLayerType {
+        case .categoricalCrossEntropyLossLayer(let cce)?:
+            guard nn.isClassifier else {
+                throw .loss("categoricalCrossEntropy needs class labels, which only a neuralNetworkClassifier declares; "
+                    + "train this \(UnsupportedModel.typeName(of: spec)) with meanSquaredError")
+            }
+            guard labelMatchesClasses else {
+                throw .trainingInputs("label feature '\(label.name)' must be \(Self.labelTypeName(classLabels[0])) "
+                    + "to match the class labels")
+            }
+            end = .crossEntropy(input: cce.input, classCount: classLabels.count)
+        case .meanSquaredErrorLossLayer(let mse)?:
+            if case .multiArrayType(let array)? = label.type.type {
+                guard label.name == mse.target else {
+                    throw .trainingInputs("the target feature '\(label.name)' is not the mean squared error loss's "
+                        + "target '\(mse.target)'")
+                }
+                targetShape = array.shape.map { Int(clamping: $0) }
+            } else if !labelMatchesClasses {
+                let expected = nn.isClassifier ? "a multiArray or \(Self.labelTypeName(classLabels[0]))" : "a multiArray"
+                throw .trainingInputs("the mean squared error target feature '\(label.name)' must be \(expected)")
+            }
+            end = .meanSquaredError(input: mse.input)
+        case nil:
+            throw .loss("loss layer '\(loss.name)' declares no loss function")
+        }
+        declarations = try ParameterDeclarations(update)
+        defaults = try declarations.defaults()
+
+        plan = try Self.compile(layers: nn.layers, inputName: inputName, inputShape: shape, end: end)
+        if nn.isClassifier, plan.outputWidth != classLabels.count {
+            throw .loss("the network outputs \(plan.outputWidth) values but the model has \(classLabels.count) class labels")
+        }
+        if let targetShape {
+            guard targetShape.isEmpty || targetShape.reduce(1, *) == plan.outputWidth else {
+                throw .trainingInputs("the target feature '\(label.name)' has shape \(targetShape) but the network "
+                    + "outputs \(plan.outputWidth) values")
+            }
+            target = .values(shape: targetShape.isEmpty ? [plan.outputWidth] : targetShape)
+        } else {
+            target = .classLabel
+        }
+        if !nn.labelProbabilityLayerName.isEmpty, nn.labelProbabilityLayerName != end.blob {
+            throw .loss("labelProbabilityLayerName '\(nn.labelProbabilityLayerName)' differs from the loss input '\(end.blob)'")
+        }
+    }
+
+    /// The one multiArray input of a network: its name and shape ([C] or [C, H, W]).
+    static func modelInput(_ description: CoreML_Specification_ModelDescription) throws(UnsupportedModel) -> (String, [Int]) {
         guard description.input.count == 1, let input = description.input.first else {
             throw .input("the model has \(description.input.count) inputs")
         }
@@ -46,58 +152,7 @@ public struct NeuralNetworkModel: Sendable {
         guard shape.count == 1 || shape.count == 3, shape.allSatisfy({ $0 > 0 }) else {
             throw .input("input '\(input.name)' has shape \(array.shape); use [C] or [C, H, W] with positive sizes")
         }
-        guard nn.preprocessing.isEmpty else { throw .input("image preprocessing is not supported") }
-        let inputName = input.name
-        self.inputName = inputName
-        inputShape = shape
-
-        // Class labels.
-        switch nn.classLabels {
-        case .stringClassLabels(let v)?: classLabels = v.vector.map(ClassLabel.string)
-        case .int64ClassLabels(let v)?: classLabels = v.vector.map(ClassLabel.int64)
-        case nil: throw .classLabels("the classifier declares no class labels")
-        }
-        guard !classLabels.isEmpty else { throw .classLabels("the class label list is empty") }
-        var index: [ClassLabel: Int] = [:]
-        for (i, label) in classLabels.enumerated() {
-            guard index.updateValue(i, forKey: label) == nil else {
-                throw .classLabels("label '\(label)' appears twice")
-            }
-        }
-        labelIndex = index
-
-        // Training inputs: the model input plus exactly one label feature of the labels' type.
-        let others = description.trainingInput.filter { $0.name != inputName }
-        guard description.trainingInput.contains(where: { $0.name == inputName }) else {
-            throw .trainingInputs("trainingInput does not list the model input '\(inputName)'")
-        }
-        guard others.count == 1, let label = others.first else {
-            throw .trainingInputs("expected one label feature besides '\(inputName)', found \(others.map(\.name))")
-        }
-        switch (label.type.type, classLabels[0]) {
-        case (.stringType?, .string), (.int64Type?, .int64): break
-        default:
-            throw .trainingInputs("label feature '\(label.name)' must be \(Self.labelTypeName(classLabels[0])) "
-                + "to match the class labels")
-        }
-        labelFeatureName = label.name
-
-        // Loss and optimizer.
-        let update = nn.updateParams
-        guard update.lossLayers.count == 1, let loss = update.lossLayers.first else {
-            throw .loss("expected one loss layer, found \(update.lossLayers.count)")
-        }
-        guard case .categoricalCrossEntropyLossLayer(let cce)? = loss.lossLayerType else {
-            throw .loss("loss layer '\(loss.name)' is not categoricalCrossEntropy")
-        }
-        declarations = try ParameterDeclarations(update)
-        defaults = try declarations.defaults()
-
-        plan = try Self.compile(layers: nn.layers, inputName: inputName, inputShape: shape, lossInput: cce.input,
-                                classCount: classLabels.count)
-        if !nn.labelProbabilityLayerName.isEmpty, nn.labelProbabilityLayerName != cce.input {
-            throw .loss("labelProbabilityLayerName '\(nn.labelProbabilityLayerName)' differs from the loss input '\(cce.input)'")
-        }
+        return (input.name, shape)
     }
 
     static func labelTypeName(_ label: ClassLabel) -> String {
@@ -109,10 +164,27 @@ public struct NeuralNetworkModel: Sendable {
 
     // MARK: - Compiling the chain
 
-    private static func compile(layers: [CoreML_Specification_NeuralNetworkLayer], inputName: String,
-                                inputShape: [Int], lossInput: String,
-                                classCount: Int) throws(UnsupportedModel) -> NetworkPlan {
+    /// Where the chain must end and what reads it there.
+    enum ChainEnd {
+        /// Categorical cross-entropy on a softmax output of `classCount` values.
+        case crossEntropy(input: String, classCount: Int)
+        /// Mean squared error on whatever the last layer produces.
+        case meanSquaredError(input: String)
+        /// No loss: a frozen network run forward only, ending at the model output `name`.
+        case output(String)
+
+        var blob: String {
+            switch self {
+            case .crossEntropy(let input, _), .meanSquaredError(let input), .output(let input): return input
+            }
+        }
+    }
+
+    static func compile(layers: [CoreML_Specification_NeuralNetworkLayer], inputName: String,
+                        inputShape: [Int], end: ChainEnd) throws(UnsupportedModel) -> NetworkPlan {
         guard !layers.isEmpty else { throw .brokenChain("the network has no layers") }
+        // The blob the chain ends at (the loss input, or a frozen network's output).
+        let lossInput = end.blob
         // (channels, spatial) where spatial = H·W; dense and softmax need spatial == 1.
         var channels = inputShape[0]
         var spatial = inputShape.dropFirst().reduce(1, *)
@@ -205,18 +277,40 @@ public struct NeuralNetworkModel: Sendable {
             widths.append(channels * spatial)
             blob = layer.output[0]
         }
-        guard blob == lossInput else {
-            throw .brokenChain("the last layer outputs '\(blob)' but the loss reads '\(lossInput)'")
+        let loss: NetworkLoss?
+        switch end {
+        case .crossEntropy(_, let classCount):
+            guard blob == lossInput else {
+                throw .brokenChain("the last layer outputs '\(blob)' but the loss reads '\(lossInput)'")
+            }
+            guard case .softmax? = steps.last else {
+                throw .loss("the categorical cross-entropy input '\(lossInput)' must be the output of a softmax layer")
+            }
+            guard widths[widths.count - 1] == classCount else {
+                throw .loss("the softmax has \(widths[widths.count - 1]) outputs but the model has \(classCount) class labels")
+            }
+            loss = .crossEntropy
+        case .meanSquaredError:
+            guard blob == lossInput else {
+                throw .brokenChain("the last layer outputs '\(blob)' but the mean squared error loss reads "
+                    + "'\(lossInput)'; the loss must read the network's final output")
+            }
+            loss = .meanSquaredError
+        case .output:
+            guard blob == lossInput else {
+                throw .brokenChain("the last layer outputs '\(blob)' but the model output is '\(lossInput)'")
+            }
+            loss = nil
         }
-        guard case .softmax? = steps.last else {
-            throw .loss("the loss input '\(lossInput)' must be the output of a softmax layer")
+        let firstTrainableStep: Int
+        if loss == nil {
+            firstTrainableStep = steps.count
+        } else {
+            guard let firstTrainable else { throw .notUpdatable }
+            firstTrainableStep = firstTrainable
         }
-        guard channels == classCount else {
-            throw .loss("the softmax has \(channels) outputs but the model has \(classCount) class labels")
-        }
-        guard let firstTrainable else { throw .notUpdatable }
-        return NetworkPlan(steps: steps, widths: widths, baseParameters: parameters, slots: slots,
-                           firstTrainableStep: firstTrainable)
+        return NetworkPlan(steps: steps, loss: loss, widths: widths, baseParameters: parameters, slots: slots,
+                           firstTrainableStep: firstTrainableStep)
     }
 
     private static func isInnerProduct(_ layer: CoreML_Specification_NeuralNetworkLayer) -> Bool {
@@ -280,7 +374,8 @@ public struct NeuralNetworkModel: Sendable {
     /// `floatValue` (and `rawValue` cleared). Every other field, unknown ones included, is kept as it was.
     public func applying(_ state: Attune_V1_UpdateState) throws(InvalidUpdateState) -> CoreML_Specification_Model {
         let parameters = try parameters(applying: state)
-        var nn = spec.neuralNetworkClassifier
+        // Present: `init` accepted only neural networks.
+        var nn = NetworkParts(spec)!
         for slot in plan.slots {
             let values = Array(parameters[slot.offset..<(slot.offset + slot.count)])
             if slot.isBias {
@@ -292,13 +387,14 @@ public struct NeuralNetworkModel: Sendable {
             }
         }
         var model = spec
-        model.neuralNetworkClassifier = nn
+        nn.writeLayers(into: &model)
         return model
     }
 
     // MARK: - Inference
 
-    /// Predicts one sample's class. Only the model input is read; other features (a label) are ignored.
+    /// Predicts one sample: its class for a classifier, its output values otherwise. Only the model input
+    /// is read; other features (a label or target) are ignored.
     public func predict(features: [String: Attune_V1_FeatureValue], state: Attune_V1_UpdateState?) throws -> Prediction {
         guard let value = features[inputName] else {
             throw InvalidTrainingInput.missingFeature(sample: 0, feature: inputName)
@@ -309,39 +405,46 @@ public struct NeuralNetworkModel: Sendable {
         return predictions(inputs: row, count: 1, parameters: parameters)[0]
     }
 
-    /// The fraction of samples whose predicted class is their label.
+    /// The fraction of samples whose predicted class is their label. Classifiers only; a classifier whose
+    /// samples carry target rows (mean squared error) counts each row's largest value as its class.
     public func accuracy(samples: [Attune_V1_Sample], state: Attune_V1_UpdateState?) throws -> Double {
+        guard !isRegressor else { throw MetricUnavailable.accuracy }
         let batch = try prepareBatch(samples, maxSamples: max(samples.count, 1))
         let parameters = try parameters(applying: state)
         let predicted = predictions(inputs: batch.inputs, count: batch.count, parameters: parameters)
-        let correct = zip(predicted, batch.targets).filter { $0.classIndex == $1 }.count
+        let width = plan.outputWidth
+        let truth = target == .classLabel ? batch.targets : (0..<batch.count).map { r in
+            let row = batch.targetValues[(r * width)..<((r + 1) * width)]
+            return row.indices.reduce(row.startIndex) { row[$1] > row[$0] ? $1 : $0 } - r * width
+        }
+        let correct = zip(predicted, truth).filter { $0.classIndex == $1 }.count
         return Double(correct) / Double(batch.count)
     }
 
-    func predictions(inputs: [Float], count: Int, parameters: [Float]) -> [Prediction] {
-        let chunk = min(count, 256)
-        let workspace = Workspace(plan: plan, maxBatch: chunk, parameters: parameters, training: false)
-        let width = plan.inputWidth, classes = plan.classCount
-        var result: [Prediction] = []
-        result.reserveCapacity(count)
-        var start = 0
-        while start < count {
-            let rows = min(chunk, count - start)
-            inputs.withUnsafeBufferPointer {
-                workspace.activations[0].pointer.update(from: $0.baseAddress! + start * width, count: rows * width)
+    /// The mean over the samples of the per-sample mean squared error (the loss an update task reports),
+    /// for a model trained with mean squared error.
+    public func meanSquaredError(samples: [Attune_V1_Sample], state: Attune_V1_UpdateState?) throws -> Double {
+        guard plan.loss == .meanSquaredError else { throw MetricUnavailable.meanSquaredError }
+        let batch = try prepareBatch(samples, maxSamples: max(samples.count, 1))
+        let outputs = plan.outputs(inputs: batch.inputs, count: batch.count, parameters: try parameters(applying: state))
+        let total = outputs.withUnsafeBufferPointer { y in
+            batch.targetValues.withUnsafeBufferPointer { t in
+                MeanSquaredErrorLoss.forward(y: y.baseAddress!, t: t.baseAddress!, batch: batch.count, width: plan.outputWidth)
             }
-            workspace.forward(batch: rows, through: plan.steps.count)
-            let p = workspace.activations[plan.steps.count].pointer
-            for r in 0..<rows {
-                let probabilities = (0..<classes).map { Double(p[r * classes + $0]) }
-                var best = 0
-                for k in 1..<classes where probabilities[k] > probabilities[best] { best = k }
-                result.append(Prediction(label: classLabels[best], classIndex: best, probabilities: probabilities,
-                                         classes: classLabels))
-            }
-            start += rows
         }
-        return result
+        return total / Double(batch.count)
+    }
+
+    func predictions(inputs: [Float], count: Int, parameters: [Float]) -> [Prediction] {
+        let width = plan.outputWidth
+        let outputs = plan.outputs(inputs: inputs, count: count, parameters: parameters)
+        return (0..<count).map { r in
+            let values = outputs[(r * width)..<((r + 1) * width)].map(Double.init)
+            guard !isRegressor else { return Prediction(values: values) }
+            var best = 0
+            for k in 1..<width where values[k] > values[best] { best = k }
+            return Prediction(label: classLabels[best], classIndex: best, probabilities: values, classes: classLabels)
+        }
     }
 }
 

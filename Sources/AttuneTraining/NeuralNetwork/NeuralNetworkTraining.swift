@@ -3,7 +3,7 @@ import Foundation
 
 /// A neural network's update task: `epochs` passes over the batch in mini-batches of `miniBatchSize`
 /// (the last one may be smaller), shuffled before each epoch when `shuffle` is on (see `SplitMix64`),
-/// each mini-batch one SGD-with-momentum step (see `SGD`).
+/// each mini-batch one optimizer step (see `SGD` and `Adam`) on the gradient of the mini-batch's mean loss.
 extension NeuralNetworkModel {
     func train(state: Attune_V1_UpdateState?, batch: TrainingBatch, parameters: ResolvedParameters,
                progress: (TrainingProgress) -> Void, isCancelled: () -> Bool) throws -> UpdateResult {
@@ -15,11 +15,23 @@ extension NeuralNetworkModel {
         let miniBatch = max(1, min(parameters.miniBatchSize, n))
         let workspace = Workspace(plan: plan, maxBatch: miniBatch,
                                   parameters: try self.parameters(applying: state), training: true)
-        let sgd = SGD(learningRate: parameters.learningRate, momentum: parameters.momentum, slots: plan.slots,
-                      parameterCount: plan.baseParameters.count)
+        let optimizer: OptimizerStep
+        switch parameters.optimizer {
+        case .sgd(let momentum):
+            optimizer = SGD(learningRate: parameters.learningRate, momentum: momentum, slots: plan.slots,
+                            parameterCount: plan.baseParameters.count)
+        case .adam(let beta1, let beta2, let eps):
+            optimizer = Adam(learningRate: parameters.learningRate, beta1: beta1, beta2: beta2, eps: eps,
+                             slots: plan.slots, parameterCount: plan.baseParameters.count)
+        }
+        let usesValues = plan.loss == .meanSquaredError
+        let outputWidth = plan.outputWidth
+        precondition(!usesValues || batch.targetValues.count == n * outputWidth,
+                     "the batch was prepared for another model")
         var generator = SplitMix64(seed: parameters.seed)
         var order = Array(0..<n)
         var targets = [Int](repeating: 0, count: miniBatch)
+        var targetRows = [Float](repeating: 0, count: usesValues ? miniBatch * outputWidth : 0)
         var epochLoss = 0.0
 
         progress(.trainingBegin(samples: n, epochs: parameters.epochs))
@@ -37,13 +49,19 @@ extension NeuralNetworkModel {
                     for r in 0..<rows {
                         let sample = order[first + r]
                         (x + r * width).update(from: inputs.baseAddress! + sample * width, count: width)
-                        targets[r] = batch.targets[sample]
+                        if usesValues {
+                            for k in 0..<outputWidth {
+                                targetRows[r * outputWidth + k] = batch.targetValues[sample * outputWidth + k]
+                            }
+                        } else {
+                            targets[r] = batch.targets[sample]
+                        }
                     }
-                    let loss = targets.withUnsafeBufferPointer {
-                        workspace.trainStep(batch: rows, targets: $0.baseAddress!)
-                    }
+                    let loss = usesValues
+                        ? targetRows.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targetValues: $0.baseAddress!) }
+                        : targets.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targets: $0.baseAddress!) }
                     guard loss.isFinite else { throw UpdateTaskError.diverged(epoch: epoch, batch: batchNumber) }
-                    sgd.step(params: workspace.params.pointer, grads: workspace.grads.pointer)
+                    optimizer.step(params: workspace.params.pointer, grads: workspace.grads.pointer)
                     total += loss
                     progress(.miniBatchEnd(epoch: epoch, batch: batchNumber, loss: loss / Double(rows)))
                     first += rows

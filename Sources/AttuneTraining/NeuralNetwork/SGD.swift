@@ -6,7 +6,7 @@
 //
 // The velocity starts at zero for every update task (it is not part of the stored update state), so a
 // task's result depends only on its inputs. With momentum 0 this is plain SGD: w ← w − learningRate · g.
-struct SGD {
+struct SGD: OptimizerStep {
     let learningRate: Float
     let momentum: Float
     let velocity: FloatBuffer
@@ -28,4 +28,10 @@ struct SGD {
             }
         }
     }
+}
+
+/// One optimizer step over the trainable ranges of the flat parameter buffer, given the mini-batch's
+/// gradients; the optimizer keeps whatever state it needs (velocity, moments) between steps.
+protocol OptimizerStep {
+    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>)
 }

@@ -1,0 +1,56 @@
+import Foundation
+
+// Adam (Kingma & Ba), as Core ML's `adamOptimizer` declares it. For each trainable value, at step
+// t = 1, 2, … (counted over the whole update task, across epochs):
+//
+//   m ← β1·m + (1 − β1)·g           first moment
+//   v ← β2·v + (1 − β2)·g²          second moment
+//   m̂ = m / (1 − β1^t)              bias corrections: the moments start at zero
+//   v̂ = v / (1 − β2^t)
+//   w ← w − learningRate · m̂ / (√v̂ + eps)
+//
+// Like SGD's velocity, the moments start at zero for every update task and are not stored with the
+// version, so a task's result depends only on its inputs. The corrections are computed in Double once
+// per step; the per-value arithmetic is float32.
+final class Adam: OptimizerStep {
+    let learningRate: Float
+    let beta1: Float
+    let beta2: Float
+    let eps: Float
+    private let beta1Double: Double
+    private let beta2Double: Double
+    let firstMoment: FloatBuffer
+    let secondMoment: FloatBuffer
+    let ranges: [Range<Int>]
+    private(set) var stepCount = 0
+
+    init(learningRate: Double, beta1: Double, beta2: Double, eps: Double, slots: [TensorSlot], parameterCount: Int) {
+        self.learningRate = Float(learningRate)
+        self.beta1 = Float(beta1)
+        self.beta2 = Float(beta2)
+        self.eps = Float(eps)
+        beta1Double = beta1
+        beta2Double = beta2
+        firstMoment = FloatBuffer(count: parameterCount)
+        secondMoment = FloatBuffer(count: parameterCount)
+        ranges = slots.map { $0.offset..<($0.offset + $0.count) }
+    }
+
+    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>) {
+        stepCount += 1
+        let t = Double(stepCount)
+        let correction1 = Float(1 - Foundation.pow(beta1Double, t))
+        let correction2 = Float(1 - Foundation.pow(beta2Double, t))
+        let m = firstMoment.pointer, v = secondMoment.pointer
+        for range in ranges {
+            for i in range {
+                let g = grads[i]
+                m[i] = beta1 * m[i] + (1 - beta1) * g
+                v[i] = beta2 * v[i] + (1 - beta2) * g * g
+                let mHat = m[i] / correction1
+                let vHat = v[i] / correction2
+                params[i] -= learningRate * mHat / (vHat.squareRoot() + eps)
+            }
+        }
+    }
+}
