@@ -10,11 +10,16 @@ public struct TrainingBatch: Sendable {
     public let inputs: [Float]
     /// Classifiers: the index of each sample's label in `UpdatableModel.classLabels`.
     public let targets: [Int]
+    /// k-NN: labels of this batch the base model does not hold, in order of first appearance; they become
+    /// classes when the update appends their samples, and `targets` index `classLabels + newLabels`.
+    /// Always empty for neural networks.
+    public let newLabels: [ClassLabel]
 
-    public init(count: Int, inputWidth: Int, inputs: [Float], targets: [Int]) {
+    public init(count: Int, inputWidth: Int, inputs: [Float], targets: [Int], newLabels: [ClassLabel] = []) {
         self.count = count
         self.inputWidth = inputWidth
         self.inputs = inputs
         self.targets = targets
+        self.newLabels = newLabels
     }
 }
