@@ -18,6 +18,8 @@ public struct Prediction: Sendable, Equatable {
     /// The most probable class (the first one on a tie).
     public let label: ClassLabel
     public let classIndex: Int
-    /// One probability per class, in the order of `UpdatableModel.classLabels`.
+    /// One probability (or vote share) per class, in the order of `classes`.
     public let probabilities: [Double]
+    /// The classes the model knew when it predicted: a k-NN's grow with its user's new labels.
+    public let classes: [ClassLabel]
 }

@@ -47,6 +47,12 @@ final class NearestNeighborsTests: XCTestCase {
         let a = 1 / (0.4 * 0.4), b = 1 / (0.6 * 0.6) + 1 / (1.6 * 1.6)
         XCTAssertEqual(q.probabilities[0], a / (a + b), accuracy: 1e-6)
 
+        // Inverse distance weighs by 1/(squared distance), Core ML's distance function: from 0, a at 1 gets 1,
+        // b at 1.5 and 1.6 get 1/2.25 + 1/2.56 = 0.84, so a wins (1/Euclidean would elect b: 1 < 0.67 + 0.63).
+        let squared = try UpdatableModel(spec: TestKNN(dimensions: 1, inverseDistance: true, stored: [[1], [1.5], [1.6]],
+                                                       storedLabels: ["a", "b", "b"].map(ClassLabel.string)).spec)
+        XCTAssertEqual(try label(squared, [0]), .string("a"))
+
         // An exact match wins outright under inverse distance, though uniform voting says otherwise.
         let exact = try UpdatableModel(spec: TestKNN(dimensions: 1, inverseDistance: true, stored: [[0.1], [0], [-0.1]],
                                                      storedLabels: ["b", "a", "b"].map(ClassLabel.string)).spec)
@@ -72,7 +78,7 @@ final class NearestNeighborsTests: XCTestCase {
     func testAppendAndPredict() throws {
         let model = try UpdatableModel(spec: TestKNN(dimensions: 2, defaultLabel: .string("nothing yet")).spec)
         let empty = try model.predict(features: features([1, 1]), state: nil)
-        XCTAssertEqual(empty, Prediction(label: .string("nothing yet"), classIndex: -1, probabilities: []))
+        XCTAssertEqual(empty, Prediction(label: .string("nothing yet"), classIndex: -1, probabilities: [], classes: []))
 
         let samples = [knnSample([0, 0], .string("cat")), knnSample([0, 1], .string("cat")),
                        knnSample([5, 5], .string("dog")), knnSample([5, 6], .string("dog")), knnSample([6, 5], .string("dog"))]
@@ -118,6 +124,7 @@ final class NearestNeighborsTests: XCTestCase {
         XCTAssertEqual(p.label, .string("c"))
         XCTAssertEqual(p.classIndex, 2, "the version's classes are the base's, then the new ones in order")
         XCTAssertEqual(p.probabilities, [0, 0, 1, 0])
+        XCTAssertEqual(p.classes, ["a", "b", "c", "d"].map(ClassLabel.string))
         XCTAssertEqual(try label(model, [29], state: result.state), .string("d"))
         XCTAssertEqual(try label(model, [29], state: nil), .string("a"), "the base itself is unchanged")
         // A label seen in an earlier update is not new to the base, but it is to the batch: it still works.
@@ -352,20 +359,23 @@ final class NearestNeighborsTests: XCTestCase {
         XCTAssertEqual(view["default_label"] as? Int, -1)
     }
 
-    /// Predictions against the independent NumPy k-NN of Tests/python/reference_knn.py.
+    /// Predictions against the independent NumPy k-NN of Tests/python/reference_knn.py, with 20 samples in
+    /// the base and 40 appended by two updates. Uniform weighting: the reference's labels. Inverse distance:
+    /// the reference weighs by 1/Euclidean distance, Core ML by 1/its distance function (squared
+    /// Euclidean), so there the reference supplies the neighbours (the same for either distance) and the
+    /// test weighs them by 1/d² itself, in float64.
     func testPredictionsMatchNumPyReference() throws {
         var random = TestRandom(seed: 21)
         let labels = ["p", "q", "r", "s"]
         let stored = (0..<60).map { _ in random.uniform(count: 5, -1, 1) }
         let storedLabels = stored.map { _ in labels[random.int(4)] }
         let queries = (0..<40).map { _ in random.uniform(count: 5, -1.2, 1.2) }
-        var compared = 0
+        var agreeing = 0, euclideanAgreeing = 0
         for inverse in [false, true] {
             for k in [1, 3, 4, 7] {
                 let spec = TestKNN(dimensions: 5, k: Int64(k), inverseDistance: inverse, stored: Array(stored[..<20]),
                                    storedLabels: storedLabels[..<20].map(ClassLabel.string)).spec
                 let model = try UpdatableModel(spec: spec)
-                // 20 in the base, 40 appended by two updates.
                 let appended = (20..<60).map { knnSample(stored[$0].map(Double.init), .string(storedLabels[$0])) }
                 let first = try update(model, Array(appended[..<15]))
                 let state = try update(model, Array(appended[15...]), state: first.state).state
@@ -374,13 +384,33 @@ final class NearestNeighborsTests: XCTestCase {
                     "queries": queries.map { $0.map(Double.init) }, "k": k,
                     "weighting": inverse ? "inverse_distance" : "uniform",
                 ])
-                let expected = try XCTUnwrap(reference["predictions"] as? [String])
+                // reference_knn.py answers "labels" (the brief's draft interface said "predictions").
+                let referenceLabels = try XCTUnwrap((reference["labels"] ?? reference["predictions"]) as? [String])
+                let neighbours = try XCTUnwrap(reference["neighbours"] as? [[Int]])
                 let predicted = try queries.map { try model.predict(features: features($0.map(Double.init)), state: state).label.description }
+                let expected = inverse
+                    ? zip(queries, neighbours).map { squaredInverseVote($1, query: $0, stored: stored, labels: storedLabels) }
+                    : referenceLabels
                 XCTAssertEqual(predicted, expected, "k \(k) \(inverse ? "inverse distance" : "uniform")")
-                compared += zip(predicted, expected).filter { $0 == $1 }.count
+                agreeing += zip(predicted, expected).filter { $0 == $1 }.count
+                euclideanAgreeing += zip(predicted, referenceLabels).filter { $0 == $1 }.count
             }
         }
-        print("k-NN reference: \(compared) of \(8 * queries.count) predictions equal NumPy's")
+        print("k-NN reference: \(agreeing) of \(8 * queries.count) predictions as expected; \(euclideanAgreeing) equal "
+            + "reference_knn.py's labels (which weigh inverse distance by the Euclidean distance)")
+    }
+
+    /// The label 1/d² weights elect among `neighbours` (nearest first): exact matches alone when there
+    /// are any; a tie goes to the tied label that appears first.
+    func squaredInverseVote(_ neighbours: [Int], query: [Float], stored: [[Float]], labels: [String]) -> String {
+        let distances = neighbours.map { i in zip(query, stored[i]).reduce(0.0) { $0 + pow(Double($1.0) - Double($1.1), 2) } }
+        let exact = distances.contains(0)
+        var totals: [String: Double] = [:], order: [String] = []
+        for (i, d) in zip(neighbours, distances) where !exact || d == 0 {
+            if totals[labels[i]] == nil { order.append(labels[i]) }
+            totals[labels[i], default: 0] += exact ? 1 : 1 / d
+        }
+        return order.reduce(order[0]) { totals[$1]! > totals[$0]! ? $1 : $0 }
     }
 
     /// User A's 100 digits rows in the shared empty k-NN; A's next 100 rows held out.

@@ -13,8 +13,8 @@ import AttuneSpec
 ///
 /// Classes: `classLabels` are the distinct labels of the base's stored samples in order of first
 /// appearance; a personal version's classes are those followed by the labels its updates added. A
-/// `Prediction`'s `classIndex` and `probabilities` refer to the version's classes; a prediction of the
-/// default label (nothing stored) has `classIndex` −1 and no probabilities.
+/// `Prediction`'s `classes` are the version's, its `probabilities` each class's share of the vote; a
+/// prediction of the default label (nothing stored) has `classIndex` −1, no classes and no probabilities.
 public struct NearestNeighborsModel: Sendable {
     public let spec: CoreML_Specification_Model
     public let inputName: String
@@ -249,7 +249,7 @@ public struct NearestNeighborsModel: Sendable {
     func predictions(_ queries: [Float], count: Int, set: NeighborSet, k: Int) -> [Prediction] {
         if let predicted = set.predict(queries, count: count, k: k, weighting: weighting) { return predicted }
         // Only reachable with a default label: the init refuses an empty model without one.
-        let fallback = Prediction(label: defaultLabel!, classIndex: -1, probabilities: [])
+        let fallback = Prediction(label: defaultLabel!, classIndex: -1, probabilities: [], classes: [])
         return Array(repeating: fallback, count: count)
     }
 }

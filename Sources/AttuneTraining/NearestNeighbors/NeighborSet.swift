@@ -10,9 +10,10 @@
 //              and the ranking agrees with a float64 reference.
 //   neighbours the min(k, N) samples with the smallest d; equal distances rank by stored order (the
 //              earlier sample first), also at the k-th place.
-//   weights    uniform: 1 per neighbour. inverse distance: 1/d per neighbour (d is the squared distance,
-//              Core ML's distance function); when the nearest neighbour is an exact match (d = 0) only the
-//              exact matches vote, 1 each.
+//   weights    uniform: 1 per neighbour. inverse distance: 1/d per neighbour, d being the squared distance
+//              (the index's distance function, which Core ML's weighting is defined on; coremltools refuses
+//              to convert scikit-learn's 1/Euclidean weighting to it). When the nearest neighbour is an
+//              exact match (d = 0) only the exact matches vote, 1 each (the limit of 1/d as d → 0).
 //   winner     the class with the largest total weight; a tie goes to the tied class whose nearest
 //              neighbour ranks first.
 //   empty set  no neighbours: the caller answers with the model's default label.
@@ -131,7 +132,7 @@ struct NeighborSet: Sendable {
                 let (winner, weights) = vote(nearest(to: query, k: k), weighting: weighting)
                 let total = weights.reduce(0, +)
                 return Prediction(label: classes[winner], classIndex: winner,
-                                  probabilities: weights.map { $0 / total })
+                                  probabilities: weights.map { $0 / total }, classes: classes)
             }
         }
     }

@@ -336,7 +336,8 @@ public struct NeuralNetworkModel: Sendable {
                 let probabilities = (0..<classes).map { Double(p[r * classes + $0]) }
                 var best = 0
                 for k in 1..<classes where probabilities[k] > probabilities[best] { best = k }
-                result.append(Prediction(label: classLabels[best], classIndex: best, probabilities: probabilities))
+                result.append(Prediction(label: classLabels[best], classIndex: best, probabilities: probabilities,
+                                         classes: classLabels))
             }
             start += rows
         }
