@@ -110,9 +110,8 @@ enum PythonScript {
                     line: UInt = #line) throws -> String {
         let path = Fixtures.root.appendingPathComponent("Tests/python/\(script)").path
         guard FileManager.default.fileExists(atPath: path) else {
-            let message = "Tests/python/\(script) is missing"
-            XCTFail(message, file: file, line: line)
-            throw PythonFailed(interpreter: script, status: -1, stderr: message)
+            XCTFail("Tests/python/\(script) is missing", file: file, line: line)
+            throw CocoaError(.fileNoSuchFile, userInfo: [NSFilePathErrorKey: path])
         }
         let interpreter = ProcessInfo.processInfo.environment["ATTUNE_PYTHON"] ?? "python3"
         let result = try Fixtures.run("/usr/bin/env", [interpreter, path] + arguments)

@@ -20,10 +20,11 @@ extension NearestNeighborsModel {
         } ?? NearestNeighborsState(samples: [], labels: [], k: nil)
         var before = base
         before.append(samples: stored.samples, labels: stored.labels)
-        let predicted = predictions(batch.inputs, count: batch.count, set: before, k: k)
-        let loss = 1 - accuracy(of: predicted, batch: batch)
-
         let labels = classLabels + batch.newLabels
+        let predicted = predictions(batch.inputs, count: batch.count, set: before, k: k)
+        let wrong = zip(predicted, batch.targets).filter { $0.label != labels[$1] }.count
+        let loss = Double(wrong) / Double(batch.count)
+
         stored.samples += batch.inputs
         stored.labels += batch.targets.map { labels[$0] }
         stored.k = k
