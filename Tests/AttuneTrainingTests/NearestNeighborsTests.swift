@@ -111,6 +111,17 @@ final class NearestNeighborsTests: XCTestCase {
                                       parameters: model.defaults).run { _ in }.state, second.state, "deterministic")
     }
 
+    func testCancelledBeforeAppending() throws {
+        let model = try lineModel()
+        let batch = try model.prepareBatch([knnSample([5], .string("c"))], maxSamples: 10)
+        var events: [TrainingProgress] = []
+        XCTAssertThrowsError(try UpdateTask(model: model, state: nil, batch: batch, parameters: model.defaults)
+            .run(progress: { events.append($0) }, isCancelled: { true })) {
+            XCTAssertEqual($0 as? UpdateTaskError, .cancelled(epoch: 1, batch: 1))
+        }
+        XCTAssertEqual(events, [.trainingBegin(samples: 1, epochs: 1)])
+    }
+
     func testNewLabelsBecomeClasses() throws {
         let model = try lineModel(k: 1)
         XCTAssertEqual(model.classLabels, [.string("a"), .string("b")])

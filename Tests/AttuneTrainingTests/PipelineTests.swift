@@ -107,6 +107,18 @@ final class PipelineTests: XCTestCase {
         XCTAssertEqual(samples.flatMap { $0.map(Float.init) }, result.state.knnSamples[0].values)
     }
 
+    /// Inputs so large that the extractor overflows: refused as a bad sample, nothing stored.
+    func testNonFiniteEmbeddingsAreRefused() throws {
+        let (_, pipeline) = try fixture()
+        let huge = knnSample(Array(repeating: 3e38, count: 64), .string("7"), input: "pixels", labelName: "digit")
+        XCTAssertThrowsError(try update(.pipeline(pipeline), [knnSample(Array(repeating: 1, count: 64), .string("1"),
+                                                                         input: "pixels", labelName: "digit"), huge])) {
+            guard case .nonFinite(sample: 1, feature: "features", _)? = $0 as? InvalidTrainingInput else {
+                return XCTFail("\($0)")
+            }
+        }
+    }
+
     func testPlainPipelineIsAccepted() throws {
         let (spec, _) = try fixture()
         var plain = spec
