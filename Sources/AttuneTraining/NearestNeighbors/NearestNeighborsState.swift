@@ -11,8 +11,10 @@ import AttuneSpec
 ///   version, which the version predicts with and its export declares as `numberOfNeighbors.defaultValue`.
 ///   Version 0 (the empty state) has none and uses the base's default.
 ///
-/// A version is always complete on its own: the worker loads only the parent's state, and the next
-/// version repeats it with the new samples added.
+/// A version is complete on its own (the next one repeats it with the new samples added): the worker
+/// loads only the parent's state, and `ModelRegistry.pruneVersions` may delete any older version without
+/// losing samples. A user's storage is therefore at most (versions kept) × (the user's samples); storing
+/// only each task's samples would be smaller but would make every version depend on all its ancestors.
 struct NearestNeighborsState: Sendable {
     static let samplesTensor = "samples"
     static let neighborCountTensor = "numberOfNeighbors"
