@@ -7,7 +7,7 @@ import AttuneSpec
 
 /// A base model this engine cannot train, found when `UpdatableModel` reads the spec.
 public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatable {
-    /// The model is not a neural-network classifier (e.g. a pipeline or k-NN).
+    /// A model type the engine does not update at all.
     case modelType(found: String)
     case notUpdatable
     /// A layer of a type, or with options, that this engine does not train.
@@ -23,6 +23,10 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
     case featureExtractor(String)
     /// Weights stored in a form this engine does not read (float16, int8, quantized) or of the wrong size.
     case weights(layer: String, reason: String)
+    /// A kNearestNeighborsClassifier with an index, distance, weighting, labels or samples Attune cannot use.
+    case nearestNeighbors(String)
+    /// A pipeline that is not a frozen neural-network feature extractor feeding an updatable k-NN.
+    case pipeline(String)
 
     /// The name of the spec's model type as Core ML's proto spells it ("pipelineClassifier", …).
     static func typeName(of spec: CoreML_Specification_Model) -> String {
@@ -35,9 +39,8 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
     public var description: String {
         switch self {
         case .modelType(let found):
-            return "unsupported model type \(found): the training engine updates neural networks "
-                + "(neuralNetworkClassifier, neuralNetworkRegressor, neuralNetwork); "
-                + "convert the model to an updatable neural network"
+            return "unsupported model type \(found): the training engine updates \(UpdatableModel.supportedTypes); "
+                + "convert the model to one of these"
         case .notUpdatable:
             return "the model is not updatable (isUpdatable is false or no layer is marked updatable); "
                 + "mark the layers to personalize as updatable with coremltools before importing"
@@ -62,6 +65,14 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
         case .weights(let layer, let reason):
             return "weights of layer '\(layer)' cannot be read: \(reason); store them as float32 "
                 + "(floatValue or rawValue)"
+        case .nearestNeighbors(let detail):
+            return "unsupported k-nearest-neighbours classifier: \(detail). Attune updates a kNearestNeighborsClassifier "
+                + "with a linearIndex, squaredEuclideanDistance, uniformWeighting or inverseDistanceWeighting, "
+                + "string or int64 class labels and one multiArray input of numberOfDimensions values"
+        case .pipeline(let detail):
+            return "unsupported pipeline: \(detail). Attune updates a pipelineClassifier (or pipeline) of exactly two "
+                + "models: a frozen neuralNetwork feature extractor whose output feeds an updatable "
+                + "kNearestNeighborsClassifier"
         }
     }
 }
@@ -114,6 +125,10 @@ public enum InvalidUpdateState: Error, CustomStringConvertible, Sendable, Equata
     case unknownTensor(name: String, expected: [String])
     case wrongSize(name: String, expected: [Int], shape: [Int64], valueCount: Int)
     case nonFinite(name: String, index: Int)
+    /// k-NN: the stored labels do not pair one-to-one with the stored samples, or are of the wrong type.
+    case nearestNeighborsLabels(String)
+    /// k-NN: the number of neighbours the state records is not one the base model allows.
+    case numberOfNeighbors(value: Float, allowed: String)
 
     public var description: String {
         switch self {
@@ -129,6 +144,12 @@ public enum InvalidUpdateState: Error, CustomStringConvertible, Sendable, Equata
         case .nonFinite(let name, let index):
             return "update state tensor '\(name)' has a NaN or infinite value at index \(index); the stored "
                 + "version is corrupt — roll the user back to an earlier version"
+        case .nearestNeighborsLabels(let detail):
+            return "update state's k-NN labels do not fit: \(detail); the state was made for another base model "
+                + "or is corrupt — roll the user back to an earlier version"
+        case .numberOfNeighbors(let value, let allowed):
+            return "update state records numberOfNeighbors \(value), which the base model does not allow "
+                + "(allowed: \(allowed)); the state was made for another base model"
         }
     }
 }

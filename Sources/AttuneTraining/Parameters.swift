@@ -25,6 +25,8 @@ public struct ResolvedParameters: Sendable, Equatable, CustomStringConvertible {
     public var shuffle: Bool
     /// Seeds the shuffle; always set so every task is reproducible.
     public var seed: Int64
+    /// k-nearest-neighbours only: how many stored samples vote on a prediction; nil for neural networks.
+    public var k: Int? = nil
 
     public init(epochs: Int, learningRate: Double, miniBatchSize: Int, optimizer: Optimizer, shuffle: Bool,
                 seed: Int64) {
@@ -237,5 +239,16 @@ struct ParameterDeclarations: Sendable {
             }
         }
         return value
+    }
+}
+
+// MARK: - k-nearest-neighbours
+
+extension ResolvedParameters {
+    /// A k-NN update: one pass that appends the samples (reported as one epoch); only `k` is a choice.
+    static func nearestNeighbors(k: Int) -> ResolvedParameters {
+        var p = ResolvedParameters(epochs: 1, learningRate: 0, miniBatchSize: 1, momentum: 0, shuffle: false, seed: 0)
+        p.k = k
+        return p
     }
 }

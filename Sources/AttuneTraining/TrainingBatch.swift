@@ -14,11 +14,18 @@ public struct TrainingBatch: Sendable {
     /// classifier's label as a one-hot row); empty for other losses.
     public let targetValues: [Float]
 
-    public init(count: Int, inputWidth: Int, inputs: [Float], targets: [Int], targetValues: [Float] = []) {
+    /// k-NN: labels of this batch the base model does not hold, in order of first appearance; they become
+    /// classes when the update appends their samples, and `targets` index `classLabels + newLabels`.
+    /// Always empty for neural networks.
+    public let newLabels: [ClassLabel]
+
+    public init(count: Int, inputWidth: Int, inputs: [Float], targets: [Int], targetValues: [Float] = [],
+                newLabels: [ClassLabel] = []) {
         self.count = count
         self.inputWidth = inputWidth
         self.inputs = inputs
         self.targets = targets
         self.targetValues = targetValues
+        self.newLabels = newLabels
     }
 }

@@ -5,6 +5,13 @@ import AttuneSpec
 /// folder; this type only routes to them, so the worker and the command line need not know the kinds.
 public enum UpdatableModel: Sendable {
     case neuralNetwork(NeuralNetworkModel)
+    case nearestNeighbors(NearestNeighborsModel)
+    case pipeline(PipelineModel)
+
+    /// The model types `init(spec:)` accepts, as an error message names them.
+    static let supportedTypes = "neuralNetworkClassifier, neuralNetworkRegressor, neuralNetwork, "
+        + "kNearestNeighborsClassifier, and pipelineClassifier or "
+        + "pipeline (a frozen neuralNetwork feeding an updatable kNearestNeighborsClassifier)"
 
     /// Refuses, with `UnsupportedModel`, anything the engine cannot train, naming the part and what is
     /// supported.
@@ -12,6 +19,10 @@ public enum UpdatableModel: Sendable {
         switch spec.type {
         case .neuralNetworkClassifier?, .neuralNetworkRegressor?, .neuralNetwork?:
             self = .neuralNetwork(try NeuralNetworkModel(spec: spec))
+        case .kNearestNeighborsClassifier?:
+            self = .nearestNeighbors(try NearestNeighborsModel(spec: spec))
+        case .pipelineClassifier?, .pipeline?, .pipelineRegressor?:
+            self = .pipeline(try PipelineModel(spec: spec))
         default:
             throw .modelType(found: UnsupportedModel.typeName(of: spec))
         }
@@ -21,6 +32,8 @@ public enum UpdatableModel: Sendable {
     public var spec: CoreML_Specification_Model {
         switch self {
         case .neuralNetwork(let m): return m.spec
+        case .nearestNeighbors(let m): return m.spec
+        case .pipeline(let m): return m.spec
         }
     }
 
@@ -28,6 +41,8 @@ public enum UpdatableModel: Sendable {
     public var inputName: String {
         switch self {
         case .neuralNetwork(let m): return m.inputName
+        case .nearestNeighbors(let m): return m.inputName
+        case .pipeline(let m): return m.inputName
         }
     }
 
@@ -35,6 +50,8 @@ public enum UpdatableModel: Sendable {
     public var labelFeatureName: String {
         switch self {
         case .neuralNetwork(let m): return m.labelFeatureName
+        case .nearestNeighbors(let m): return m.labelFeatureName
+        case .pipeline(let m): return m.labelFeatureName
         }
     }
 
@@ -42,6 +59,8 @@ public enum UpdatableModel: Sendable {
     public var classLabels: [ClassLabel] {
         switch self {
         case .neuralNetwork(let m): return m.classLabels
+        case .nearestNeighbors(let m): return m.classLabels
+        case .pipeline(let m): return m.classLabels
         }
     }
 
@@ -49,6 +68,8 @@ public enum UpdatableModel: Sendable {
     public var defaults: ResolvedParameters {
         switch self {
         case .neuralNetwork(let m): return m.defaults
+        case .nearestNeighbors(let m): return m.defaults
+        case .pipeline(let m): return m.defaults
         }
     }
 
@@ -56,6 +77,8 @@ public enum UpdatableModel: Sendable {
     public func resolveParameters(_ overrides: Attune_V1_UpdateParameters) throws(InvalidTrainingInput) -> ResolvedParameters {
         switch self {
         case .neuralNetwork(let m): return try m.resolveParameters(overrides)
+        case .nearestNeighbors(let m): return try m.resolveParameters(overrides)
+        case .pipeline(let m): return try m.resolveParameters(overrides)
         }
     }
 
@@ -63,6 +86,8 @@ public enum UpdatableModel: Sendable {
     public func prepareBatch(_ samples: [Attune_V1_Sample], maxSamples: Int) throws(InvalidTrainingInput) -> TrainingBatch {
         switch self {
         case .neuralNetwork(let m): return try m.prepareBatch(samples, maxSamples: maxSamples)
+        case .nearestNeighbors(let m): return try m.prepareBatch(samples, maxSamples: maxSamples)
+        case .pipeline(let m): return try m.prepareBatch(samples, maxSamples: maxSamples)
         }
     }
 
@@ -70,6 +95,8 @@ public enum UpdatableModel: Sendable {
     public func initialState() -> Attune_V1_UpdateState {
         switch self {
         case .neuralNetwork(let m): return m.initialState()
+        case .nearestNeighbors(let m): return m.initialState()
+        case .pipeline(let m): return m.initialState()
         }
     }
 
@@ -78,6 +105,8 @@ public enum UpdatableModel: Sendable {
     public func applying(_ state: Attune_V1_UpdateState) throws(InvalidUpdateState) -> CoreML_Specification_Model {
         switch self {
         case .neuralNetwork(let m): return try m.applying(state)
+        case .nearestNeighbors(let m): return try m.applying(state)
+        case .pipeline(let m): return try m.applying(state)
         }
     }
 
@@ -85,6 +114,8 @@ public enum UpdatableModel: Sendable {
     public func predict(features: [String: Attune_V1_FeatureValue], state: Attune_V1_UpdateState?) throws -> Prediction {
         switch self {
         case .neuralNetwork(let m): return try m.predict(features: features, state: state)
+        case .nearestNeighbors(let m): return try m.predict(features: features, state: state)
+        case .pipeline(let m): return try m.predict(features: features, state: state)
         }
     }
 
@@ -101,6 +132,8 @@ public enum UpdatableModel: Sendable {
     public func accuracy(samples: [Attune_V1_Sample], state: Attune_V1_UpdateState?) throws -> Double {
         switch self {
         case .neuralNetwork(let m): return try m.accuracy(samples: samples, state: state)
+        case .nearestNeighbors(let m): return try m.accuracy(samples: samples, state: state)
+        case .pipeline(let m): return try m.accuracy(samples: samples, state: state)
         }
     }
 }

@@ -20,7 +20,7 @@ public struct UpdateResult: Sendable {
 }
 
 /// One update of one personal model, as `MLUpdateTask` runs it: the model's kind decides what an update
-/// is (gradient steps for a neural network).
+/// is (gradient steps for a neural network; appending samples for a k-NN, embedded first in a pipeline).
 ///
 /// Deterministic: the same model, state, batch and parameters give bit-identical results on one machine.
 public struct UpdateTask: Sendable {
@@ -45,6 +45,12 @@ public struct UpdateTask: Sendable {
         case .neuralNetwork(let network):
             return try network.train(state: state, batch: batch, parameters: parameters, progress: progress,
                                      isCancelled: isCancelled)
+        case .nearestNeighbors(let knn):
+            return try knn.train(state: state, batch: batch, parameters: parameters, progress: progress,
+                                 isCancelled: isCancelled)
+        case .pipeline(let pipeline):
+            return try pipeline.train(state: state, batch: batch, parameters: parameters, progress: progress,
+                                      isCancelled: isCancelled)
         }
     }
 }

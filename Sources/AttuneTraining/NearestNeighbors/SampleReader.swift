@@ -1,0 +1,92 @@
+import AttuneSpec
+
+/// Reads job samples for a k-NN (or the pipeline in front of one): one multiArray input and a label of the
+/// model's label type, which need not be a class yet.
+struct SampleReader: Sendable {
+    let inputName: String
+    let inputShape: [Int]
+    let labelFeatureName: String
+    let labelKind: LabelKind
+
+    var inputWidth: Int { inputShape.reduce(1, *) }
+
+    /// Checks every sample (0-based indices in errors): exactly the input and the label feature, between 1
+    /// and `maxSamples` samples. Targets index `classes + newLabels`.
+    func batch(_ samples: [Attune_V1_Sample], maxSamples: Int,
+               classes: [ClassLabel]) throws(InvalidTrainingInput) -> TrainingBatch {
+        guard !samples.isEmpty, samples.count <= maxSamples else {
+            throw .sampleCount(count: samples.count, max: maxSamples)
+        }
+        let width = inputWidth
+        var inputs = [Float](repeating: 0, count: samples.count * width)
+        var known = Dictionary(uniqueKeysWithValues: classes.enumerated().map { ($1, $0) })
+        var newLabels: [ClassLabel] = []
+        var targets: [Int] = []
+        targets.reserveCapacity(samples.count)
+        for (i, sample) in samples.enumerated() {
+            for name in sample.features.keys.sorted() where name != inputName && name != labelFeatureName {
+                throw .unknownFeature(sample: i, feature: name, expected: [inputName, labelFeatureName])
+            }
+            guard let input = sample.features[inputName] else { throw .missingFeature(sample: i, feature: inputName) }
+            try read(input, sample: i, into: &inputs, at: i * width)
+            guard let value = sample.features[labelFeatureName] else {
+                throw .missingFeature(sample: i, feature: labelFeatureName)
+            }
+            let label = try self.label(value, sample: i)
+            if let index = known[label] {
+                targets.append(index)
+            } else {
+                known[label] = classes.count + newLabels.count
+                targets.append(classes.count + newLabels.count)
+                newLabels.append(label)
+            }
+        }
+        return TrainingBatch(count: samples.count, inputWidth: width, inputs: inputs, targets: targets,
+                             newLabels: newLabels)
+    }
+
+    /// One prediction's input; other features are ignored.
+    func input(_ features: [String: Attune_V1_FeatureValue]) throws(InvalidTrainingInput) -> [Float] {
+        guard let value = features[inputName] else { throw .missingFeature(sample: 0, feature: inputName) }
+        var row = [Float](repeating: 0, count: inputWidth)
+        try read(value, sample: 0, into: &row, at: 0)
+        return row
+    }
+
+    func read(_ value: Attune_V1_FeatureValue, sample: Int, into buffer: inout [Float],
+              at offset: Int) throws(InvalidTrainingInput) {
+        guard case .multiArray(let array)? = value.kind else {
+            throw .wrongType(sample: sample, feature: inputName, expected: "a multiArray", found: Self.kindName(value))
+        }
+        guard array.values.count == inputWidth, array.shape.isEmpty || array.shape == inputShape.map(Int64.init) else {
+            throw .wrongShape(sample: sample, feature: inputName, expected: inputShape, shape: array.shape,
+                              valueCount: array.values.count)
+        }
+        for (j, v) in array.values.enumerated() {
+            let f = Float(v)
+            guard v.isFinite, f.isFinite else { throw .nonFinite(sample: sample, feature: inputName, index: j) }
+            buffer[offset + j] = f
+        }
+    }
+
+    func label(_ value: Attune_V1_FeatureValue, sample: Int) throws(InvalidTrainingInput) -> ClassLabel {
+        switch (value.kind, labelKind) {
+        case (.stringValue(let s)?, .string): return .string(s)
+        case (.int64Value(let n)?, .int64): return .int64(n)
+        default:
+            throw .wrongType(sample: sample, feature: labelFeatureName, expected: labelKind.typeName,
+                             found: Self.kindName(value))
+        }
+    }
+
+    static func kindName(_ value: Attune_V1_FeatureValue) -> String {
+        switch value.kind {
+        case .doubleValue?: return "a double"
+        case .int64Value?: return "an int64"
+        case .stringValue?: return "a string"
+        case .multiArray?: return "a multiArray"
+        case .image?: return "an image"
+        case nil: return "an empty value"
+        }
+    }
+}
