@@ -17,10 +17,13 @@ let package = Package(
                        providers: [.apt(["librabbitmq-dev"])]),
         .systemLibrary(name: "CLibPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
         .systemLibrary(name: "CBLAS", providers: [.apt(["libblas-dev"])]),
+        .systemLibrary(name: "CPNG", pkgConfig: "libpng16", providers: [.apt(["libpng-dev"])]),
+        .systemLibrary(name: "CTurboJPEG", pkgConfig: "libturbojpeg", providers: [.apt(["libturbojpeg0-dev"])]),
 
         .target(name: "AttuneSpec",
                 dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf")]),
         .target(name: "AttuneTraining", dependencies: ["AttuneSpec", "CBLAS"]),
+        .target(name: "AttuneImage", dependencies: ["AttuneSpec", "CPNG", "CTurboJPEG"]),
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
                                                     .product(name: "Logging", package: "swift-log")]),
         .target(name: "AttuneQueue", dependencies: ["AttuneSpec", "CRabbitMQ",
@@ -35,6 +38,7 @@ let package = Package(
 
         .testTarget(name: "AttuneSpecTests", dependencies: ["AttuneSpec"]),
         .testTarget(name: "AttuneTrainingTests", dependencies: ["AttuneTraining", "AttuneSpec"]),
+        .testTarget(name: "AttuneImageTests", dependencies: ["AttuneImage", "AttuneSpec"]),
         .testTarget(name: "AttuneStoreTests", dependencies: ["AttuneStore", "AttuneSpec"]),
         .testTarget(name: "AttuneQueueTests", dependencies: ["AttuneQueue", "AttuneSpec"]),
         .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore",
