@@ -13,6 +13,8 @@ public enum ImageInputError: Error, Equatable, Sendable, CustomStringConvertible
     case unsupportedConstraint(String)
     /// The model's preprocessing subtracts a mean image, which is not implemented.
     case meanImageUnsupported(featureName: String)
+    /// The model has no image input of that name.
+    case noImageInput(name: String)
 
     public var description: String {
         switch self {
@@ -30,6 +32,8 @@ public enum ImageInputError: Error, Equatable, Sendable, CustomStringConvertible
         case .meanImageUnsupported(let name):
             return "the model preprocesses image input \"\(name)\" by subtracting a mean image, which Attune does not "
                 + "support; convert the model with a scaler (channel scale and biases) instead"
+        case .noImageInput(let name):
+            return "the model has no image input named \"\(name)\"; send image bytes only for the model's image inputs"
         }
     }
 }
