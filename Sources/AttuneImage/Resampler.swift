@@ -47,9 +47,11 @@ struct Resampler {
         rows = Axis(source: height, target: targetHeight)
     }
 
-    /// `plane` is `height × width` row-major; the result `targetHeight × targetWidth`.
-    func resize(_ plane: [Float]) -> [Float] {
-        if width == targetWidth && height == targetHeight { return plane }
+    /// Resizes one channel whose value at source pixel `p` (row-major, `y · width + x`) is `value(p)`.
+    /// Reading the source through `value` lets the caller convert colour on the fly, so no full-size
+    /// float copy of a large photo is ever made: the horizontal pass already has the target width.
+    /// The result is `targetHeight × targetWidth`, row-major.
+    func resize(_ value: (Int) -> Float) -> [Float] {
         // Horizontal pass: height × targetWidth.
         var across = [Float](repeating: 0, count: height * targetWidth)
         for y in 0..<height {
@@ -57,7 +59,7 @@ struct Resampler {
             for x in 0..<targetWidth {
                 let start = row + columns.first[x]
                 var sum: Float = 0
-                for (k, w) in columns.weights[x].enumerated() { sum += w * plane[start + k] }
+                for (k, w) in columns.weights[x].enumerated() { sum += w * value(start + k) }
                 across[y * targetWidth + x] = sum
             }
         }
