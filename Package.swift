@@ -31,7 +31,7 @@ let package = Package(
         .target(name: "AttuneWorker", dependencies: ["AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue",
                                                      .product(name: "Logging", package: "swift-log")]),
         .executableTarget(name: "attune", dependencies: [
-            "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue", "AttuneWorker",
+            "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue", "AttuneWorker", "AttuneImage",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),

@@ -14,8 +14,8 @@ import Foundation
 ///    this is the one that keeps every pixel, and producers who care send the model's aspect ratio;
 /// 5. apply the scaler, `channelScale · x + bias`, x on the 0…255 scale.
 ///
-/// Colour conversion happens while resampling (each output channel reads the decoded samples through
-/// a function), so a large photo costs its 8-bit samples plus one target-width float band per channel.
+/// Colour conversion happens while resampling, one source row at a time, so a large photo costs its
+/// 8-bit samples plus one float band of the target's width per channel.
 ///
 /// The result is float32 in Core ML's channel-first order `[C, H, W]`: R, G, B planes for RGB,
 /// B, G, R for BGR, one plane for grayscale.
@@ -32,30 +32,48 @@ public enum ImageInput {
     static func tensor(from image: DecodedImage, constraint: ImageConstraint, scaler: ImageScaler) -> [Float] {
         let resampler = Resampler(width: image.width, height: image.height,
                                   targetWidth: constraint.width, targetHeight: constraint.height)
-        let biases = scaler.biases(for: constraint.colorSpace)
         var out: [Float] = []
         out.reserveCapacity(constraint.count)
-        image.samples.withUnsafeBufferPointer { samples in
-            let stride = image.channels
-            let alpha = image.hasAlpha ? stride - 1 : -1
-            /// Source channel c of pixel p on the 0…255 scale, composited on black.
-            func sample(_ p: Int, _ c: Int) -> Float {
-                let value = Float(samples[p * stride + c])
-                return alpha < 0 ? value : value * Float(samples[p * stride + alpha]) / 255
+        for (channel, bias) in zip(channels(of: image, in: constraint.colorSpace), scaler.biases(for: constraint.colorSpace)) {
+            let plane = image.samples.withUnsafeBufferPointer { samples in
+                resampler.resize { y, row in channel.fill(&row, y: y, of: image, samples) }
             }
-            let channels: [(Int) -> Float]
-            switch (constraint.colorSpace, image.isColor) {
-            case (.grayscale, false): channels = [{ sample($0, 0) }]
-            case (.grayscale, true):
-                channels = [{ 0.299 * sample($0, 0) + 0.587 * sample($0, 1) + 0.114 * sample($0, 2) }]
-            case (.rgb, true): channels = [{ sample($0, 0) }, { sample($0, 1) }, { sample($0, 2) }]
-            case (.bgr, true): channels = [{ sample($0, 2) }, { sample($0, 1) }, { sample($0, 0) }]
-            case (.rgb, false), (.bgr, false): channels = Array(repeating: { sample($0, 0) }, count: 3)
-            }
-            for (value, bias) in zip(channels, biases) {
-                out.append(contentsOf: resampler.resize(value).map { scaler.channelScale * $0 + bias })
-            }
+            out.append(contentsOf: plane.map { scaler.channelScale * $0 + bias })
         }
         return out
+    }
+
+    /// Where each of the tensor's channels comes from.
+    enum Channel {
+        /// One of the source's channels (0 for gray; 0, 1, 2 for R, G, B).
+        case source(Int)
+        /// 0.299 R + 0.587 G + 0.114 B of a colour source.
+        case luma
+
+        /// Writes row `y` of this channel on the 0…255 scale, composited on black.
+        func fill(_ row: inout [Float], y: Int, of image: DecodedImage, _ samples: UnsafeBufferPointer<UInt8>) {
+            let stride = image.channels, alpha = stride - 1, hasAlpha = image.hasAlpha
+            var p = y * image.width * stride
+            for x in 0..<image.width {
+                var value: Float
+                switch self {
+                case .source(let c): value = Float(samples[p + c])
+                case .luma: value = 0.299 * Float(samples[p]) + 0.587 * Float(samples[p + 1]) + 0.114 * Float(samples[p + 2])
+                }
+                if hasAlpha { value *= Float(samples[p + alpha]) / 255 }
+                row[x] = value
+                p += stride
+            }
+        }
+    }
+
+    static func channels(of image: DecodedImage, in colorSpace: ImageConstraint.ColorSpace) -> [Channel] {
+        switch (colorSpace, image.isColor) {
+        case (.grayscale, false): return [.source(0)]
+        case (.grayscale, true): return [.luma]
+        case (.rgb, true): return [.source(0), .source(1), .source(2)]
+        case (.bgr, true): return [.source(2), .source(1), .source(0)]
+        case (.rgb, false), (.bgr, false): return [.source(0), .source(0), .source(0)]
+        }
     }
 }

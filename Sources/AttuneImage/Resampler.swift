@@ -47,20 +47,25 @@ struct Resampler {
         rows = Axis(source: height, target: targetHeight)
     }
 
-    /// Resizes one channel whose value at source pixel `p` (row-major, `y · width + x`) is `value(p)`.
-    /// Reading the source through `value` lets the caller convert colour on the fly, so no full-size
-    /// float copy of a large photo is ever made: the horizontal pass already has the target width.
+    /// Resizes one channel whose source rows `fillRow(y, &row)` writes (`width` values each). Reading the
+    /// source a row at a time lets the caller convert colour on the fly, so no full-size float copy of a
+    /// large photo is ever made: the horizontal pass already has the target width.
     /// The result is `targetHeight × targetWidth`, row-major.
-    func resize(_ value: (Int) -> Float) -> [Float] {
+    func resize(_ fillRow: (_ y: Int, _ row: inout [Float]) -> Void) -> [Float] {
+        var row = [Float](repeating: 0, count: width)
         // Horizontal pass: height × targetWidth.
         var across = [Float](repeating: 0, count: height * targetWidth)
-        for y in 0..<height {
-            let row = y * width
-            for x in 0..<targetWidth {
-                let start = row + columns.first[x]
-                var sum: Float = 0
-                for (k, w) in columns.weights[x].enumerated() { sum += w * value(start + k) }
-                across[y * targetWidth + x] = sum
+        across.withUnsafeMutableBufferPointer { across in
+            for y in 0..<height {
+                fillRow(y, &row)
+                row.withUnsafeBufferPointer { row in
+                    for x in 0..<targetWidth {
+                        let start = columns.first[x]
+                        var sum: Float = 0
+                        for (k, w) in columns.weights[x].enumerated() { sum += w * row[start + k] }
+                        across[y * targetWidth + x] = sum
+                    }
+                }
             }
         }
         // Vertical pass: targetHeight × targetWidth.
