@@ -6,7 +6,7 @@
 # Debian package: it must already be on PATH (swift.org's Linux tarball, or the machine image).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-packages=(postgresql postgresql-contrib rabbitmq-server librabbitmq-dev libpq-dev libblas-dev libpng-dev libjpeg62-turbo-dev
+packages=(postgresql postgresql-contrib rabbitmq-server librabbitmq-dev libpq-dev libblas-dev libpng-dev libturbojpeg0-dev
           libopenblas0-pthread python3-venv gzip)
 missing=()
 for p in "${packages[@]}"; do
