@@ -5,9 +5,11 @@ import Foundation
 /// of update tasks, predictions and exported models.
 ///
 /// Supported: one multiArray input (FLOAT32, DOUBLE or INT32; shape [C] or [C, H, W]); a chain of
-/// innerProduct, activation (ReLU, leakyReLU, sigmoid, tanh, linear), softmax and flatten layers ending in
-/// a softmax; updatable innerProduct layers (weights and bias as float32); one categorical cross-entropy
-/// loss on the softmax output; SGD. Everything else is refused with `UnsupportedModel`.
+/// innerProduct, convolution, pooling, activation (ReLU, leakyReLU, sigmoid, tanh, linear), batchnorm
+/// (frozen), softmax, flatten and reshape layers ending in a softmax (`UnsupportedModel.supportedLayers`
+/// lists the options); updatable innerProduct and convolution layers (weights and bias as float32); one
+/// categorical cross-entropy loss on the softmax output; SGD. Everything else is refused with
+/// `UnsupportedModel`.
 public struct NeuralNetworkModel: Sendable {
     public let spec: CoreML_Specification_Model
     public let inputName: String
@@ -113,12 +115,18 @@ public struct NeuralNetworkModel: Sendable {
                                 inputShape: [Int], lossInput: String,
                                 classCount: Int) throws(UnsupportedModel) -> NetworkPlan {
         guard !layers.isEmpty else { throw .brokenChain("the network has no layers") }
-        // (channels, spatial) where spatial = H·W; dense and softmax need spatial == 1.
-        var channels = inputShape[0]
-        var spatial = inputShape.dropFirst().reduce(1, *)
+        // One sample's shape at the current boundary; a [C] input is C channels of 1×1.
+        // innerProduct and softmax need a 1×1 plane.
+        var shape = BlobShape(channels: inputShape[0], plane: inputShape.count == 3
+            ? SpatialSize(height: inputShape[1], width: inputShape[2]) : SpatialSize(height: 1, width: 1))
+        var channels: Int {
+            get { shape.channels }
+            set { shape.channels = newValue }
+        }
+        var spatial: Int { shape.plane.count }
         var blob = inputName
         var steps: [NetworkStep] = []
-        var widths = [channels * spatial]
+        var widths = [shape.count]
         var parameters: [Float] = []
         var slots: [TensorSlot] = []
         var firstTrainable: Int?
@@ -136,8 +144,9 @@ public struct NeuralNetworkModel: Sendable {
             if blob == lossInput {
                 throw .brokenChain("layer '\(layer.name)' follows the loss input '\(lossInput)'")
             }
-            if layer.isUpdatable, !Self.isInnerProduct(layer) {
-                throw .layer(name: layer.name, type: type, reason: "only innerProduct layers can be updatable")
+            if layer.isUpdatable, !Self.isTrainable(layer) {
+                throw .layer(name: layer.name, type: type, reason: "only innerProduct and convolution layers can be "
+                    + "updatable; other layers (batchnorm included, which uses its stored statistics) must be frozen")
             }
             switch layer.layer {
             case .innerProduct(let ip)?:
@@ -197,12 +206,36 @@ public struct NeuralNetworkModel: Sendable {
                     throw .layer(name: layer.name, type: type, reason: "CHANNEL_LAST flattening of a spatial input is not supported")
                 }
                 steps.append(.flatten(name: layer.name))
-                channels *= spatial
-                spatial = 1
+                shape = BlobShape(channels: shape.count, plane: SpatialSize(height: 1, width: 1))
+            case .convolution(let params)?:
+                let conv = try Self.readConvolution(params, layer: layer, specIndex: i, input: shape,
+                                                    parameters: &parameters)
+                if layer.isUpdatable {
+                    firstTrainable = firstTrainable ?? steps.count
+                    let kernel = [conv.outputChannels, conv.inputChannels, conv.kernelHeight, conv.kernelWidth]
+                    slots.append(TensorSlot(name: "\(layer.name).weights", shape: kernel, offset: conv.weightOffset,
+                                            count: kernel.reduce(1, *), specIndex: i, isBias: false))
+                    if conv.hasBias {
+                        slots.append(TensorSlot(name: "\(layer.name).bias", shape: [conv.outputChannels],
+                                                offset: conv.biasOffset, count: conv.outputChannels, specIndex: i,
+                                                isBias: true))
+                    }
+                }
+                steps.append(.convolution(conv))
+                shape = BlobShape(channels: conv.outputChannels, plane: conv.output)
+            case .pooling(let params)?:
+                let pool = try Self.readPooling(params, layer: layer, input: shape)
+                steps.append(.pooling(pool))
+                shape.plane = pool.output
+            case .batchnorm(let params)?:
+                steps.append(.batchNorm(try Self.readBatchNorm(params, layer: layer, input: shape)))
+            case .reshape(let params)?:
+                shape = try Self.readReshape(params, layer: layer, input: shape)
+                steps.append(.reshape(name: layer.name))
             default:
                 throw .layer(name: layer.name, type: type, reason: "this engine does not train through it yet")
             }
-            widths.append(channels * spatial)
+            widths.append(shape.count)
             blob = layer.output[0]
         }
         guard blob == lossInput else {
@@ -219,9 +252,11 @@ public struct NeuralNetworkModel: Sendable {
                            firstTrainableStep: firstTrainable)
     }
 
-    private static func isInnerProduct(_ layer: CoreML_Specification_NeuralNetworkLayer) -> Bool {
-        if case .innerProduct? = layer.layer { return true }
-        return false
+    private static func isTrainable(_ layer: CoreML_Specification_NeuralNetworkLayer) -> Bool {
+        switch layer.layer {
+        case .innerProduct?, .convolution?: return true
+        default: return false
+        }
     }
 
     // MARK: - Update parameters
@@ -282,18 +317,27 @@ public struct NeuralNetworkModel: Sendable {
         let parameters = try parameters(applying: state)
         var nn = spec.neuralNetworkClassifier
         for slot in plan.slots {
-            let values = Array(parameters[slot.offset..<(slot.offset + slot.count)])
-            if slot.isBias {
-                nn.layers[slot.specIndex].innerProduct.bias.floatValue = values
-                nn.layers[slot.specIndex].innerProduct.bias.rawValue = Data()
-            } else {
-                nn.layers[slot.specIndex].innerProduct.weights.floatValue = values
-                nn.layers[slot.specIndex].innerProduct.weights.rawValue = Data()
-            }
+            Self.write(Array(parameters[slot.offset..<(slot.offset + slot.count)]), of: slot,
+                       into: &nn.layers[slot.specIndex])
         }
         var model = spec
         model.neuralNetworkClassifier = nn
         return model
+    }
+
+    /// Puts a tensor into its layer's `floatValue`, clearing `rawValue` so only one form remains.
+    private static func write(_ values: [Float], of slot: TensorSlot,
+                              into layer: inout CoreML_Specification_NeuralNetworkLayer) {
+        func store(_ w: inout CoreML_Specification_WeightParams) {
+            w.floatValue = values
+            w.rawValue = Data()
+        }
+        switch layer.layer {
+        case .convolution?:
+            if slot.isBias { store(&layer.convolution.bias) } else { store(&layer.convolution.weights) }
+        default:
+            if slot.isBias { store(&layer.innerProduct.bias) } else { store(&layer.innerProduct.weights) }
+        }
     }
 
     // MARK: - Inference
