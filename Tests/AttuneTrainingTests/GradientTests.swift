@@ -271,6 +271,9 @@ final class GradientTests: XCTestCase {
             // Odd total padding (3 rows: 1 above, 2 below) and no bias.
             ConvCase(channels: 2, height: 7, width: 7, outputs: 3, kernel: [4, 4], stride: [3, 3], padding: .same, bias: false),
             ConvCase(channels: 1, height: 5, width: 5, outputs: 2, kernel: [1, 1], stride: [1, 1], padding: .valid, bias: true),
+            // Stride 1 with padding on every side (rows copied in runs), and a kernel wider than the input.
+            ConvCase(channels: 2, height: 5, width: 6, outputs: 2, kernel: [3, 3], stride: [1, 1], padding: .same, bias: true),
+            ConvCase(channels: 1, height: 3, width: 4, outputs: 2, kernel: [5, 6], stride: [1, 2], padding: .same, bias: true),
         ]
         for (index, t) in cases.enumerated() {
             var random = TestRandom(seed: 20 + Int64(index))

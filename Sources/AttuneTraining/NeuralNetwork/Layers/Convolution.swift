@@ -98,29 +98,51 @@ struct ConvolutionLayer: Sendable {
         }
     }
 
-    /// Fills cols [K, P] from one sample's [C, H, W].
-    private func imageToColumns(_ x: UnsafePointer<Float>, _ cols: UnsafeMutablePointer<Float>) {
-        let p = output.count
+    /// The output positions along one axis whose input cell, at kernel offset `offset`, lies inside the
+    /// image: those with 0 ≤ o·stride − pad + offset < size.
+    private static func inside(offset: Int, pad: Int, stride: Int, size: Int, outputs: Int) -> Range<Int> {
+        let shift = pad - offset
+        // ceil(shift / stride) and floor((size − 1 + shift) / stride), for either sign of the numerator.
+        let first = shift <= 0 ? 0 : (shift + stride - 1) / stride
+        let limit = size - 1 + shift
+        let last = limit < 0 ? -1 : limit / stride
+        let lower = min(first, outputs)
+        return lower..<max(lower, min(last + 1, outputs))
+    }
+
+    /// Calls `body(row, rows, columns, plane offset)` for each row of cols: row = (c, i, j), with the
+    /// output rows and columns whose input cell is inside the image.
+    private func forEachPatchRow(_ body: (Int, Range<Int>, Range<Int>, Int) -> Void) {
         var row = 0
         for c in 0..<inputChannels {
-            let plane = x + c * input.count
             for i in 0..<kernelHeight {
+                let rows = Self.inside(offset: i, pad: padTop, stride: strideHeight, size: input.height,
+                                       outputs: output.height)
                 for j in 0..<kernelWidth {
-                    let dst = cols + row * p
-                    for oh in 0..<output.height {
-                        let h = oh * strideHeight - padTop + i
-                        let line = dst + oh * output.width
-                        guard h >= 0, h < input.height else {
-                            line.update(repeating: 0, count: output.width)
-                            continue
-                        }
-                        let src = plane + h * input.width
-                        for ow in 0..<output.width {
-                            let w = ow * strideWidth - padLeft + j
-                            line[ow] = w >= 0 && w < input.width ? src[w] : 0
-                        }
-                    }
+                    let columns = Self.inside(offset: j, pad: padLeft, stride: strideWidth, size: input.width,
+                                              outputs: output.width)
+                    // Input index of output (0, 0) at this offset; may lie outside the plane when padded.
+                    body(row, rows, columns, c * input.count + (i - padTop) * input.width + (j - padLeft))
                     row += 1
+                }
+            }
+        }
+    }
+
+    /// Fills cols [K, P] from one sample's [C, H, W].
+    private func imageToColumns(_ x: UnsafePointer<Float>, _ cols: UnsafeMutablePointer<Float>) {
+        let p = output.count, rowStep = strideHeight * input.width, sw = strideWidth
+        forEachPatchRow { row, rows, columns, origin in
+            let dst = cols + row * p
+            if rows.count < output.height || columns.count < output.width { dst.update(repeating: 0, count: p) }
+            guard !columns.isEmpty else { return }
+            for oh in rows {
+                let line = dst + oh * output.width
+                let src = origin + oh * rowStep
+                if sw == 1 {
+                    (line + columns.lowerBound).update(from: x + (src + columns.lowerBound), count: columns.count)
+                } else {
+                    for ow in columns { line[ow] = x[src + ow * sw] }
                 }
             }
         }
@@ -129,25 +151,14 @@ struct ConvolutionLayer: Sendable {
     /// Overwrites one sample's dx [C, H, W] with the sum, over the patches that read each pixel, of the
     /// matching entries of dcols [K, P].
     private func columnsToImage(_ cols: UnsafePointer<Float>, _ dx: UnsafeMutablePointer<Float>) {
-        let p = output.count
+        let p = output.count, rowStep = strideHeight * input.width, sw = strideWidth
         dx.update(repeating: 0, count: inputWidth)
-        var row = 0
-        for c in 0..<inputChannels {
-            let plane = dx + c * input.count
-            for i in 0..<kernelHeight {
-                for j in 0..<kernelWidth {
-                    let src = cols + row * p
-                    for oh in 0..<output.height {
-                        let h = oh * strideHeight - padTop + i
-                        guard h >= 0, h < input.height else { continue }
-                        let dst = plane + h * input.width, line = src + oh * output.width
-                        for ow in 0..<output.width {
-                            let w = ow * strideWidth - padLeft + j
-                            if w >= 0 && w < input.width { dst[w] += line[ow] }
-                        }
-                    }
-                    row += 1
-                }
+        forEachPatchRow { row, rows, columns, origin in
+            let src = cols + row * p
+            for oh in rows {
+                let line = src + oh * output.width
+                let dst = dx + origin + oh * rowStep
+                for ow in columns { dst[ow * sw] += line[ow] }
             }
         }
     }
