@@ -38,7 +38,7 @@ struct ConvolutionLayer: Sendable {
     let biasOffset: Int
     let trainable: Bool
 
-    /// K: one column of `cols`, and one row of W.
+    /// K: the length of a column of `cols` and of a row of W (one patch of the input).
     var patchSize: Int { inputChannels * kernelHeight * kernelWidth }
     var scratchCount: Int { patchSize * output.count }
     var inputWidth: Int { inputChannels * input.count }
