@@ -34,7 +34,10 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
     }
 
     static let supportedLayers =
-        "innerProduct, activation (ReLU, leakyReLU, sigmoid, tanh, linear), softmax, flatten"
+        "innerProduct (updatable or frozen), convolution (updatable or frozen; valid or same BOTTOM_RIGHT_HEAVY "
+        + "padding, any stride, dilation 1, nGroups 1, optional bias), pooling (MAX or AVERAGE, valid or same "
+        + "padding, or global), activation (ReLU, leakyReLU, sigmoid, tanh, linear), batchnorm (frozen, with "
+        + "stored mean and variance), softmax, flatten, reshape (CHANNEL_FIRST, targetShape [C, H, W])"
 
     public var description: String {
         switch self {

@@ -216,4 +216,222 @@ final class GradientTests: XCTestCase {
             assertClose(Array(grads[slot.offset..<(slot.offset + slot.count)]), numeric, "network \(slot.name)")
         }
     }
+
+    // MARK: - Spatial layers
+    //
+    // Twins written directly from the definitions (one output cell at a time), not through im2col, with
+    // their own copy of Core ML's window geometry.
+
+    /// Output size and padding before the first cell along one axis.
+    func twinAxis(_ size: Int, kernel: Int, stride: Int, _ padding: TestPadding) -> (out: Int, before: Int) {
+        switch padding {
+        case .valid: return ((size - kernel) / stride + 1, 0)
+        case .same:
+            let out = Int((Double(size) / Double(stride)).rounded(.up))
+            return (out, max((out - 1) * stride + kernel - size, 0) / 2)
+        }
+    }
+
+    struct ConvCase {
+        var channels: Int, height: Int, width: Int, outputs: Int
+        var kernel: [Int], stride: [Int], padding: TestPadding, bias: Bool
+    }
+
+    func twinConv(_ x: [Double], _ w: [Double], _ b: [Double]?, _ t: ConvCase, batch: Int) -> [Double] {
+        let (oh, top) = twinAxis(t.height, kernel: t.kernel[0], stride: t.stride[0], t.padding)
+        let (ow, left) = twinAxis(t.width, kernel: t.kernel[1], stride: t.stride[1], t.padding)
+        var y: [Double] = []
+        for n in 0..<batch {
+            for o in 0..<t.outputs {
+                for r in 0..<oh {
+                    for q in 0..<ow {
+                        var sum = b?[o] ?? 0
+                        for c in 0..<t.channels {
+                            for i in 0..<t.kernel[0] {
+                                for j in 0..<t.kernel[1] {
+                                    let h = r * t.stride[0] - top + i, v = q * t.stride[1] - left + j
+                                    guard h >= 0, h < t.height, v >= 0, v < t.width else { continue }
+                                    sum += x[((n * t.channels + c) * t.height + h) * t.width + v]
+                                        * w[((o * t.channels + c) * t.kernel[0] + i) * t.kernel[1] + j]
+                                }
+                            }
+                        }
+                        y.append(sum)
+                    }
+                }
+            }
+        }
+        return y
+    }
+
+    func testConvolutionBackward() {
+        let cases = [
+            ConvCase(channels: 2, height: 7, width: 5, outputs: 3, kernel: [3, 3], stride: [2, 2], padding: .same, bias: true),
+            ConvCase(channels: 3, height: 6, width: 7, outputs: 2, kernel: [2, 3], stride: [2, 1], padding: .valid, bias: true),
+            // Odd total padding (3 rows: 1 above, 2 below) and no bias.
+            ConvCase(channels: 2, height: 7, width: 7, outputs: 3, kernel: [4, 4], stride: [3, 3], padding: .same, bias: false),
+            ConvCase(channels: 1, height: 5, width: 5, outputs: 2, kernel: [1, 1], stride: [1, 1], padding: .valid, bias: true),
+            // Stride 1 with padding on every side (rows copied in runs), and a kernel wider than the input.
+            ConvCase(channels: 2, height: 5, width: 6, outputs: 2, kernel: [3, 3], stride: [1, 1], padding: .same, bias: true),
+            ConvCase(channels: 1, height: 3, width: 4, outputs: 2, kernel: [5, 6], stride: [1, 2], padding: .same, bias: true),
+        ]
+        for (index, t) in cases.enumerated() {
+            var random = TestRandom(seed: 20 + Int64(index))
+            let batch = 2
+            let (oh, top) = twinAxis(t.height, kernel: t.kernel[0], stride: t.stride[0], t.padding)
+            let (ow, left) = twinAxis(t.width, kernel: t.kernel[1], stride: t.stride[1], t.padding)
+            let x = random.uniform(count: batch * t.channels * t.height * t.width, -1, 1)
+            let w = random.uniform(count: t.outputs * t.channels * t.kernel[0] * t.kernel[1], -1, 1)
+            let b = t.bias ? random.uniform(count: t.outputs, -1, 1) : []
+            let c = random.uniform(count: batch * t.outputs * oh * ow, -1, 1)
+            let layer = ConvolutionLayer(
+                name: "conv", specIndex: 0, inputChannels: t.channels, outputChannels: t.outputs,
+                kernelHeight: t.kernel[0], kernelWidth: t.kernel[1], strideHeight: t.stride[0], strideWidth: t.stride[1],
+                input: SpatialSize(height: t.height, width: t.width), output: SpatialSize(height: oh, width: ow),
+                padTop: top, padLeft: left, hasBias: t.bias, weightOffset: 0, biasOffset: w.count, trainable: true)
+            let params = FloatBuffer(w + b), grads = FloatBuffer(count: w.count + b.count)
+            let y = FloatBuffer(count: c.count), dx = FloatBuffer(count: x.count)
+            let scratch = FloatBuffer(count: layer.scratchCount)
+            x.withUnsafeBufferPointer { xp in
+                c.withUnsafeBufferPointer { cp in
+                    layer.forward(x: xp.baseAddress!, y: y.pointer, batch: batch, params: params.pointer,
+                                  scratch: scratch.pointer)
+                    layer.backward(x: xp.baseAddress!, dy: cp.baseAddress!, dx: dx.pointer, batch: batch,
+                                   params: params.pointer, grads: grads.pointer, scratch: scratch.pointer)
+                }
+            }
+            let xd = x.map(Double.init), wd = w.map(Double.init), bd = t.bias ? b.map(Double.init) : nil
+            let cd = c.map(Double.init)
+            func loss(_ x: [Double], _ w: [Double], _ b: [Double]?) -> Double {
+                zip(twinConv(x, w, b, t, batch: batch), cd).reduce(0) { $0 + $1.0 * $1.1 }
+            }
+            let what = "conv \(t.kernel) stride \(t.stride) \(t.padding) on \(t.channels)×\(t.height)×\(t.width)"
+            XCTAssertLessThanOrEqual(relativeDifference(y.array.map(Double.init), twinConv(xd, wd, bd, t, batch: batch)),
+                                     1e-6, "\(what) forward")
+            let g = grads.array
+            assertClose(Array(g[0..<w.count]), numericGradient(wd) { loss(xd, $0, bd) }, "\(what) dW")
+            if let bd {
+                assertClose(Array(g[w.count...]), numericGradient(bd) { loss(xd, wd, $0) }, "\(what) db")
+            }
+            assertClose(dx.array, numericGradient(xd) { loss($0, wd, bd) }, "\(what) dx")
+
+            // A frozen convolution above the first trainable layer passes the same dx without weight gradients.
+            let dxFrozen = FloatBuffer(count: x.count)
+            x.withUnsafeBufferPointer { xp in
+                c.withUnsafeBufferPointer { cp in
+                    layer.backward(x: xp.baseAddress!, dy: cp.baseAddress!, dx: dxFrozen.pointer, batch: batch,
+                                   params: params.pointer, grads: nil, scratch: scratch.pointer)
+                }
+            }
+            XCTAssertEqual(dxFrozen.array, dx.array)
+        }
+    }
+
+    struct PoolCase {
+        var kind: TestPooling, channels: Int, height: Int, width: Int
+        var kernel: [Int], stride: [Int], padding: TestPadding
+    }
+
+    func twinPool(_ x: [Double], _ t: PoolCase, batch: Int) -> [Double] {
+        let (oh, top) = twinAxis(t.height, kernel: t.kernel[0], stride: t.stride[0], t.padding)
+        let (ow, left) = twinAxis(t.width, kernel: t.kernel[1], stride: t.stride[1], t.padding)
+        var y: [Double] = []
+        for plane in 0..<(batch * t.channels) {
+            for r in 0..<oh {
+                for q in 0..<ow {
+                    var cells: [Double] = []
+                    for i in 0..<t.kernel[0] {
+                        for j in 0..<t.kernel[1] {
+                            let h = r * t.stride[0] - top + i, v = q * t.stride[1] - left + j
+                            if h >= 0, h < t.height, v >= 0, v < t.width { cells.append(x[(plane * t.height + h) * t.width + v]) }
+                        }
+                    }
+                    switch t.kind {
+                    case .max: y.append(cells.max()!)
+                    case .average(let exclude):
+                        y.append(cells.reduce(0, +) / Double(exclude ? cells.count : t.kernel[0] * t.kernel[1]))
+                    }
+                }
+            }
+        }
+        return y
+    }
+
+    func testPoolingBackward() {
+        let cases = [
+            PoolCase(kind: .max, channels: 2, height: 7, width: 5, kernel: [3, 3], stride: [2, 2], padding: .same),
+            PoolCase(kind: .average(excludePadding: true), channels: 2, height: 7, width: 5, kernel: [3, 3],
+                     stride: [2, 2], padding: .same),
+            PoolCase(kind: .average(excludePadding: false), channels: 2, height: 7, width: 5, kernel: [3, 3],
+                     stride: [2, 2], padding: .same),
+            PoolCase(kind: .max, channels: 3, height: 6, width: 7, kernel: [2, 3], stride: [2, 1], padding: .valid),
+            PoolCase(kind: .average(excludePadding: false), channels: 1, height: 7, width: 5, kernel: [2, 2],
+                     stride: [2, 2], padding: .valid),
+            // Overlapping windows (stride 1 < kernel 2) with padding only below and right.
+            PoolCase(kind: .max, channels: 2, height: 5, width: 5, kernel: [2, 2], stride: [1, 1], padding: .same),
+        ]
+        for (index, t) in cases.enumerated() {
+            var random = TestRandom(seed: 30 + Int64(index))
+            let batch = 2
+            let (oh, top) = twinAxis(t.height, kernel: t.kernel[0], stride: t.stride[0], t.padding)
+            let (ow, left) = twinAxis(t.width, kernel: t.kernel[1], stride: t.stride[1], t.padding)
+            let x = random.uniform(count: batch * t.channels * t.height * t.width, -1, 1)
+            let c = random.uniform(count: batch * t.channels * oh * ow, -1, 1)
+            let kind: PoolingLayer.Kind
+            switch t.kind {
+            case .max: kind = .max
+            case .average(let exclude): kind = .average(excludePadding: exclude)
+            }
+            let layer = PoolingLayer(name: "pool", kind: kind, channels: t.channels, kernelHeight: t.kernel[0],
+                                     kernelWidth: t.kernel[1], strideHeight: t.stride[0], strideWidth: t.stride[1],
+                                     input: SpatialSize(height: t.height, width: t.width),
+                                     output: SpatialSize(height: oh, width: ow), padTop: top, padLeft: left)
+            let y = FloatBuffer(count: c.count), dx = FloatBuffer(count: x.count)
+            x.withUnsafeBufferPointer { xp in
+                c.withUnsafeBufferPointer { cp in
+                    layer.forward(x: xp.baseAddress!, y: y.pointer, batch: batch)
+                    layer.backward(x: xp.baseAddress!, dy: cp.baseAddress!, dx: dx.pointer, batch: batch)
+                }
+            }
+            let xd = x.map(Double.init), cd = c.map(Double.init)
+            let what = "pool \(t.kind) \(t.kernel) stride \(t.stride) \(t.padding) on \(t.height)×\(t.width)"
+            XCTAssertLessThanOrEqual(relativeDifference(y.array.map(Double.init), twinPool(xd, t, batch: batch)), 1e-6,
+                                     "\(what) forward")
+            let numeric = numericGradient(xd) { xs in zip(twinPool(xs, t, batch: batch), cd).reduce(0) { $0 + $1.0 * $1.1 } }
+            assertClose(dx.array, numeric, "\(what) dx")
+        }
+    }
+
+    func testBatchNormBackward() {
+        var random = TestRandom(seed: 40)
+        let batch = 2, channels = 3, plane = 5
+        let gamma = random.uniform(count: channels, 0.5, 1.5), beta = random.uniform(count: channels, -1, 1)
+        let mean = random.uniform(count: channels, -1, 1), variance = random.uniform(count: channels, 0.2, 2)
+        let epsilon: Float = 1e-3
+        let layer = BatchNormLayer(name: "bn", planeSize: plane, gamma: gamma, beta: beta, mean: mean,
+                                   variance: variance, epsilon: epsilon)
+        let x = random.uniform(count: batch * channels * plane, -2, 2), c = random.uniform(count: x.count, -1, 1)
+        let y = FloatBuffer(count: x.count), dx = FloatBuffer(count: x.count)
+        x.withUnsafeBufferPointer { layer.forward(x: $0.baseAddress!, y: y.pointer, batch: batch) }
+        c.withUnsafeBufferPointer { layer.backward(dy: $0.baseAddress!, dx: dx.pointer, batch: batch) }
+        func twin(_ x: [Double]) -> [Double] {
+            x.indices.map { k in
+                let ch = (k / plane) % channels
+                return Double(gamma[ch]) * (x[k] - Double(mean[ch])) / (Double(variance[ch]) + Double(epsilon)).squareRoot()
+                    + Double(beta[ch])
+            }
+        }
+        let xd = x.map(Double.init), cd = c.map(Double.init)
+        XCTAssertLessThanOrEqual(relativeDifference(y.array.map(Double.init), twin(xd)), 1e-6, "batchnorm forward")
+        assertClose(dx.array, numericGradient(xd) { zip(twin($0), cd).reduce(0) { $0 + $1.0 * $1.1 } }, "batchnorm dx")
+    }
+
+    func testReshapeBackward() {
+        let x: [Float] = (0..<12).map(Float.init)
+        let y = FloatBuffer(count: 12), dx = FloatBuffer(count: 12)
+        x.withUnsafeBufferPointer { ReshapeLayer.forward(x: $0.baseAddress!, y: y.pointer, count: 12) }
+        XCTAssertEqual(y.array, x)
+        x.withUnsafeBufferPointer { ReshapeLayer.backward(dy: $0.baseAddress!, dx: dx.pointer, count: 12) }
+        XCTAssertEqual(dx.array, x)
+    }
 }

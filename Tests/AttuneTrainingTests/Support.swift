@@ -14,6 +14,21 @@ enum TestLayer {
     case linear(String, alpha: Float, beta: Float)
     case flatten(String)
     case softmax(String)
+    case conv(String, inChannels: Int, outChannels: Int, kernel: [Int], stride: [Int], padding: TestPadding,
+              updatable: Bool, bias: Bool = true)
+    case pool(String, TestPooling, kernel: [Int], stride: [Int], padding: TestPadding)
+    case globalPool(String, TestPooling)
+    case batchNorm(String, channels: Int)
+    case reshape(String, shape: [Int])
+}
+
+enum TestPadding: String {
+    case valid, same
+}
+
+enum TestPooling {
+    case max
+    case average(excludePadding: Bool)
 }
 
 /// Uniform floats from SplitMix64, so test data is the same everywhere.
@@ -54,6 +69,9 @@ struct TestNetwork {
     /// Weights and biases of every dense layer, by layer name.
     var weights: [String: [Float]] = [:]
     var biases: [String: [Float]] = [:]
+    /// gamma, beta, mean, variance of every batchnorm layer, by layer name (epsilon is `batchNormEpsilon`).
+    var batchNorms: [String: [[Float]]] = [:]
+    static let batchNormEpsilon: Float = 1e-3
 
     init(layers: [TestLayer], inputShape: [Int64], labels: [String], seed: Int64 = 1,
          learningRate: Double = 0.1, miniBatchSize: Int64 = 4, momentum: Double? = 0.5, epochs: Int64 = 2,
@@ -155,6 +173,78 @@ struct TestNetwork {
             case .softmax(let name):
                 l.name = name
                 l.softmax = CoreML_Specification_SoftmaxLayerParams()
+            case .conv(let name, let inChannels, let outChannels, let kernel, let stride, let padding, let updatable,
+                       let bias):
+                l.name = name
+                l.isUpdatable = updatable
+                var c = CoreML_Specification_ConvolutionLayerParams()
+                c.outputChannels = UInt64(outChannels)
+                c.kernelChannels = UInt64(inChannels)
+                c.nGroups = 1
+                c.kernelSize = kernel.map(UInt64.init)
+                c.stride = stride.map(UInt64.init)
+                c.dilationFactor = [1, 1]
+                switch padding {
+                case .same: c.same = CoreML_Specification_SamePadding()
+                case .valid: c.valid.paddingAmounts.borderAmounts = [.init(), .init()]
+                }
+                let fanIn = inChannels * kernel[0] * kernel[1]
+                let scale = 1 / Float(fanIn).squareRoot()
+                let w = random.uniform(count: outChannels * fanIn, -scale, scale)
+                weights[name] = w
+                if rawWeights {
+                    c.weights.rawValue = w.withUnsafeBufferPointer { Data(buffer: $0) }
+                } else {
+                    c.weights.floatValue = w
+                }
+                c.weights.isUpdatable = updatable
+                c.hasBias_p = bias
+                if bias {
+                    let b = random.uniform(count: outChannels, -0.1, 0.1)
+                    biases[name] = b
+                    c.bias.floatValue = b
+                    c.bias.isUpdatable = updatable
+                }
+                l.convolution = c
+            case .pool(let name, let kind, let kernel, let stride, let padding):
+                l.name = name
+                var p = CoreML_Specification_PoolingLayerParams()
+                switch kind {
+                case .max: p.type = .max
+                case .average(let exclude):
+                    p.type = .average
+                    p.avgPoolExcludePadding = exclude
+                }
+                p.kernelSize = kernel.map(UInt64.init)
+                p.stride = stride.map(UInt64.init)
+                switch padding {
+                case .same: p.same = CoreML_Specification_SamePadding()
+                case .valid: p.valid.paddingAmounts.borderAmounts = [.init(), .init()]
+                }
+                l.pooling = p
+            case .globalPool(let name, let kind):
+                l.name = name
+                var p = CoreML_Specification_PoolingLayerParams()
+                p.type = { if case .max = kind { return .max } else { return .average } }()
+                p.globalPooling = true
+                p.valid = CoreML_Specification_ValidPadding()
+                l.pooling = p
+            case .batchNorm(let name, let channels):
+                l.name = name
+                let values = [random.uniform(count: channels, 0.5, 1.5), random.uniform(count: channels, -0.2, 0.2),
+                              random.uniform(count: channels, -0.3, 0.3), random.uniform(count: channels, 0.5, 2)]
+                batchNorms[name] = values
+                var bn = CoreML_Specification_BatchnormLayerParams()
+                bn.channels = UInt64(channels)
+                bn.epsilon = Self.batchNormEpsilon
+                bn.gamma.floatValue = values[0]
+                bn.beta.floatValue = values[1]
+                bn.mean.floatValue = values[2]
+                bn.variance.floatValue = values[3]
+                l.batchnorm = bn
+            case .reshape(let name, let shape):
+                l.name = name
+                l.reshape.targetShape = shape.map(Int64.init)
             }
             nn.layers.append(l)
         }
@@ -239,6 +329,25 @@ struct TestNetwork {
             case .linear(_, let alpha, let beta): return ["type": "linear", "alpha": Double(alpha), "beta": Double(beta)]
             case .flatten: return ["type": "flatten"]
             case .softmax: return ["type": "softmax"]
+            case .conv(let name, let inChannels, let outChannels, let kernel, let stride, let padding, let updatable,
+                       let bias):
+                return ["type": "conv", "name": name, "in_channels": inChannels, "out_channels": outChannels,
+                        "kernel": kernel, "stride": stride, "padding": padding.rawValue,
+                        "weights": weights[name]!.map(Double.init),
+                        "bias": bias ? biases[name]!.map(Double.init) as Any : NSNull(), "trainable": updatable]
+            case .pool(let name, let kind, let kernel, let stride, let padding):
+                var mode = "max", exclude = false
+                if case .average(let e) = kind { (mode, exclude) = ("avg", e) }
+                return ["type": "pool", "name": name, "mode": mode, "kernel": kernel, "stride": stride,
+                        "padding": padding.rawValue, "exclude_padding": exclude]
+            case .globalPool:
+                preconditionFailure("the reference format has no global pooling; use .pool with the plane as kernel")
+            case .batchNorm(let name, let channels):
+                let v = batchNorms[name]!.map { $0.map(Double.init) }
+                return ["type": "batchnorm", "name": name, "channels": channels, "gamma": v[0], "beta": v[1],
+                        "mean": v[2], "variance": v[3], "epsilon": Double(Self.batchNormEpsilon)]
+            case .reshape(let name, let shape):
+                return ["type": "reshape", "name": name, "shape": shape]
             }
         }
     }

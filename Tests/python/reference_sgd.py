@@ -16,10 +16,19 @@ Input JSON:
                    "bias" (or null), "trainable"} | {"type": "relu"} | {"type": "leaky_relu", "alpha"} |
                   {"type": "sigmoid"} | {"type": "tanh"} | {"type": "linear", "alpha", "beta"} |
                   {"type": "flatten"} | {"type": "softmax"}   (the last layer is the softmax fed to the loss)
-  inputs: [[float]], targets: [int] (cross_entropy) or [[float]] of the output's width (mse),
+                | {"type": "conv", "name", "in_channels", "out_channels", "kernel": [kh, kw], "stride": [sh, sw],
+                   "padding": "valid"|"same", "weights" (row-major [out][in][kh][kw]), "bias" (or null), "trainable"}
+                | {"type": "pool", "name", "mode": "max"|"avg", "kernel", "stride", "padding", "exclude_padding"}
+                | {"type": "batchnorm", "name", "channels", "gamma", "beta", "mean", "variance", "epsilon"}
+                | {"type": "reshape", "name", "shape": [C, H, W] or [C]}
+  input_shape: [C] or [C, H, W] (default [width]); inputs: [[float]] (row-major CHW per sample),
+  targets: [int] (cross_entropy) or [[float]] of the output's width (mse),
   loss: "cross_entropy" (default) | "mse", optimizer: "sgd" (default; momentum) | "adam" (beta1, beta2, eps),
   epochs, learning_rate, mini_batch_size, shuffle, seed
   forward_only: true to run the network once and write {"outputs": [[float]]} instead of training
+Spatial layers follow Core ML: valid: out = floor((in - k) / s) + 1; same: out = ceil(in / s) with total
+padding max((out - 1) * s + k - in, 0), floor(half) before and the rest after. Max pooling ignores padded
+cells; average pooling divides by the in-image cells (exclude_padding) or by kh * kw.
 Output JSON: {"tensors": {"<layer>.weights": [...], "<layer>.bias": [...]}, "epoch_losses": [...]}
 """
 import json
@@ -48,6 +57,104 @@ def shuffle_in_place(order, rng):
         order[i], order[j] = order[j], order[i]
 
 
+def window_geometry(size, kernel, stride, padding):
+    """Output size and (before, after) padding of one spatial axis."""
+    if padding == "valid":
+        return (size - kernel) // stride + 1, 0, 0
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return out, total // 2, total - total // 2
+
+
+def padded(a, layer, value):
+    """a [N, C, H, W] with the layer's padding filled with `value`, and the output size."""
+    (kh, kw), (sh, sw) = layer["kernel"], layer["stride"]
+    oh, top, bottom = window_geometry(a.shape[2], kh, sh, layer["padding"])
+    ow, left, right = window_geometry(a.shape[3], kw, sw, layer["padding"])
+    return np.pad(a, ((0, 0), (0, 0), (top, bottom), (left, right)), constant_values=value), oh, ow, top, left
+
+
+def windows(layer, oh, ow):
+    """The (row slice, column slice) of every output cell's window in the padded input."""
+    (kh, kw), (sh, sw) = layer["kernel"], layer["stride"]
+    for r in range(oh):
+        for c in range(ow):
+            yield r, c, slice(r * sh, r * sh + kh), slice(c * sw, c * sw + kw)
+
+
+def conv_forward(layer, a):
+    """Sum over kernel offsets (i, j) of W[:, :, i, j] applied to the strided input shifted by (i, j)."""
+    xp, oh, ow, _, _ = padded(a, layer, 0.0)
+    (kh, kw), (sh, sw) = layer["kernel"], layer["stride"]
+    y = np.zeros((a.shape[0], layer["W"].shape[0], oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+            y += np.einsum("nchw,oc->nohw", patch, layer["W"][:, :, i, j])
+    if layer["b"] is not None:
+        y += layer["b"][None, :, None, None]
+    return y
+
+
+def conv_backward(layer, a_in, d):
+    xp, oh, ow, top, left = padded(a_in, layer, 0.0)
+    (kh, kw), (sh, sw) = layer["kernel"], layer["stride"]
+    dw = np.zeros_like(layer["W"])
+    dxp = np.zeros_like(xp)
+    for i in range(kh):
+        for j in range(kw):
+            rows, cols = slice(i, i + sh * (oh - 1) + 1, sh), slice(j, j + sw * (ow - 1) + 1, sw)
+            dw[:, :, i, j] = np.einsum("nohw,nchw->oc", d, xp[:, :, rows, cols])
+            dxp[:, :, rows, cols] += np.einsum("nohw,oc->nchw", d, layer["W"][:, :, i, j])
+    db = d.sum(axis=(0, 2, 3)) if layer["b"] is not None else None
+    return dw, db, dxp[:, :, top:top + a_in.shape[2], left:left + a_in.shape[3]]
+
+
+def pool_forward(layer, a):
+    if layer["mode"] == "max":
+        xp, oh, ow, _, _ = padded(a, layer, -np.inf)
+        y = np.zeros(a.shape[:2] + (oh, ow))
+        for r, c, rows, cols in windows(layer, oh, ow):
+            y[:, :, r, c] = xp[:, :, rows, cols].max(axis=(2, 3))
+        return y
+    xp, oh, ow, _, _ = padded(a, layer, 0.0)
+    inside, _, _, _, _ = padded(np.ones((1, 1) + a.shape[2:]), layer, 0.0)
+    y = np.zeros(a.shape[:2] + (oh, ow))
+    for r, c, rows, cols in windows(layer, oh, ow):
+        count = inside[0, 0, rows, cols].sum() if layer["exclude_padding"] else layer["kernel"][0] * layer["kernel"][1]
+        y[:, :, r, c] = xp[:, :, rows, cols].sum(axis=(2, 3)) / count
+    return y
+
+
+def pool_backward(layer, a_in, d):
+    fill = -np.inf if layer["mode"] == "max" else 0.0
+    xp, oh, ow, top, left = padded(a_in, layer, fill)
+    inside, _, _, _, _ = padded(np.ones((1, 1) + a_in.shape[2:]), layer, 0.0)
+    (kh, kw) = layer["kernel"]
+    dxp = np.zeros_like(xp)
+    n, ch = a_in.shape[:2]
+    for r, c, rows, cols in windows(layer, oh, ow):
+        if layer["mode"] == "max":
+            # The first maximal cell in row-major order takes the whole gradient.
+            flat = xp[:, :, rows, cols].reshape(n, ch, -1).argmax(axis=2)
+            for k in range(n):
+                for q in range(ch):
+                    dxp[k, q, rows.start + flat[k, q] // kw, cols.start + flat[k, q] % kw] += d[k, q, r, c]
+        else:
+            count = inside[0, 0, rows, cols].sum() if layer["exclude_padding"] else kh * kw
+            dxp[:, :, rows, cols] += d[:, :, r, c][:, :, None, None] / count
+    return dxp[:, :, top:top + a_in.shape[2], left:left + a_in.shape[3]]
+
+
+def channel_view(v, a):
+    """A per-channel vector shaped to broadcast over a [N, C] or [N, C, H, W] batch."""
+    return v.reshape((1, -1) + (1,) * (a.ndim - 2))
+
+
+def as_image(a):
+    return a if a.ndim == 4 else a.reshape(a.shape[0], -1, 1, 1)
+
+
 def forward(layers, x):
     """Returns the list of activations a[0] = x, a[i+1] = layer_i(a[i]); the last is the probabilities."""
     acts = [x]
@@ -55,7 +162,7 @@ def forward(layers, x):
         a = acts[-1]
         t = layer["type"]
         if t == "dense":
-            y = a @ layer["W"].T
+            y = a.reshape(a.shape[0], -1) @ layer["W"].T
             if layer["b"] is not None:
                 y = y + layer["b"]
         elif t == "relu":
@@ -71,8 +178,18 @@ def forward(layers, x):
         elif t == "flatten":
             y = a.reshape(a.shape[0], -1)
         elif t == "softmax":
+            a = a.reshape(a.shape[0], -1)
             e = np.exp(a - a.max(axis=1, keepdims=True))
             y = e / e.sum(axis=1, keepdims=True)
+        elif t == "conv":
+            y = conv_forward(layer, as_image(a))
+        elif t == "pool":
+            y = pool_forward(layer, as_image(a))
+        elif t == "batchnorm":
+            scale = layer["gamma"] / np.sqrt(layer["variance"] + layer["epsilon"])
+            y = channel_view(scale, a) * (a - channel_view(layer["mean"], a)) + channel_view(layer["beta"], a)
+        elif t == "reshape":
+            y = a.reshape((a.shape[0],) + tuple(layer["shape"]))
         else:
             raise SystemExit(f"unknown layer type {t}")
         acts.append(y)
@@ -107,8 +224,9 @@ def loss_and_grads(layers, x, t, loss="cross_entropy"):
         layer, a_in, a_out = layers[i], acts[i], acts[i + 1]
         typ = layer["type"]
         if typ == "dense":
-            grads[i] = (d.T @ a_in, d.sum(axis=0) if layer["b"] is not None else None)
-            d = d @ layer["W"]
+            flat = a_in.reshape(a_in.shape[0], -1)
+            grads[i] = (d.T @ flat, d.sum(axis=0) if layer["b"] is not None else None)
+            d = (d @ layer["W"]).reshape(a_in.shape)
         elif typ == "relu":
             d = d * (a_in > 0)
         elif typ == "leaky_relu":
@@ -122,7 +240,17 @@ def loss_and_grads(layers, x, t, loss="cross_entropy"):
         elif typ == "flatten":
             d = d.reshape(a_in.shape)
         elif typ == "softmax":
-            d = a_out * (d - (d * a_out).sum(axis=1, keepdims=True))
+            d = (a_out * (d - (d * a_out).sum(axis=1, keepdims=True))).reshape(a_in.shape)
+        elif typ == "conv":
+            dw, db, dx = conv_backward(layer, as_image(a_in), d.reshape(a_out.shape))
+            grads[i] = (dw, db)
+            d = dx.reshape(a_in.shape)
+        elif typ == "pool":
+            d = pool_backward(layer, as_image(a_in), d.reshape(a_out.shape)).reshape(a_in.shape)
+        elif typ == "batchnorm":
+            d = d * channel_view(layer["gamma"] / np.sqrt(layer["variance"] + layer["epsilon"]), a_in)
+        elif typ == "reshape":
+            d = d.reshape(a_in.shape)
     return losses, grads
 
 
@@ -167,8 +295,16 @@ def main():
         if spec["type"] == "dense":
             layer["W"] = np.array(spec["weights"], dtype=np.float64).reshape(spec["out"], spec["in"])
             layer["b"] = None if spec.get("bias") is None else np.array(spec["bias"], dtype=np.float64)
+        elif spec["type"] == "conv":
+            shape = (spec["out_channels"], spec["in_channels"], spec["kernel"][0], spec["kernel"][1])
+            layer["W"] = np.array(spec["weights"], dtype=np.float64).reshape(shape)
+            layer["b"] = None if spec.get("bias") is None else np.array(spec["bias"], dtype=np.float64)
+        elif spec["type"] == "batchnorm":
+            for key in ("gamma", "beta", "mean", "variance"):
+                layer[key] = np.array(spec[key], dtype=np.float64)
         layers.append(layer)
     x_all = np.array(problem["inputs"], dtype=np.float64)
+    x_all = x_all.reshape((len(x_all),) + tuple(problem.get("input_shape", [x_all.shape[1]])))
     if problem.get("forward_only"):
         out = forward(layers, x_all)[-1].reshape(len(x_all), -1)
         json.dump({"outputs": out.tolist()}, open(sys.argv[2], "w"))
@@ -178,7 +314,7 @@ def main():
     n = len(t_all)
     batch_size = problem["mini_batch_size"]
     optimizer = {"sgd": SGD, "adam": Adam}[problem.get("optimizer", "sgd")](problem)
-    trainable = [i for i, l in enumerate(layers) if l["type"] == "dense" and l["trainable"]]
+    trainable = [i for i, l in enumerate(layers) if l["type"] in ("dense", "conv") and l["trainable"]]
     rng = SplitMix64(problem["seed"])
     order = list(range(n))
     epoch_losses = []

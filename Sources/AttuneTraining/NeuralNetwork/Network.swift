@@ -10,6 +10,16 @@ enum NetworkStep: Sendable {
     case activation(ActivationLayer)
     case softmax(name: String)
     case flatten(name: String)
+    case convolution(ConvolutionLayer)
+    case pooling(PoolingLayer)
+    case batchNorm(BatchNormLayer)
+    case reshape(name: String)
+
+    /// Floats of scratch space one sample needs in this step (im2col columns).
+    var scratchCount: Int {
+        if case .convolution(let layer) = self { return layer.scratchCount }
+        return 0
+    }
 }
 
 /// Where one updatable tensor lives in the flat parameter buffer.
@@ -36,7 +46,7 @@ struct NetworkPlan: Sendable {
     let loss: NetworkLoss?
     /// Elements per sample at each boundary (steps.count + 1 entries).
     let widths: [Int]
-    /// Every dense layer's weights and biases, frozen and trainable, in one flat buffer.
+    /// Every dense and convolution layer's weights and biases, frozen and trainable, in one flat buffer.
     let baseParameters: [Float]
     /// The trainable tensors, in layer order; also the order of `UpdateState.tensors`.
     let slots: [TensorSlot]
@@ -79,6 +89,8 @@ final class Workspace {
     let deltas: [FloatBuffer]
     let params: FloatBuffer
     let grads: FloatBuffer
+    /// Per-sample working space of the convolutions, reused by each in turn.
+    let scratch: FloatBuffer
 
     init(plan: NetworkPlan, maxBatch: Int, parameters: [Float], training: Bool) {
         self.plan = plan
@@ -87,6 +99,7 @@ final class Workspace {
         deltas = training ? plan.widths.map { FloatBuffer(count: $0 * maxBatch) } : []
         params = FloatBuffer(parameters)
         grads = FloatBuffer(count: training ? parameters.count : 0)
+        scratch = FloatBuffer(count: plan.steps.map(\.scratchCount).max() ?? 0)
     }
 
     /// Runs steps `0..<end` on the `batch` rows already in boundary 0.
@@ -99,6 +112,11 @@ final class Workspace {
             case .activation(let layer): layer.forward(x: x, y: y, count: n)
             case .softmax: SoftmaxLayer.forward(z: x, p: y, batch: batch, width: plan.widths[i])
             case .flatten: FlattenLayer.forward(x: x, y: y, count: n)
+            case .convolution(let layer):
+                layer.forward(x: x, y: y, batch: batch, params: params.pointer, scratch: scratch.pointer)
+            case .pooling(let layer): layer.forward(x: x, y: y, batch: batch)
+            case .batchNorm(let layer): layer.forward(x: x, y: y, batch: batch)
+            case .reshape: ReshapeLayer.forward(x: x, y: y, count: n)
             }
         }
     }
@@ -157,6 +175,15 @@ final class Workspace {
                 if let dx { SoftmaxLayer.backward(p: y, dp: dy, dz: dx, batch: batch, width: plan.widths[i + 1]) }
             case .flatten:
                 if let dx { FlattenLayer.backward(dy: dy, dx: dx, count: n) }
+            case .convolution(let layer):
+                layer.backward(x: x, dy: dy, dx: dx, batch: batch, params: params.pointer,
+                               grads: layer.trainable ? grads.pointer : nil, scratch: scratch.pointer)
+            case .pooling(let layer):
+                if let dx { layer.backward(x: x, dy: dy, dx: dx, batch: batch) }
+            case .batchNorm(let layer):
+                if let dx { layer.backward(dy: dy, dx: dx, batch: batch) }
+            case .reshape:
+                if let dx { ReshapeLayer.backward(dy: dy, dx: dx, count: n) }
             }
             i -= 1
         }

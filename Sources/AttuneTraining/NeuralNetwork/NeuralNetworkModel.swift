@@ -5,11 +5,13 @@ import Foundation
 /// tasks, predictions and exported models.
 ///
 /// Supported: a `neuralNetworkClassifier`, `neuralNetworkRegressor` or plain `neuralNetwork` with one
-/// multiArray input (FLOAT32, DOUBLE or INT32; shape [C] or [C, H, W]); a chain of the layers in
-/// `UnsupportedModel.supportedLayers`; updatable innerProduct layers (weights and bias as float32); one loss:
-/// categorical cross-entropy on a softmax output (classifiers) or mean squared error on the network's output
-/// (any of the three: the target is a multiArray training input, or a classifier's class label taken as a
-/// one-hot row); SGD or Adam. Everything else is refused with `UnsupportedModel`.
+/// multiArray input (FLOAT32, DOUBLE or INT32; shape [C] or [C, H, W]); a chain of innerProduct,
+/// convolution, pooling, activation (ReLU, leakyReLU, sigmoid, tanh, linear), frozen batchnorm, softmax,
+/// flatten and reshape layers (`UnsupportedModel.supportedLayers` lists the options); updatable
+/// innerProduct and convolution layers (weights and bias as float32); one loss: categorical cross-entropy
+/// on a softmax output (classifiers) or mean squared error on the network's output (any of the three: the
+/// target is a multiArray training input, or a classifier's class label taken as a one-hot row); SGD or
+/// Adam. Everything else is refused with `UnsupportedModel`.
 public struct NeuralNetworkModel: Sendable {
     public let spec: CoreML_Specification_Model
     public let inputName: String
@@ -185,12 +187,18 @@ public struct NeuralNetworkModel: Sendable {
         guard !layers.isEmpty else { throw .brokenChain("the network has no layers") }
         // The blob the chain ends at (the loss input, or a frozen network's output).
         let lossInput = end.blob
-        // (channels, spatial) where spatial = H·W; dense and softmax need spatial == 1.
-        var channels = inputShape[0]
-        var spatial = inputShape.dropFirst().reduce(1, *)
+        // One sample's shape at the current boundary; a [C] input is C channels of 1×1.
+        // innerProduct and softmax need a 1×1 plane.
+        var shape = BlobShape(channels: inputShape[0], plane: inputShape.count == 3
+            ? SpatialSize(height: inputShape[1], width: inputShape[2]) : SpatialSize(height: 1, width: 1))
+        var channels: Int {
+            get { shape.channels }
+            set { shape.channels = newValue }
+        }
+        var spatial: Int { shape.plane.count }
         var blob = inputName
         var steps: [NetworkStep] = []
-        var widths = [channels * spatial]
+        var widths = [shape.count]
         var parameters: [Float] = []
         var slots: [TensorSlot] = []
         var firstTrainable: Int?
@@ -208,8 +216,9 @@ public struct NeuralNetworkModel: Sendable {
             if blob == lossInput {
                 throw .brokenChain("layer '\(layer.name)' follows the loss input '\(lossInput)'")
             }
-            if layer.isUpdatable, !Self.isInnerProduct(layer) {
-                throw .layer(name: layer.name, type: type, reason: "only innerProduct layers can be updatable")
+            if layer.isUpdatable, !Self.isTrainable(layer) {
+                throw .layer(name: layer.name, type: type, reason: "only innerProduct and convolution layers can be "
+                    + "updatable; other layers (batchnorm included, which uses its stored statistics) must be frozen")
             }
             switch layer.layer {
             case .innerProduct(let ip)?:
@@ -269,12 +278,36 @@ public struct NeuralNetworkModel: Sendable {
                     throw .layer(name: layer.name, type: type, reason: "CHANNEL_LAST flattening of a spatial input is not supported")
                 }
                 steps.append(.flatten(name: layer.name))
-                channels *= spatial
-                spatial = 1
+                shape = BlobShape(channels: shape.count, plane: SpatialSize(height: 1, width: 1))
+            case .convolution(let params)?:
+                let conv = try Self.readConvolution(params, layer: layer, specIndex: i, input: shape,
+                                                    parameters: &parameters)
+                if layer.isUpdatable {
+                    firstTrainable = firstTrainable ?? steps.count
+                    let kernel = [conv.outputChannels, conv.inputChannels, conv.kernelHeight, conv.kernelWidth]
+                    slots.append(TensorSlot(name: "\(layer.name).weights", shape: kernel, offset: conv.weightOffset,
+                                            count: kernel.reduce(1, *), specIndex: i, isBias: false))
+                    if conv.hasBias {
+                        slots.append(TensorSlot(name: "\(layer.name).bias", shape: [conv.outputChannels],
+                                                offset: conv.biasOffset, count: conv.outputChannels, specIndex: i,
+                                                isBias: true))
+                    }
+                }
+                steps.append(.convolution(conv))
+                shape = BlobShape(channels: conv.outputChannels, plane: conv.output)
+            case .pooling(let params)?:
+                let pool = try Self.readPooling(params, layer: layer, input: shape)
+                steps.append(.pooling(pool))
+                shape.plane = pool.output
+            case .batchnorm(let params)?:
+                steps.append(.batchNorm(try Self.readBatchNorm(params, layer: layer, input: shape)))
+            case .reshape(let params)?:
+                shape = try Self.readReshape(params, layer: layer, input: shape)
+                steps.append(.reshape(name: layer.name))
             default:
                 throw .layer(name: layer.name, type: type, reason: "this engine does not train through it yet")
             }
-            widths.append(channels * spatial)
+            widths.append(shape.count)
             blob = layer.output[0]
         }
         let loss: NetworkLoss?
@@ -313,9 +346,11 @@ public struct NeuralNetworkModel: Sendable {
                            firstTrainableStep: firstTrainableStep)
     }
 
-    private static func isInnerProduct(_ layer: CoreML_Specification_NeuralNetworkLayer) -> Bool {
-        if case .innerProduct? = layer.layer { return true }
-        return false
+    private static func isTrainable(_ layer: CoreML_Specification_NeuralNetworkLayer) -> Bool {
+        switch layer.layer {
+        case .innerProduct?, .convolution?: return true
+        default: return false
+        }
     }
 
     // MARK: - Update parameters
@@ -377,18 +412,27 @@ public struct NeuralNetworkModel: Sendable {
         // Present: `init` accepted only neural networks.
         var nn = NetworkParts(spec)!
         for slot in plan.slots {
-            let values = Array(parameters[slot.offset..<(slot.offset + slot.count)])
-            if slot.isBias {
-                nn.layers[slot.specIndex].innerProduct.bias.floatValue = values
-                nn.layers[slot.specIndex].innerProduct.bias.rawValue = Data()
-            } else {
-                nn.layers[slot.specIndex].innerProduct.weights.floatValue = values
-                nn.layers[slot.specIndex].innerProduct.weights.rawValue = Data()
-            }
+            Self.write(Array(parameters[slot.offset..<(slot.offset + slot.count)]), of: slot,
+                       into: &nn.layers[slot.specIndex])
         }
         var model = spec
         nn.writeLayers(into: &model)
         return model
+    }
+
+    /// Puts a tensor into its layer's `floatValue`, clearing `rawValue` so only one form remains.
+    private static func write(_ values: [Float], of slot: TensorSlot,
+                              into layer: inout CoreML_Specification_NeuralNetworkLayer) {
+        func store(_ w: inout CoreML_Specification_WeightParams) {
+            w.floatValue = values
+            w.rawValue = Data()
+        }
+        switch layer.layer {
+        case .convolution?:
+            if slot.isBias { store(&layer.convolution.bias) } else { store(&layer.convolution.weights) }
+        default:
+            if slot.isBias { store(&layer.innerProduct.bias) } else { store(&layer.innerProduct.weights) }
+        }
     }
 
     // MARK: - Inference
