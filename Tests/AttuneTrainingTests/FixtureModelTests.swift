@@ -106,6 +106,32 @@ final class FixtureModelTests: XCTestCase {
                                   samples: Self.regressionSamples) { $0.seed = 3; $0.epochs = 2 }
     }
 
+    /// The conv fixtures: MNIST-shaped with the last two dense layers updatable (SGD, momentum), and a small
+    /// net whose two convolutions are updatable behind a frozen batchnorm and dense layer (Adam).
+    func testCoremltoolsConvolutionalModelsTrainLikeTheReference() throws {
+        try checkAgainstReference("digits-conv.mlmodel", rows: 0..<21, overrides: ["--epochs", "2", "--seed", "4"],
+                                  samples: { try Self.imageSamples($0, shape: [1, 28, 28], label: "digit") }) {
+            $0.epochs = 2; $0.seed = 4
+        }
+        try checkAgainstReference("conv-updatable.mlmodel", rows: 0..<19, overrides: ["--seed", "8"],
+                                  samples: { try Self.imageSamples($0, shape: [1, 8, 8], label: "digit") }) { $0.seed = 8 }
+    }
+
+    /// Random images in [0, 1] (dense, so Adam's per-weight normalisation is well conditioned; see the
+    /// regressor above) with digit labels.
+    static func imageSamples(_ rows: Range<Int>, shape: [Int64], label: String) throws -> [Attune_V1_Sample] {
+        var random = TestRandom(seed: 23)
+        let count = Int(shape.reduce(1, *))
+        return rows.map { _ in
+            var s = Attune_V1_Sample()
+            s.features["image"] = .with { $0.multiArray = .with {
+                $0.values = random.uniform(count: count, 0, 1).map(Double.init); $0.shape = shape
+            } }
+            s.features[label] = .with { $0.stringValue = String(random.int(10)) }
+            return s
+        }
+    }
+
     /// Random inputs in [0, 1] (tanh units far from saturation) with the regressor fixture's two-value target `value_true`.
     static func regressionSamples(_ rows: Range<Int>) throws -> [Attune_V1_Sample] {
         var random = TestRandom(seed: 17)
