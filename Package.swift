@@ -22,8 +22,8 @@ let package = Package(
 
         .target(name: "AttuneSpec",
                 dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf")]),
-        .target(name: "AttuneTraining", dependencies: ["AttuneSpec", "CBLAS"]),
         .target(name: "AttuneImage", dependencies: ["AttuneSpec", "CPNG", "CTurboJPEG"]),
+        .target(name: "AttuneTraining", dependencies: ["AttuneSpec", "AttuneImage", "CBLAS"]),
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
                                                     .product(name: "Logging", package: "swift-log")]),
         .target(name: "AttuneQueue", dependencies: ["AttuneSpec", "CRabbitMQ",
@@ -37,7 +37,7 @@ let package = Package(
         ]),
 
         .testTarget(name: "AttuneSpecTests", dependencies: ["AttuneSpec"]),
-        .testTarget(name: "AttuneTrainingTests", dependencies: ["AttuneTraining", "AttuneSpec"]),
+        .testTarget(name: "AttuneTrainingTests", dependencies: ["AttuneTraining", "AttuneImage", "AttuneSpec"]),
         .testTarget(name: "AttuneImageTests", dependencies: ["AttuneImage", "AttuneSpec"]),
         .testTarget(name: "AttuneStoreTests", dependencies: ["AttuneStore", "AttuneSpec"]),
         .testTarget(name: "AttuneQueueTests", dependencies: ["AttuneQueue", "AttuneSpec"]),

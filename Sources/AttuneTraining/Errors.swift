@@ -88,6 +88,8 @@ public enum InvalidTrainingInput: Error, CustomStringConvertible, Sendable, Equa
     case wrongType(sample: Int, feature: String, expected: String, found: String)
     case wrongShape(sample: Int, feature: String, expected: [Int], shape: [Int64], valueCount: Int)
     case nonFinite(sample: Int, feature: String, index: Int)
+    /// Image bytes that could not become the model's image input (format, size, corruption).
+    case image(sample: Int, feature: String, reason: String)
     case unknownLabel(sample: Int, feature: String, label: String, known: [String])
     /// An update parameter override outside what the model allows.
     case parameterOutOfRange(name: String, value: String, allowed: String)
@@ -111,6 +113,8 @@ public enum InvalidTrainingInput: Error, CustomStringConvertible, Sendable, Equa
         case .nonFinite(let sample, let feature, let index):
             return "sample \(sample): feature '\(feature)' has a NaN or infinite value at index \(index); "
                 + "only finite numbers can be trained on"
+        case .image(let sample, let feature, let reason):
+            return "sample \(sample): feature '\(feature)': \(reason)"
         case .unknownLabel(let sample, let feature, let label, let known):
             let shown = known.prefix(20).joined(separator: ", ") + (known.count > 20 ? ", ..." : "")
             return "sample \(sample): label '\(label)' in feature '\(feature)' is not one of the model's class labels (\(shown))"

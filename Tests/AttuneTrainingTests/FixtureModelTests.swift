@@ -117,6 +117,54 @@ final class FixtureModelTests: XCTestCase {
                                   samples: { try Self.imageSamples($0, shape: [1, 8, 8], label: "digit") }) { $0.seed = 8 }
     }
 
+    /// Image inputs end to end: digits written as 8×8 PNG files by Pillow, decoded, stretched to the
+    /// model's 28×28 grayscale constraint and scaled by its preprocessing (pixel/127.5 − 1) in the engine;
+    /// the reference gets Pillow's own bilinear resize of the same pixels and applies the scaler itself.
+    func testImageInputsTrainLikeTheReference() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("attune-png-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let script = """
+        import gzip, json, os, sys
+        import numpy as np
+        from PIL import Image
+        csv, out, first, last = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        rows = [l.split(",") for l in gzip.open(csv, "rt").read().split("\\n") if l.strip()][first:last]
+        os.makedirs(out)
+        inputs, targets = [], []
+        for i, r in enumerate(rows):
+            pixels = np.round(np.array([float(v) for v in r[:64]]).reshape(8, 8) * 255 / 16).astype(np.uint8)
+            Image.fromarray(pixels, "L").save(os.path.join(out, "%d.png" % i))
+            big = Image.fromarray(pixels.astype(np.float32), "F").resize((28, 28), Image.BILINEAR)
+            inputs.append(np.asarray(big, dtype=np.float64).reshape(-1).tolist())
+            targets.append(r[64].strip())
+        json.dump({"inputs": inputs, "targets": targets}, open(os.path.join(out, "samples.json"), "w"))
+        """
+        let csv = Fixtures.root.appendingPathComponent("examples/data/digits.csv.gz").path
+        try CoremlFixtures.python(["-c", script, csv, dir.path, "500", "523"])
+        let labels = try Fixtures.digitsRows(500..<523).map { $0.features["digit"]! }
+        let model = try UpdatableModel(spec: CoremlFixtures.spec("digits-image.mlmodel"))
+        guard case .neuralNetwork(let network) = model else { return XCTFail("digits-image is a neural network") }
+        XCTAssertEqual(network.inputShape, [1, 28, 28])
+        XCTAssertNotNil(network.imageInput)
+        let samples = try labels.enumerated().map { index, label in
+            var s = Attune_V1_Sample()
+            s.features[model.inputName] = .with { $0.image = try! Data(contentsOf: dir.appendingPathComponent("\(index).png")) }
+            s.features[model.labelFeatureName] = label
+            return s
+        }
+        try checkAgainstReference("digits-image.mlmodel", rows: 0..<23, overrides: ["--epochs", "2", "--seed", "6"],
+                                  samples: { _ in samples }, referenceSamples: dir.appendingPathComponent("samples.json")) {
+            $0.epochs = 2; $0.seed = 6
+        }
+        // Bytes that are not an image are refused with the decoder's reason, naming the sample.
+        var bad = samples[0]
+        bad.features[model.inputName] = .with { $0.image = Data("GIF89a not really".utf8) }
+        XCTAssertThrowsError(try model.prepareBatch([samples[1], bad], maxSamples: 10)) { error in
+            XCTAssertTrue("\(error)".contains("sample 1"), "\(error)")
+            XCTAssertTrue("\(error)".contains("GIF"), "\(error)")
+        }
+    }
+
     /// Random images in [0, 1] (dense, so Adam's per-weight normalisation is well conditioned; see the
     /// regressor above) with digit labels.
     static func imageSamples(_ rows: Range<Int>, shape: [Int64], label: String) throws -> [Attune_V1_Sample] {
@@ -150,6 +198,7 @@ final class FixtureModelTests: XCTestCase {
     func checkAgainstReference(_ name: String, rows: Range<Int>, overrides: [String],
                                file: StaticString = #filePath, line: UInt = #line,
                                samples makeSamples: ((Range<Int>) throws -> [Attune_V1_Sample])? = nil,
+                               referenceSamples: URL? = nil,
                                _ configure: (inout Attune_V1_UpdateParameters) -> Void) throws {
         let model = try UpdatableModel(spec: CoremlFixtures.spec(name))
         let samples = try makeSamples?(rows) ?? Fixtures.digitsRows(rows)
@@ -163,12 +212,15 @@ final class FixtureModelTests: XCTestCase {
         try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: dir) }
         let width = batch.inputWidth
-        let sampleFile = dir.appendingPathComponent("samples.json")
-        let targets: [Any] = samples.map { CoremlFixtures.targetJSON($0, feature: model.labelFeatureName) }
-        try JSONSerialization.data(withJSONObject: [
-            "inputs": (0..<batch.count).map { r in batch.inputs[(r * width)..<((r + 1) * width)].map(Double.init) },
-            "targets": targets,
-        ]).write(to: sampleFile)
+        // The reference reads the engine's own input rows unless the test brings inputs made independently.
+        let sampleFile = referenceSamples ?? dir.appendingPathComponent("samples.json")
+        if referenceSamples == nil {
+            let targets: [Any] = samples.map { CoremlFixtures.targetJSON($0, feature: model.labelFeatureName) }
+            try JSONSerialization.data(withJSONObject: [
+                "inputs": (0..<batch.count).map { r in batch.inputs[(r * width)..<((r + 1) * width)].map(Double.init) },
+                "targets": targets,
+            ]).write(to: sampleFile)
+        }
         let problem = dir.appendingPathComponent("problem.json"), output = dir.appendingPathComponent("out.json")
         try CoremlFixtures.python([CoremlFixtures.script("spec_to_problem.py"), CoremlFixtures.url(name).path,
                                    sampleFile.path, problem.path] + overrides)

@@ -41,7 +41,21 @@ extension NeuralNetworkModel {
 
     func readInput(_ value: Attune_V1_FeatureValue, sample: Int, into buffer: inout [Float],
                    at offset: Int) throws(InvalidTrainingInput) {
-        try readArray(value, feature: inputName, shape: inputShape, sample: sample, into: &buffer, at: offset)
+        guard let imageInput else {
+            return try readArray(value, feature: inputName, shape: inputShape, sample: sample, into: &buffer, at: offset)
+        }
+        guard case .image(let bytes)? = value.kind else {
+            throw .wrongType(sample: sample, feature: inputName, expected: "an image (PNG or JPEG bytes)",
+                             found: Self.kindName(value))
+        }
+        let tensor: [Float]
+        do { tensor = try imageInput.tensor(from: bytes) } catch {
+            throw .image(sample: sample, feature: inputName, reason: error.description)
+        }
+        if let bad = tensor.firstIndex(where: { !$0.isFinite }) {
+            throw .nonFinite(sample: sample, feature: inputName, index: bad)
+        }
+        buffer.replaceSubrange(offset..<(offset + tensor.count), with: tensor)
     }
 
     /// Copies a multiArray feature of `shape` (which the sample may omit) into `buffer` as float32.

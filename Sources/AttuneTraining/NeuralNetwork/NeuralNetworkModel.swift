@@ -1,3 +1,4 @@
+import AttuneImage
 import AttuneSpec
 import Foundation
 
@@ -16,6 +17,9 @@ public struct NeuralNetworkModel: Sendable {
     public let spec: CoreML_Specification_Model
     public let inputName: String
     public let inputShape: [Int]
+    /// Set when the input is an image: samples then carry PNG or JPEG bytes, decoded, scaled to the
+    /// constraint and passed through the network's preprocessing scaler into `inputShape` ([C, H, W]).
+    public let imageInput: ImageFeature?
     /// The training input that is not a model input: where samples carry their label (a class label) or
     /// their target values (a multiArray of the output's shape).
     public let labelFeatureName: String
@@ -48,8 +52,23 @@ public struct NeuralNetworkModel: Sendable {
 
         // Input.
         let description = spec.description_p
-        let (inputName, shape) = try Self.modelInput(description)
-        guard nn.preprocessing.isEmpty else { throw .input("image preprocessing is not supported") }
+        let inputName: String, shape: [Int]
+        if description.input.count == 1, let input = description.input.first, case .imageType? = input.type.type {
+            let image: ImageFeature
+            do { image = try ImageFeature(named: input.name, in: spec) } catch {
+                throw .input("image input '\(input.name)': \(error)")
+            }
+            imageInput = image
+            (inputName, shape) = (input.name, [image.constraint.colorSpace.channels, image.constraint.height,
+                                               image.constraint.width])
+        } else {
+            (inputName, shape) = try Self.modelInput(description)
+            guard nn.preprocessing.isEmpty else {
+                throw .input("preprocessing applies to image inputs and input '\(inputName)' is a multiArray; "
+                    + "remove the preprocessing or make the input an image")
+            }
+            imageInput = nil
+        }
         self.inputName = inputName
         inputShape = shape
 
