@@ -1,0 +1,176 @@
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+import AttuneTraining
+import Foundation
+import XCTest
+
+/// Every kind of updatable model through a real worker: a published job becomes a committed version whose
+/// export, read back, carries the user's update.
+final class ModelKindTests: XCTestCase {
+    /// A coremltools-built fixture from this run (deploy/test.sh), imported under a fresh name.
+    func importFixture(_ file: String, into fleet: FleetHarness) throws -> (name: String, model: UpdatableModel) {
+        let dir = try XCTUnwrap(ProcessInfo.processInfo.environment["ATTUNE_TEST_FIXTURES"],
+                                "ATTUNE_TEST_FIXTURES is not set: run deploy/test.sh")
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: dir).appendingPathComponent(file))
+        let spec = try ModelFile.decode(bytes)
+        let name = "kind_" + UUID().uuidString.prefix(8).lowercased()
+        _ = try fleet.registry.importBaseModel(name: name, kind: ModelFile.kind(of: spec), bytes: bytes)
+        return (name, try UpdatableModel(spec: spec))
+    }
+
+    func exportedHead(_ fleet: FleetHarness, user: String, name: String, base: UpdatableModel) throws
+        -> (model: UpdatableModel, state: Attune_V1_UpdateState) {
+        let head = try XCTUnwrap(fleet.registry.head(user: user, model: name))
+        let state = try Attune_V1_UpdateState(serializedBytes: fleet.registry.personalVersion(
+            user: user, model: name, version: head.version).state)
+        // Through the file format and back: what an app developer would ship.
+        let exported = try ModelFile.decode(ModelFile.encode(base.applying(state)))
+        return (try UpdatableModel(spec: exported), state)
+    }
+
+    /// A user adds a label the base has never seen, as a drawing app adds a sticker; the k-NN learns it.
+    func testNearestNeighboursLearnAUsersNewLabel() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let (name, base) = try importFixture("digits-knn.mlmodel", into: fleet)
+        fleet.startWorker(fleet.configuration())
+        try fleet.publish(Digits.job(user: "dana", model: name, rows: 0..<40, epochs: nil), as: .json)
+        var sticker = Digits.job(user: "dana", model: name, rows: 40..<45, epochs: nil)
+        sticker.samples = (0..<5).map { Self.star(variant: $0) }
+        try fleet.publish(sticker)
+        let events = try fleet.events(untilEnded: 2)
+        XCTAssertEqual(events.filter { $0.kind == .completed }.map(\.version), [1, 2], "\(events.map(\.reason))")
+
+        let (personal, state) = try exportedHead(fleet, user: "dana", name: name, base: base)
+        XCTAssertTrue(personal.classLabels.contains(.string("star")), "\(personal.classLabels)")
+        // A star drawn again, slightly differently from the five the user taught.
+        let another = Self.star(variant: 7).features
+        XCTAssertEqual(try personal.predict(features: another, state: nil).label, .string("star"))
+        XCTAssertEqual(try base.predict(features: another, state: state).label, .string("star"))
+        XCTAssertNotEqual(try base.predict(features: another, state: nil).label, .string("star"))
+        // Held-out digits of the same writer: the first 40 rows taught the k-NN the digits.
+        let accuracy = try personal.accuracy(samples: (100..<160).map { Digits.sample($0) }, state: nil)
+        print(String(format: "k-NN through the worker: held-out accuracy %.3f after 40 samples", accuracy))
+        XCTAssertGreaterThan(accuracy, 0.7)
+    }
+
+    /// An 8×8 "star": a bright plus sign with a little per-variant noise, nothing like a digit.
+    static func star(variant: Int) -> Attune_V1_Sample {
+        var pixels = [Double](repeating: 0, count: 64)
+        for i in 0..<8 { pixels[3 * 8 + i] = 16; pixels[i * 8 + 3] = 16 }
+        pixels[(variant * 5) % 64] += 3
+        var sample = Attune_V1_Sample()
+        sample.features["pixels"] = .with { $0.multiArray = .with { $0.values = pixels; $0.shape = [64] } }
+        sample.features["digit"] = .with { $0.stringValue = "star" }
+        return sample
+    }
+
+    /// A pipeline's update runs the frozen extractor in the worker and appends the embeddings.
+    func testPipelineAppendsEmbeddingsThroughTheWorker() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let (name, base) = try importFixture("digits-pipeline.mlmodel", into: fleet)
+        fleet.startWorker(fleet.configuration())
+        try fleet.publish(Digits.job(user: "eve", model: name, rows: 0..<60, epochs: nil))
+        let events = try fleet.events(untilEnded: 1)
+        XCTAssertEqual(events.last?.kind, .completed, "\(events.map(\.reason))")
+        let (personal, _) = try exportedHead(fleet, user: "eve", name: name, base: base)
+        let before = try base.accuracy(samples: (100..<160).map { Digits.sample($0) }, state: nil)
+        let after = try personal.accuracy(samples: (100..<160).map { Digits.sample($0) }, state: nil)
+        print(String(format: "pipeline through the worker: held-out accuracy %.3f -> %.3f", before, after))
+        XCTAssertGreaterThan(after, before + 0.3)
+    }
+
+    /// A JSON job carrying PNG bytes (base64, as the protobuf JSON mapping writes bytes) for an image input.
+    func testImageJobTrainsFromPNGBytes() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let (name, base) = try importFixture("digits-image.mlmodel", into: fleet)
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("attune-png-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let script = """
+        import os, sys
+        import numpy as np
+        from PIL import Image
+        out = sys.argv[1]; os.makedirs(out)
+        for i, line in enumerate(sys.stdin.read().split()):
+            pixels = np.array([float(v) for v in line.split(",")]).reshape(8, 8) * 255 / 16
+            Image.fromarray(np.round(pixels).astype(np.uint8), "L").save(os.path.join(out, "%d.png" % i))
+        """
+        let rows = Array(200..<230)
+        let input = rows.map { Digits.rows[$0].pixels.map { String($0) }.joined(separator: ",") }.joined(separator: "\n")
+        try runPython(["-c", script, dir.path], stdin: input)
+        var job = Attune_V1_TrainingJob()
+        job.jobID = UUID().uuidString
+        job.userID = "fay"
+        job.model = name
+        job.parameters.epochs = 2
+        job.samples = try rows.enumerated().map { index, row in
+            var sample = Attune_V1_Sample()
+            sample.features["image"] = .with { $0.image = try! Data(contentsOf: dir.appendingPathComponent("\(index).png")) }
+            sample.features["digit"] = .with { $0.stringValue = String(Digits.rows[row].label) }
+            return sample
+        }
+        let (body, _) = try JobCodec.encode(job, as: .json)
+        XCTAssertTrue(String(decoding: body, as: UTF8.self).contains("\"image\":\"iVBOR"), "PNG bytes travel as base64")
+        fleet.startWorker(fleet.configuration())
+        try fleet.publish(job, as: .json)
+        let events = try fleet.events(untilEnded: 1)
+        XCTAssertEqual(events.last?.kind, .completed, "\(events.map(\.reason))")
+        let (_, state) = try exportedHead(fleet, user: "fay", name: name, base: base)
+        XCTAssertNotEqual(state, base.initialState())
+        XCTAssertEqual(try base.accuracy(samples: job.samples, state: nil) <= base.accuracy(samples: job.samples, state: state), true)
+    }
+
+    /// `attune model predict --compare` shows what a user's personalization changed.
+    func testPredictCommandComparesAVersionWithTheBase() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        fleet.startWorker(fleet.configuration())
+        try fleet.publish(Digits.job(user: "gus", model: fleet.model, rows: 0..<100, epochs: 5))
+        _ = try fleet.events(untilEnded: 1)
+        let csv = Paths.repository.appendingPathComponent("examples/data/digits.csv.gz").path
+        let output = try runAttune(["model", "predict", "--name", fleet.model, "--user", "gus", "--csv", csv,
+                                    "--rows", "100:130", "--compare"], fleet: fleet)
+        let lines = output.split(separator: "\n")
+        XCTAssertTrue(lines.first?.contains("for gus v1") ?? false, output)
+        XCTAssertEqual(lines.filter { $0.hasPrefix("#") }.count, 30, output)
+        let changed = lines.filter { $0.contains("(changed)") }.count
+        XCTAssertTrue(output.contains("\(changed) of 30 prediction(s) differ from the base model"), output)
+        XCTAssertGreaterThan(changed, 0, "100 samples × 5 epochs should change some predictions: \(output)")
+    }
+
+    func runPython(_ arguments: [String], stdin: String) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = [ProcessInfo.processInfo.environment["ATTUNE_PYTHON"] ?? "python3"] + arguments
+        let input = Pipe(), output = Pipe()
+        process.standardInput = input
+        process.standardError = output
+        try process.run()
+        input.fileHandleForWriting.write(Data(stdin.utf8))
+        try input.fileHandleForWriting.close()
+        let error = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        XCTAssertEqual(process.terminationStatus, 0, error)
+    }
+
+    func runAttune(_ arguments: [String], fleet: FleetHarness) throws -> String {
+        let process = Process()
+        process.executableURL = Paths.attuneExecutable
+        process.arguments = arguments
+        var environment = ProcessInfo.processInfo.environment
+        environment["ATTUNE_DATABASE_URL"] = fleet.databaseURL
+        environment["ATTUNE_AMQP_URL"] = fleet.amqpURL
+        process.environment = environment
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        XCTAssertEqual(process.terminationStatus, 0, output)
+        return output
+    }
+}
