@@ -21,6 +21,10 @@ struct Enqueue: ParsableCommand {
     @Option(help: "Override the momentum.") var momentum: Double?
     @Option(help: "Override the shuffle seed.") var seed: Int?
     @Option(help: "Override shuffling (true or false).") var shuffle: Bool?
+    @Option(help: "Override Adam's beta1.") var beta1: Double?
+    @Option(help: "Override Adam's beta2.") var beta2: Double?
+    @Option(help: "Override Adam's eps.") var eps: Double?
+    @Option(help: "Override a k-nearest-neighbours model's k.") var k: Int?
 
     func run() throws {
         try Identifier.validate(model, field: "model")
@@ -63,6 +67,10 @@ struct Enqueue: ParsableCommand {
         if let momentum { parameters.momentum = momentum }
         if let seed { parameters.seed = Int64(seed) }
         if let shuffle { parameters.shuffle = shuffle }
+        if let beta1 { parameters.beta1 = beta1 }
+        if let beta2 { parameters.beta2 = beta2 }
+        if let eps { parameters.eps = eps }
+        if let k { parameters.k = Int64(k) }
         return parameters
     }
 }
