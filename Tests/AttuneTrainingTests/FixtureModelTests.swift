@@ -31,16 +31,7 @@ enum CoremlFixtures {
 
     /// Runs ATTUNE_PYTHON (default python3); a failure is a test failure, never a skip.
     @discardableResult
-    static func python(_ arguments: [String]) throws -> String {
-        let interpreter = ProcessInfo.processInfo.environment["ATTUNE_PYTHON"] ?? "python3"
-        let result = try Fixtures.run("/usr/bin/env", [interpreter] + arguments)
-        guard result.status == 0 else {
-            let failure = PythonFailed(interpreter: interpreter, status: result.status, stderr: result.error)
-            XCTFail(failure.description)
-            throw failure
-        }
-        return result.output
-    }
+    static func python(_ arguments: [String]) throws -> String { try NumPyReference.python(arguments) }
 
     static func script(_ name: String) -> String { Fixtures.root.appendingPathComponent("Tests/python/\(name)").path }
 }

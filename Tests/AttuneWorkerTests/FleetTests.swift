@@ -130,16 +130,9 @@ final class FleetTests: XCTestCase {
 enum PythonCheck {
     static func run(script: String, arguments: [String]) throws -> String {
         let python = ProcessInfo.processInfo.environment["ATTUNE_PYTHON"] ?? "python3"
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = [python, Paths.repository.appendingPathComponent("Tests/python/\(script)").path] + arguments
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        try process.run()
-        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        if process.terminationStatus != 0 { XCTFail("\(script) exited \(process.terminationStatus): \(output)") }
-        return output
+        let result = try ChildProcess.run(URL(fileURLWithPath: "/usr/bin/env"),
+                                          [python, Paths.repository.appendingPathComponent("Tests/python/\(script)").path] + arguments)
+        if result.status != 0 { XCTFail("\(script) exited \(result.status): \(result.output)") }
+        return result.output
     }
 }

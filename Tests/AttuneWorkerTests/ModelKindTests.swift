@@ -215,35 +215,38 @@ final class ModelKindTests: XCTestCase {
     }
 
     func runPython(_ arguments: [String], stdin: String) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = [ProcessInfo.processInfo.environment["ATTUNE_PYTHON"] ?? "python3"] + arguments
-        let input = Pipe(), output = Pipe()
-        process.standardInput = input
-        process.standardError = output
-        try process.run()
-        input.fileHandleForWriting.write(Data(stdin.utf8))
-        try input.fileHandleForWriting.close()
-        let error = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        XCTAssertEqual(process.terminationStatus, 0, error)
+        let python = ProcessInfo.processInfo.environment["ATTUNE_PYTHON"] ?? "python3"
+        let result = try ChildProcess.run(URL(fileURLWithPath: "/usr/bin/env"), [python] + arguments, stdin: stdin)
+        XCTAssertEqual(result.status, 0, result.output)
     }
 
     func runAttune(_ arguments: [String], fleet: FleetHarness) throws -> String {
+        let result = try ChildProcess.run(Paths.attuneExecutable, arguments, environment: [
+            "ATTUNE_DATABASE_URL": fleet.databaseURL, "ATTUNE_AMQP_URL": fleet.amqpURL])
+        XCTAssertEqual(result.status, 0, result.output)
+        return result.output
+    }
+}
+
+/// A child process with its output and error read together to the end (so a full pipe never blocks it).
+enum ChildProcess {
+    static func run(_ executable: URL, _ arguments: [String], environment extra: [String: String] = [:],
+                    stdin: String? = nil) throws -> (status: Int32, output: String) {
         let process = Process()
-        process.executableURL = Paths.attuneExecutable
+        process.executableURL = executable
         process.arguments = arguments
-        var environment = ProcessInfo.processInfo.environment
-        environment["ATTUNE_DATABASE_URL"] = fleet.databaseURL
-        environment["ATTUNE_AMQP_URL"] = fleet.amqpURL
-        process.environment = environment
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
+        process.environment = ProcessInfo.processInfo.environment.merging(extra) { $1 }
+        let output = Pipe(), input = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        if stdin != nil { process.standardInput = input }
         try process.run()
-        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        if let stdin {
+            input.fileHandleForWriting.write(Data(stdin.utf8))
+            try input.fileHandleForWriting.close()
+        }
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         process.waitUntilExit()
-        XCTAssertEqual(process.terminationStatus, 0, output)
-        return output
+        return (process.terminationStatus, text)
     }
 }
