@@ -11,6 +11,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-protobuf", from: "1.39.0"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
     ],
     targets: [
         .systemLibrary(name: "CRabbitMQ", pkgConfig: "librabbitmq",
@@ -24,6 +25,7 @@ let package = Package(
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
                                                     .product(name: "Logging", package: "swift-log")]),
         .target(name: "AttuneQueue", dependencies: ["AttuneSpec", "CRabbitMQ",
+                                                    .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),
         .target(name: "AttuneWorker", dependencies: ["AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue",
                                                      .product(name: "Logging", package: "swift-log")]),
