@@ -83,6 +83,9 @@ enum ProtoCodec {
         guard let encoding = MessageEncoding(contentType: contentType) else {
             return .failure(.unsupportedContentType(contentType))
         }
+        var jsonOptions = JSONDecodingOptions()
+        jsonOptions.ignoreUnknownFields = false
+        jsonOptions.messageDepthLimit = maxMessageDepth
         do {
             switch encoding {
             case .protobuf:
@@ -90,13 +93,11 @@ enum ProtoCodec {
                 options.messageDepthLimit = maxMessageDepth
                 return .success(try M(serializedBytes: body, options: options))
             case .json:
-                var options = JSONDecodingOptions()
-                options.ignoreUnknownFields = false
-                options.messageDepthLimit = maxMessageDepth
-                return .success(try M(jsonUTF8Data: body, options: options))
+                return .success(try M(jsonUTF8Data: body, options: jsonOptions))
             }
         } catch {
-            return .failure(.malformed(encoding: encoding, detail: String(describing: error)))
+            let detail = DecodingDiagnosis.explain(error, body: body, as: M.self, options: jsonOptions)
+            return .failure(.malformed(encoding: encoding, detail: detail))
         }
     }
 
