@@ -6,6 +6,8 @@ let package = Package(
     platforms: [.macOS(.v13)],
     products: [
         .executable(name: "attune", targets: ["attune"]),
+        // For the fuzz package in Fuzz/, which depends on this one by path.
+        .library(name: "AttuneJobs", targets: ["AttuneSpec", "AttuneTraining", "AttuneQueue"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-protobuf", from: "1.39.0"),

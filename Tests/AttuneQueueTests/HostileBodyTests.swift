@@ -116,6 +116,24 @@ final class HostileBodyTests: XCTestCase {
         XCTAssertEqual(values[1], .infinity)
     }
 
+    func testFuzzSeedsDecodeToTheSameJobInBothEncodings() throws {
+        // Fuzz/make_corpus.py writes the protobuf bytes by hand from the wire format, so this checks the
+        // seeds and the JSON mapping against each other.
+        let corpus = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("Fuzz/corpus")
+        let names = try FileManager.default.contentsOfDirectory(atPath: corpus.path)
+            .filter { $0.hasSuffix(".pb") }.map { String($0.dropLast(3)) }
+        XCTAssertGreaterThanOrEqual(names.count, 4)
+        for name in names {
+            let binary = try Data(contentsOf: corpus.appendingPathComponent(name + ".pb"))
+            let json = try Data(contentsOf: corpus.appendingPathComponent(name + ".json"))
+            let job = try JobCodec.decode(binary, contentType: "application/x-protobuf")
+            XCTAssertEqual(job, try JobCodec.decode(json, contentType: "application/json"), name)
+            XCTAssertEqual(try JobDigest.of(job), try JobDigest.of(JobCodec.decode(json, contentType: "application/json")))
+            XCTAssertTrue(job.jobID.hasPrefix("seed-"), name)
+        }
+    }
+
     // MARK: - Content digest
 
     func testDigestOfAnEmptyContentIsSHA256OfNoBytes() throws {
