@@ -131,4 +131,26 @@ final class RepeatedJobIdTests: XCTestCase {
         XCTAssertEqual(letters.count, 1)
         XCTAssertEqual(try letters.first.map { try JobCodec.decode($0.body, contentType: $0.contentType) }, changed)
     }
+
+    func testTwoContentsOfOneIdRacingOnTwoSlotsApplyOnlyOne() throws {
+        // Both may pass the check before training; the loser then learns at commit that the id is taken.
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        fleet.startWorker(fleet.configuration(concurrency: 2))
+        let id = "raced-\(UUID().uuidString.prefix(8))"
+        let first = Digits.job(id: id, user: "frank", model: fleet.model, rows: 0..<40, epochs: 2)
+        var second = first
+        second.samples = Array(first.samples.reversed())
+        try fleet.publish(first)
+        try fleet.publish(second, as: .json)
+
+        let ended = try fleet.events(untilEnded: 2).filter { $0.kind == .completed || $0.kind == .failed }
+        XCTAssertEqual(ended.filter { $0.kind == .completed }.count, 1, "\(ended)")
+        let failed = try XCTUnwrap(ended.first { $0.kind == .failed })
+        XCTAssertTrue(failed.reason.contains(id) && failed.reason.contains("version 1"), failed.reason)
+        let history = try fleet.registry.history(user: "frank", model: fleet.model)
+        XCTAssertEqual(history.count, 1)
+        let stored = try XCTUnwrap(history.first?.jobDigest)
+        XCTAssertTrue([try JobDigest.of(first), try JobDigest.of(second)].contains(stored))
+    }
 }
