@@ -6,11 +6,14 @@ let package = Package(
     platforms: [.macOS(.v13)],
     products: [
         .executable(name: "attune", targets: ["attune"]),
+        // For the fuzz package in Fuzz/, which depends on this one by path.
+        .library(name: "AttuneJobs", targets: ["AttuneSpec", "AttuneTraining", "AttuneQueue"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-protobuf", from: "1.39.0"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
     ],
     targets: [
         .systemLibrary(name: "CRabbitMQ", pkgConfig: "librabbitmq",
@@ -27,6 +30,7 @@ let package = Package(
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
                                                     .product(name: "Logging", package: "swift-log")]),
         .target(name: "AttuneQueue", dependencies: ["AttuneSpec", "CRabbitMQ",
+                                                    .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),
         .target(name: "AttuneWorker", dependencies: ["AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue",
                                                      .product(name: "Logging", package: "swift-log")]),

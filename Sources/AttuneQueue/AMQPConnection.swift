@@ -386,6 +386,7 @@ public final class AMQPConnection {
     public func deadLetter(_ delivery: Delivery, reason: String) throws {
         var headers = delivery.headers
         headers[Topology.reasonHeader] = reason
+        headers[Topology.deadLetteredAtHeader] = String(Int64((Date().timeIntervalSince1970 * 1000).rounded()))
         try publish(exchange: Topology.deadExchange, routingKey: Topology.jobsRoutingKey, body: delivery.body,
                     contentType: delivery.contentType ?? "", headers: headers, messageId: delivery.messageId,
                     mandatory: true)
@@ -478,7 +479,8 @@ public final class AMQPConnection {
             let content = try readContent(on: frame.channel, operation: operation)
             pending.append(Delivery(deliveryTag: tag, body: content.body, contentType: content.contentType,
                                     headers: content.headers, redelivered: redelivered, exchange: exchange,
-                                    routingKey: routingKey, messageId: content.messageId))
+                                    routingKey: routingKey, messageId: content.messageId,
+                                    brokerDeath: content.brokerDeath))
         case Method.basicAck:
             let ack = method.decoded!.assumingMemoryBound(to: amqp_basic_ack_t.self).pointee
             ackedThrough = max(ackedThrough, ack.delivery_tag)
@@ -521,6 +523,7 @@ public final class AMQPConnection {
         var contentType: String?
         var headers: [String: String]
         var messageId: String?
+        var brokerDeath: BrokerDeath?
         var body: Data
     }
 
@@ -536,6 +539,7 @@ public final class AMQPConnection {
             contentType: properties.flag(AMQP_BASIC_CONTENT_TYPE_FLAG) ? properties.content_type.string : nil,
             headers: properties.flag(AMQP_BASIC_HEADERS_FLAG) ? properties.headers.stringValues : [:],
             messageId: properties.flag(AMQP_BASIC_MESSAGE_ID_FLAG) ? properties.message_id.string : nil,
+            brokerDeath: properties.flag(AMQP_BASIC_HEADERS_FLAG) ? properties.headers.newestDeath : nil,
             body: message.body.data)
     }
 

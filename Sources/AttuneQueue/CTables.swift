@@ -111,3 +111,43 @@ extension amqp_table_t {
         return result
     }
 }
+
+extension amqp_field_value_t {
+    /// Integers of any width as Int; nil for anything else.
+    var integer: Int? {
+        switch kind {
+        case UInt8(ascii: "b"): return Int(value.i8)
+        case UInt8(ascii: "B"): return Int(value.u8)
+        case UInt8(ascii: "s"): return Int(value.i16)
+        case UInt8(ascii: "u"): return Int(value.u16)
+        case UInt8(ascii: "I"): return Int(value.i32)
+        case UInt8(ascii: "i"): return Int(value.u32)
+        case UInt8(ascii: "l"): return Int(value.i64)
+        case UInt8(ascii: "L"), UInt8(ascii: "T"): return Int(exactly: value.u64)
+        default: return nil
+        }
+    }
+}
+
+extension amqp_table_t {
+    func entry(_ key: String) -> amqp_field_value_t? {
+        guard num_entries > 0, let entries else { return nil }
+        for i in 0..<Int(num_entries) where entries[i].key.string == key { return entries[i].value }
+        return nil
+    }
+
+    /// The newest `x-death` entry (RabbitMQ puts it first), if the broker dead-lettered the message.
+    var newestDeath: BrokerDeath? {
+        guard let deaths = entry("x-death"), deaths.kind == UInt8(ascii: "A"),
+              deaths.value.array.num_entries > 0, let first = deaths.value.array.entries?.pointee,
+              first.kind == UInt8(ascii: "F") else { return nil }
+        let table = first.value.table
+        func text(_ key: String) -> String {
+            guard let value = table.entry(key), value.kind == UInt8(ascii: "S") else { return "" }
+            return value.value.bytes.string
+        }
+        return BrokerDeath(reason: text("reason"), queue: text("queue"),
+                           count: table.entry("count")?.integer ?? 1,
+                           time: table.entry("time")?.integer.map { Date(timeIntervalSince1970: Double($0)) })
+    }
+}

@@ -71,6 +71,11 @@ public struct EventDecodingError: Error, CustomStringConvertible, Sendable, Equa
 
 /// Shared by both codecs: the two message types differ only in their Swift type and error type.
 enum ProtoCodec {
+    /// The deepest real job nests five messages (job, sample, map entry, feature value, multi-array).
+    /// Bodies are refused well before a hostile one could exhaust a worker's stack; SwiftProtobuf's
+    /// own default (100) is not part of its documented contract, so the limit is ours.
+    static let maxMessageDepth = 16
+
     static func decode<M: SwiftProtobuf.Message>(_ type: M.Type, _ body: Data, contentType: String?,
                                                  maxBytes: Int) -> Result<M, DecodingFailure> {
         guard body.count <= maxBytes else { return .failure(.tooLarge(bytes: body.count, limit: maxBytes)) }
@@ -78,17 +83,21 @@ enum ProtoCodec {
         guard let encoding = MessageEncoding(contentType: contentType) else {
             return .failure(.unsupportedContentType(contentType))
         }
+        var jsonOptions = JSONDecodingOptions()
+        jsonOptions.ignoreUnknownFields = false
+        jsonOptions.messageDepthLimit = maxMessageDepth
         do {
             switch encoding {
             case .protobuf:
-                return .success(try M(serializedBytes: body))
+                var options = BinaryDecodingOptions()
+                options.messageDepthLimit = maxMessageDepth
+                return .success(try M(serializedBytes: body, options: options))
             case .json:
-                var options = JSONDecodingOptions()
-                options.ignoreUnknownFields = false
-                return .success(try M(jsonUTF8Data: body, options: options))
+                return .success(try M(jsonUTF8Data: body, options: jsonOptions))
             }
         } catch {
-            return .failure(.malformed(encoding: encoding, detail: String(describing: error)))
+            let detail = DecodingDiagnosis.explain(error, body: body, as: M.self, options: jsonOptions)
+            return .failure(.malformed(encoding: encoding, detail: detail))
         }
     }
 

@@ -14,9 +14,12 @@ public struct Delivery: Sendable, Equatable {
     public let exchange: String
     public let routingKey: String
     public let messageId: String?
+    /// The newest entry of RabbitMQ's `x-death` header, when the broker itself dead-lettered the message.
+    public let brokerDeath: BrokerDeath?
 
     public init(deliveryTag: UInt64, body: Data, contentType: String? = nil, headers: [String: String] = [:],
-                redelivered: Bool = false, exchange: String = "", routingKey: String = "", messageId: String? = nil) {
+                redelivered: Bool = false, exchange: String = "", routingKey: String = "", messageId: String? = nil,
+                brokerDeath: BrokerDeath? = nil) {
         self.deliveryTag = deliveryTag
         self.body = body
         self.contentType = contentType
@@ -25,5 +28,26 @@ public struct Delivery: Sendable, Equatable {
         self.exchange = exchange
         self.routingKey = routingKey
         self.messageId = messageId
+        self.brokerDeath = brokerDeath
+    }
+}
+
+/// One entry of the `x-death` header RabbitMQ adds when a queue dead-letters a message (rejected without
+/// requeue, expired, over the delivery limit).
+public struct BrokerDeath: Sendable, Equatable {
+    /// `rejected`, `expired`, `maxlen` or `delivery_limit`.
+    public let reason: String
+    /// The queue the message died in.
+    public let queue: String
+    /// How often it died in that queue for that reason.
+    public let count: Int
+    /// When it died (whole seconds), if the broker said.
+    public let time: Date?
+
+    public init(reason: String, queue: String, count: Int, time: Date?) {
+        self.reason = reason
+        self.queue = queue
+        self.count = count
+        self.time = time
     }
 }

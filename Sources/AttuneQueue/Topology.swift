@@ -30,6 +30,8 @@ public enum Topology {
 
     /// Header carrying why a job was dead-lettered.
     public static let reasonHeader = "x-attune-reason"
+    /// Header carrying when a worker dead-lettered a job, in milliseconds since the Unix epoch.
+    public static let deadLetteredAtHeader = "x-attune-dead-lettered-at"
     /// Header carrying how many attempts of a job have failed transiently.
     public static let attemptHeader = "x-attune-attempt"
 

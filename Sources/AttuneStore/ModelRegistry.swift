@@ -70,7 +70,7 @@ public final class ModelRegistry {
 
     private static let versionColumns = """
         v.user_id, v.model, v.version, v.base_version, v.parent_version, v.job_id, v.state_lo,
-        v.state_size_bytes, v.loss, v.samples, v.epochs, v.duration_seconds, v.worker,
+        v.state_size_bytes, v.loss, v.samples, v.epochs, v.duration_seconds, v.worker, v.job_digest,
         extract(epoch FROM v.created_at)::float8 AS created_at
         """
 
@@ -179,10 +179,11 @@ public final class ModelRegistry {
                 try conn.query("""
                     INSERT INTO attune_personal_versions
                         (user_id, model, version, base_version, parent_version, job_id, state_lo,
-                         state_size_bytes, loss, samples, epochs, duration_seconds, worker)
-                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                         state_size_bytes, loss, samples, epochs, duration_seconds, worker, job_digest)
+                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
                     """, [v.user, v.model, version, v.baseVersion, v.parentVersion, v.jobId, oid,
-                          Int64(v.state.count), v.loss, v.samples, v.epochs, v.durationSeconds, v.worker])
+                          Int64(v.state.count), v.loss, v.samples, v.epochs, v.durationSeconds, v.worker,
+                          v.jobDigest])
                 try conn.query("""
                     UPDATE attune_personal_heads SET version = $3, updated_at = now()
                     WHERE user_id = $1 AND model = $2
@@ -227,6 +228,7 @@ public final class ModelRegistry {
                               stateSizeBytes: try row.int64("state_size_bytes"), loss: try row.optionalDouble("loss"),
                               samples: try row.int("samples"), epochs: try row.int("epochs"),
                               durationSeconds: try row.double("duration_seconds"), worker: try row.string("worker"),
-                              createdAt: Date(timeIntervalSince1970: try row.double("created_at")))
+                              createdAt: Date(timeIntervalSince1970: try row.double("created_at")),
+                              jobDigest: try row.optionalString("job_digest"))
     }
 }

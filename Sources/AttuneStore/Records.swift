@@ -41,6 +41,8 @@ public struct PersonalVersionRecord: Sendable, Equatable {
     public let durationSeconds: Double
     public let worker: String
     public let createdAt: Date
+    /// Hex SHA-256 of the job's content (`JobDigest`); nil for versions committed before digests were kept.
+    public let jobDigest: String?
 }
 
 /// What a worker commits after an update task.
@@ -58,10 +60,12 @@ public struct NewPersonalVersion: Sendable {
     public var epochs: Int
     public var durationSeconds: Double
     public var worker: String
+    /// The job's content digest, stored so a later job with this id but other content can be refused.
+    public var jobDigest: String?
 
     public init(user: String, model: String, baseVersion: Int, parentVersion: Int, jobId: String,
                 state: Data, loss: Double?, samples: Int, epochs: Int, durationSeconds: Double,
-                worker: String) {
+                worker: String, jobDigest: String? = nil) {
         self.user = user
         self.model = model
         self.baseVersion = baseVersion
@@ -73,6 +77,7 @@ public struct NewPersonalVersion: Sendable {
         self.epochs = epochs
         self.durationSeconds = durationSeconds
         self.worker = worker
+        self.jobDigest = jobDigest
     }
 }
 

@@ -1,3 +1,4 @@
+import AttuneQueue
 import AttuneSpec
 import AttuneStore
 import AttuneTraining
@@ -24,11 +25,12 @@ final class JobProcessor {
             try Identifier.validate(job.jobID, field: "job_id")
             try Identifier.validate(job.userID, field: "user_id")
             try Identifier.validate(job.model, field: "model")
+            let digest = try JobDigest.of(job)
             if let applied = try registry.versionApplied(jobId: job.jobID) {
-                return .alreadyApplied(version: applied.version)
+                return RepeatedJob.outcome(jobId: job.jobID, digest: digest, applied: applied)
             }
             for _ in 0..<maxHeadRaces {
-                if let outcome = try attempt(job, events: events, report: report) { return outcome }
+                if let outcome = try attempt(job, digest: digest, events: events, report: report) { return outcome }
             }
             return .transient(reason: "the head of \(job.model)/\(job.userID) kept moving during \(maxHeadRaces) attempts")
         } catch {
@@ -37,7 +39,7 @@ final class JobProcessor {
     }
 
     /// One training attempt from the current head; nil when another worker moved the head first.
-    private func attempt(_ job: Attune_V1_TrainingJob, events: EventFactory,
+    private func attempt(_ job: Attune_V1_TrainingJob, digest: String, events: EventFactory,
                          report: @escaping (Attune_V1_Event) -> Void) throws -> JobOutcome? {
         let head = try registry.head(user: job.userID, model: job.model)
         let baseVersion = try resolveBaseVersion(job: job, headBase: head?.baseVersion)
@@ -72,12 +74,12 @@ final class JobProcessor {
             user: job.userID, model: job.model, baseVersion: baseVersion, parentVersion: parentVersion,
             jobId: job.jobID, state: try result.state.serializedData(), loss: result.finalLoss,
             samples: result.samples, epochs: result.epochs, durationSeconds: result.durationSeconds,
-            worker: configuration.workerName))
+            worker: configuration.workerName, jobDigest: digest))
         switch outcome {
         case .committed(let version):
             return .committed(version: version, loss: result.finalLoss, durationSeconds: result.durationSeconds)
         case .duplicate(let existing):
-            return .alreadyApplied(version: existing.version)
+            return RepeatedJob.outcome(jobId: job.jobID, digest: digest, applied: existing)
         case .headMoved:
             return nil
         }

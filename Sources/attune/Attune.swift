@@ -8,7 +8,7 @@ struct Attune: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "attune",
         abstract: "Personalizes Core ML updatable models per user on a fleet of workers.",
-        subcommands: [Migrate.self, Model.self, Enqueue.self, WorkerCommand.self, Watch.self,
+        subcommands: [Migrate.self, Model.self, Enqueue.self, WorkerCommand.self, Watch.self, Dlq.self,
                       ImageTensorCommand.self])
 
     static func bootstrapLogging() {

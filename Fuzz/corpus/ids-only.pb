@@ -1,0 +1,2 @@
+
+seed-idsdavedigits

@@ -1,0 +1,200 @@
+import AttuneSpec
+import Foundation
+
+/// One message in the dead-letter queue, as the tools show it.
+public struct DeadLetter: Sendable, Equatable {
+    /// Who decided the job was dead.
+    public enum ReasonSource: String, Sendable {
+        /// A worker refused it and said why in `x-attune-reason`.
+        case worker
+        /// RabbitMQ dead-lettered it (delivery limit, rejection, expiry) and recorded that in `x-death`.
+        case broker
+        /// Nothing says why: someone published it to `attune.dead` by hand.
+        case unknown
+    }
+
+    /// 1 for the head of the queue: the order replay and workers would see.
+    public let position: Int
+    /// The job id from the body, else the message id; empty when neither is there.
+    public let jobId: String
+    /// Empty when the body does not decode.
+    public let userId: String
+    public let model: String
+    public let reason: String
+    public let reasonSource: ReasonSource
+    /// Failed attempts before it was dead-lettered, when recorded.
+    public let attempts: Int?
+    public let deadLetteredAt: Date?
+    public let bodyBytes: Int
+    public let contentType: String?
+
+    public var encoding: MessageEncoding? { contentType.flatMap(MessageEncoding.init(contentType:)) }
+
+    init(position: Int, delivery: Delivery) {
+        self.position = position
+        let job = try? JobCodec.decode(delivery.body, contentType: delivery.contentType)
+        jobId = job.map(\.jobID).flatMap { $0.isEmpty ? nil : $0 } ?? delivery.messageId ?? ""
+        userId = job?.userID ?? ""
+        model = job?.model ?? ""
+        bodyBytes = delivery.body.count
+        contentType = delivery.contentType
+        let headers = delivery.headers
+        attempts = Int(headers[Topology.attemptHeader] ?? "") ?? Int(headers["x-delivery-count"] ?? "")
+
+        if let reason = headers[Topology.reasonHeader] {
+            self.reason = reason
+            reasonSource = .worker
+        } else if let death = delivery.brokerDeath {
+            self.reason = Self.explain(death)
+            reasonSource = .broker
+        } else if let reason = headers["x-first-death-reason"] {
+            // x-death could not be read (another shape than RabbitMQ's); its summary header still says why.
+            self.reason = "dead-lettered by the broker: \(reason) in queue \(headers["x-first-death-queue"] ?? "?")"
+            reasonSource = .broker
+        } else {
+            self.reason = "no reason recorded: the message was published to \(Topology.deadExchange) directly"
+            reasonSource = .unknown
+        }
+        if let millis = headers[Topology.deadLetteredAtHeader].flatMap(Double.init) {
+            deadLetteredAt = Date(timeIntervalSince1970: millis / 1000)
+        } else {
+            deadLetteredAt = delivery.brokerDeath?.time
+        }
+    }
+
+    static func explain(_ death: BrokerDeath) -> String {
+        let what: String
+        switch death.reason {
+        case "delivery_limit":
+            what = "delivered \(Topology.deliveryLimit) times without an ack (each time its worker crashed, "
+                + "was killed or lost its connection mid-job)"
+        case "rejected": what = "rejected without requeue"
+        case "expired": what = "its time to live ran out"
+        case "maxlen": what = "the queue was over its length limit"
+        default: what = death.reason
+        }
+        return "dead-lettered by the broker from queue \(death.queue): \(what)"
+    }
+
+    /// True when this letter is the job `id` (by its body's job id or its message id).
+    func matches(jobId id: String, delivery: Delivery) -> Bool {
+        jobId == id || delivery.messageId == id
+    }
+}
+
+/// The dead-letter queue as a tool: look at it, send jobs back, or delete them.
+///
+/// Browsing: each call opens its own connection, consumes the queue with manual acks and takes as many
+/// messages as the queue held when it started (a passive declare counts them). What it does not remove
+/// it leaves unacked, and closing the connection hands every unacked message back to the queue. The
+/// dead queue is a classic queue, where a requeued message returns to its old place, so listing keeps the
+/// order, and a replay or purge of one job leaves the others in their order. Messages dead-lettered while
+/// a call runs are left alone.
+///
+/// Replay publishes with confirms and only then acks: a crash in between leaves the job in both queues
+/// rather than in neither, and the worker's job-id check applies it once.
+public final class DeadLetterQueue {
+    public let url: String
+    public let queue: String
+    /// How long to wait for a message that the count promised before deciding another consumer has it.
+    public var patience: TimeInterval = 2
+
+    public init(url: String, queue: String = Topology.deadQueue) {
+        self.url = url
+        self.queue = queue
+    }
+
+    /// Messages now in the queue, from the head; at most `limit` of them.
+    public func list(limit: Int? = nil) throws -> [DeadLetter] {
+        var letters: [DeadLetter] = []
+        try browse(prefetch: limit) { letter, _, _ in
+            letters.append(letter)
+            return limit.map { letters.count < $0 } ?? true
+        }
+        return letters
+    }
+
+    /// Sends dead jobs back to `attune.jobs` without the headers that record their failure: the one job
+    /// `jobId` (every copy of it), or all of them when nil. Returns what moved, in queue order.
+    @discardableResult
+    public func replay(jobId: String?) throws -> [DeadLetter] {
+        var moved: [DeadLetter] = []
+        try browse(prefetch: nil) { letter, delivery, connection in
+            guard jobId.map({ letter.matches(jobId: $0, delivery: delivery) }) ?? true else { return true }
+            try connection.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey,
+                                   body: delivery.body, contentType: delivery.contentType ?? "",
+                                   headers: Self.withoutFailureHeaders(delivery.headers),
+                                   messageId: delivery.messageId, mandatory: true)
+            try connection.ack(delivery.deliveryTag)
+            moved.append(letter)
+            return true
+        }
+        return moved
+    }
+
+    /// Deletes dead jobs for good: every copy of `jobId`, or everything when nil. Returns how many.
+    @discardableResult
+    public func purge(jobId: String?) throws -> Int {
+        guard let jobId else {
+            let connection = try connect()
+            defer { connection.close() }
+            return try connection.purge(queue)
+        }
+        var deleted = 0
+        try browse(prefetch: nil) { letter, delivery, connection in
+            if letter.matches(jobId: jobId, delivery: delivery) {
+                try connection.ack(delivery.deliveryTag)
+                deleted += 1
+            }
+            return true
+        }
+        return deleted
+    }
+
+    /// The headers a replayed job keeps: everything but what its failure added.
+    static func withoutFailureHeaders(_ headers: [String: String]) -> [String: String] {
+        headers.filter { key, _ in
+            !(key == Topology.reasonHeader || key == Topology.attemptHeader || key == Topology.deadLetteredAtHeader
+                || key == "x-delivery-count" || key.hasPrefix("x-first-death-") || key.hasPrefix("x-last-death-"))
+        }
+    }
+
+    private func connect() throws -> AMQPConnection {
+        let connection = try AMQPConnection(url: url, connectionName: "attune-dlq")
+        do {
+            try connection.declareTopology()
+            try connection.enableConfirms()
+            return connection
+        } catch {
+            connection.close()
+            throw error
+        }
+    }
+
+    /// Hands each message now in the queue to `visit`, from the head, until `visit` returns false. `visit`
+    /// acks what it removes; everything else goes back when the connection closes.
+    private func browse(prefetch: Int?,
+                        visit: (DeadLetter, Delivery, AMQPConnection) throws -> Bool) throws {
+        let connection = try connect()
+        defer { connection.close() }
+        let count = try connection.queueDepth(queue).messages
+        guard count > 0 else { return }
+        // Unmatched messages stay unacked until the end, so replay and purge need them all in flight at once.
+        try connection.setPrefetch(UInt16(clamping: prefetch.map { min($0, count) } ?? 0))
+        try connection.consume(queue: queue)
+        var seen = 0
+        while seen < count {
+            guard let delivery = try waitForDelivery(connection) else { return }
+            seen += 1
+            if try !visit(DeadLetter(position: seen, delivery: delivery), delivery, connection) { return }
+        }
+    }
+
+    private func waitForDelivery(_ connection: AMQPConnection) throws -> Delivery? {
+        let deadline = Date().addingTimeInterval(patience)
+        repeat {
+            if let delivery = try connection.nextDelivery(timeout: 0.2) { return delivery }
+        } while Date() < deadline
+        return nil
+    }
+}

@@ -1,0 +1,156 @@
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+import AttuneWorker
+import Foundation
+import XCTest
+
+/// Jobs written to break a worker: each is dead-lettered with a reason that says what is wrong and
+/// reported `failed`, the worker goes on, and the next good job completes.
+final class HostileInputTests: XCTestCase {
+    private func assertRefused(reasonContains expected: [String], file: StaticString = #filePath, line: UInt = #line,
+                               publish: (FleetHarness) throws -> Void) throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        fleet.startWorker(fleet.configuration())
+        try publish(fleet)
+        let good = Digits.job(user: "after_hostile", model: fleet.model, rows: 0..<20, epochs: 1)
+        try fleet.publish(good)
+
+        let events = try fleet.events(untilEnded: 2)
+        let failed = try XCTUnwrap(events.first { $0.kind == .failed }, "no failed event", file: file, line: line)
+        XCTAssertFalse(failed.willRetry, file: file, line: line)
+        for word in expected {
+            XCTAssertTrue(failed.reason.contains(word), "reason lacks '\(word)': \(failed.reason)", file: file, line: line)
+        }
+        XCTAssertEqual(events.last { $0.kind == .completed }?.jobID, good.jobID, "the worker should go on",
+                       file: file, line: line)
+        let letters = try fleet.deadLetters(expected: 1)
+        XCTAssertEqual(letters.count, 1, file: file, line: line)
+        XCTAssertEqual(letters.first?.headers[Topology.reasonHeader], failed.reason, file: file, line: line)
+    }
+
+    func testProtobufWithAHugeDeclaredLength() throws {
+        try assertRefused(reasonContains: ["protobuf"]) { fleet in
+            // samples (field 5) declared 2^40 bytes long; five bytes follow.
+            let body = Data([0x2A, 0x80, 0x80, 0x80, 0x80, 0x80, 0x20, 1, 2, 3, 4, 5])
+            try fleet.publish(body: body, contentType: "application/x-protobuf", messageId: "huge-length")
+        }
+    }
+
+    func testJSONNestedThousandsDeep() throws {
+        try assertRefused(reasonContains: ["JSON"]) { fleet in
+            let depth = 50_000
+            let text = #"{"jobId": "deep", "userId": "u", "model": "\#(fleet.model)", "samples": "#
+                + String(repeating: "[", count: depth) + String(repeating: "]", count: depth) + "}"
+            try fleet.publish(body: Data(text.utf8), contentType: "application/json", messageId: "deep")
+        }
+    }
+
+    func testJSONWithSamplesAsAString() throws {
+        try assertRefused(reasonContains: ["JSON", "field \"samples\"", "type"]) { fleet in
+            let text = #"{"jobId": "wrong-type", "userId": "u", "model": "\#(fleet.model)", "samples": "all of them"}"#
+            try fleet.publish(body: Data(text.utf8), contentType: "application/json", messageId: "wrong-type")
+        }
+    }
+
+    func testJSONNaNInASample() throws {
+        try assertRefused(reasonContains: ["finite", "sample 1"]) { fleet in
+            var job = Digits.job(user: "nan_json", model: fleet.model, rows: 0..<3)
+            job.samples[1].features["pixels"]!.multiArray.values[5] = .nan
+            // The JSON mapping writes it as the string "NaN".
+            let (body, _) = try JobCodec.encode(job, as: .json)
+            XCTAssertTrue(String(decoding: body, as: UTF8.self).contains("\"NaN\""))
+            try fleet.publish(body: body, contentType: "application/json", messageId: job.jobID)
+        }
+    }
+
+    func testUserIdCarryingSQL() throws {
+        let fleet = try FleetHarness()
+        let before = try fleet.registry.connection.query("SELECT count(*) FROM attune_personal_versions").int(0, 0)
+        fleet.stop()
+        try assertRefused(reasonContains: ["user_id", "not allowed"]) { fleet in
+            try fleet.publish(Digits.job(user: "x'; drop table attune_personal_versions; --", model: fleet.model,
+                                         rows: 0..<5), as: .json)
+        }
+        // The table is still there, with one more version: the good job's.
+        let after = try fleet.registry.connection.query("SELECT count(*) FROM attune_personal_versions").int(0, 0)
+        XCTAssertEqual(after, before + 1)
+    }
+
+    func testUserIdsThatWouldEscapeTheirRoutingKey() throws {
+        for user in ["a.b", "*", "alice.#", "bob\u{0}", "ü"] {
+            try assertRefused(reasonContains: ["user_id"]) { fleet in
+                try fleet.publish(Digits.job(user: user, model: fleet.model, rows: 0..<5))
+            }
+        }
+    }
+
+    func testModelNameWithAWildcard() throws {
+        try assertRefused(reasonContains: ["model"]) { fleet in
+            try fleet.publish(Digits.job(user: "u", model: fleet.model + ".*", rows: 0..<5))
+        }
+    }
+}
+
+/// A job id names one job: the same id again with the same content is a redelivery (applied once), with
+/// other content it is refused, naming the id and the version it was applied as.
+final class RepeatedJobIdTests: XCTestCase {
+    func testSameIdWithOtherContentIsRefusedAndSameContentIsADuplicate() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        fleet.startWorker(fleet.configuration())
+        let original = Digits.job(id: "reused-\(UUID().uuidString.prefix(8))", user: "carol", model: fleet.model,
+                                  rows: 0..<20, epochs: 1)
+        try fleet.publish(original)
+        let first = try fleet.events(untilEnded: 1)
+        XCTAssertEqual(first.last?.kind, .completed)
+        XCTAssertEqual(first.last?.version, 1)
+
+        var changed = original
+        changed.samples = Array(original.samples.reversed())
+        try fleet.publish(changed)
+        let refused = try fleet.events(untilEnded: 1)
+        let failed = try XCTUnwrap(refused.last)
+        XCTAssertEqual(failed.kind, .failed)
+        XCTAssertFalse(failed.willRetry)
+        XCTAssertTrue(failed.reason.contains(original.jobID), failed.reason)
+        XCTAssertTrue(failed.reason.contains("version 1"), failed.reason)
+        XCTAssertTrue(failed.reason.contains("new job id"), failed.reason)
+
+        // Same content, other encoding: a redelivery, acked and reported as a duplicate.
+        try fleet.publish(original, as: .json)
+        let again = try fleet.events(untilEnded: 1)
+        XCTAssertEqual(again.last?.kind, .completed)
+        XCTAssertEqual(again.last?.duplicate, true)
+        XCTAssertEqual(again.last?.version, 1)
+
+        XCTAssertEqual(try fleet.registry.history(user: "carol", model: fleet.model).map(\.jobId), [original.jobID])
+        XCTAssertEqual(try fleet.registry.versionApplied(jobId: original.jobID)?.jobDigest, try JobDigest.of(original))
+        let letters = try fleet.deadLetters(expected: 1)
+        XCTAssertEqual(letters.count, 1)
+        XCTAssertEqual(try letters.first.map { try JobCodec.decode($0.body, contentType: $0.contentType) }, changed)
+    }
+
+    func testTwoContentsOfOneIdRacingOnTwoSlotsApplyOnlyOne() throws {
+        // Both may pass the check before training; the loser then learns at commit that the id is taken.
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        fleet.startWorker(fleet.configuration(concurrency: 2))
+        let id = "raced-\(UUID().uuidString.prefix(8))"
+        let first = Digits.job(id: id, user: "frank", model: fleet.model, rows: 0..<40, epochs: 2)
+        var second = first
+        second.samples = Array(first.samples.reversed())
+        try fleet.publish(first)
+        try fleet.publish(second, as: .json)
+
+        let ended = try fleet.events(untilEnded: 2).filter { $0.kind == .completed || $0.kind == .failed }
+        XCTAssertEqual(ended.filter { $0.kind == .completed }.count, 1, "\(ended)")
+        let failed = try XCTUnwrap(ended.first { $0.kind == .failed })
+        XCTAssertTrue(failed.reason.contains(id) && failed.reason.contains("version 1"), failed.reason)
+        let history = try fleet.registry.history(user: "frank", model: fleet.model)
+        XCTAssertEqual(history.count, 1)
+        let stored = try XCTUnwrap(history.first?.jobDigest)
+        XCTAssertTrue([try JobDigest.of(first), try JobDigest.of(second)].contains(stored))
+    }
+}
