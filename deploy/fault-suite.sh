@@ -13,7 +13,7 @@
 # folder (logs, jobs.jsonl, events.jsonl) in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=3000 users=60 hot=3 workers=4 kills=8 sigterms=3 bad=15 samples=20 epochs=2 timeout=900
+jobs=3000 users=60 hot=3 workers=4 kills=8 sigterms=3 bad=15 samples=20 epochs= timeout=900
 build=release keep=0
 while (($#)); do
   case "$1" in
@@ -93,7 +93,7 @@ watcher=$!
 sleep 1
 
 "$attune" audit record --model digits --jobs-file "$work/jobs.jsonl" --csv examples/data/digits.csv.gz \
-  --jobs "$jobs" --users "$users" --hot "$hot" --samples-per-job "$samples" --epochs "$epochs" --bad "$bad"
+  --jobs "$jobs" --users "$users" --hot "$hot" --samples-per-job "$samples" ${epochs:+--epochs "$epochs"} --bad "$bad"
 
 generation=0
 start_worker() {
@@ -155,8 +155,13 @@ mapfile -t plan < <(printf '%s\n' "${plan[@]}" | sort -n)
 deadline=$(( $(date +%s) + timeout ))
 for step in "${plan[@]}"; do
   threshold=${step% *} action=${step#* }
-  while (( $(versions) < threshold )); do
-    (( $(date +%s) < deadline )) || { echo "FAIL: the run stalled before $action at $threshold versions" >&2; exit 1; }
+  last=-1 since=$(date +%s)
+  while now=$(versions); (( now < threshold )); do
+    if (( now != last )); then last=$now since=$(date +%s); fi
+    if (( $(date +%s) > deadline || $(date +%s) - since > 120 )); then
+      echo "FAIL: the run stalled at $now versions, waiting for $threshold to $action" >&2
+      exit 1
+    fi
     sleep 0.3
   done
   chaos "$action"

@@ -18,7 +18,8 @@ final class WorkerSlot {
     private var logger: Logger
     private var broker: AMQPConnection?
     private var processor: JobProcessor?
-    private var reconnectBackoff = Backoff()
+    // Capped at 10 s: a broker restart takes 10-20 s, and a slot should be back soon after it.
+    private var reconnectBackoff = Backoff(initial: 0.5, maximum: 10)
     /// Pause after a transiently failed job (PostgreSQL away, typically) so a slot does not sweep the
     /// whole queue into the retry queues in a second. Short: the broker is not serviced while pausing.
     private var transientBackoff: Backoff

@@ -34,12 +34,12 @@ extension Audit {
         @Option(help: "How many of the users are hot.") var hot: Int = 2
         @Option(help: "Share of the jobs that go to the hot users.") var hotShare: Double = 0.5
         @Option(help: "Samples per job.") var samplesPerJob: Int = 20
-        @Option(help: "Epochs per job.") var epochs: Int = 2
+        @Option(help: "Epochs per job (default: the model's own; the model may allow no other).") var epochs: Int?
         @Option(help: "Jobs made unusable on purpose (a label the model lacks), to be dead-lettered.") var bad: Int = 0
 
         func validate() throws {
             guard jobs > 0, users > 0, (0...users).contains(hot), (0...1).contains(hotShare), samplesPerJob > 0,
-                  epochs > 0, (0...jobs).contains(bad) else {
+                  (epochs ?? 1) > 0, (0...jobs).contains(bad) else {
                 throw ValidationError("need jobs > 0, users > 0, 0 <= hot <= users, 0 <= hot-share <= 1, 0 <= bad <= jobs")
             }
         }
@@ -69,7 +69,7 @@ extension Audit {
                 if badIndices.contains(index), let label = samples.labelFeature as String? {
                     job.samples[0].features[label]?.stringValue = "not-a-class"
                 }
-                job.parameters.epochs = Int64(epochs)
+                if let epochs { job.parameters.epochs = Int64(epochs) }
                 job.parameters.shuffle = true
                 job.parameters.seed = Int64(index + 1)
                 // The copy is on disk before the broker has the job, so no published job lacks one.
