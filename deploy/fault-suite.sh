@@ -13,7 +13,7 @@
 # folder (logs, jobs.jsonl, events.jsonl) in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=3000 users=60 hot=3 workers=4 kills=8 sigterms=3 bad=15 samples=20 epochs= timeout=900
+jobs=3000 users=60 hot=3 workers=4 kills=8 sigterms=3 bad=15 samples=100 epochs= timeout=900
 build=release keep=0
 while (($#)); do
   case "$1" in

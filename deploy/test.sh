@@ -18,3 +18,9 @@ swift build --build-tests 2>&1 | tail -n 3
 echo "build took $(( $(date +%s) - start )) s" >&2
 # XCTest only: a Swift Testing summary of "0 tests" would close the output and misreport the run.
 swift test --skip-build --disable-swift-testing "$@"
+# The fault suite, bounded (about a minute): workers SIGKILLed and SIGTERMed, PostgreSQL and RabbitMQ
+# each restarted once, then every job checked. Skipped when arguments narrow the run to some tests.
+if [ $# -eq 0 ]; then
+  deploy/fault-suite.sh --debug --jobs 300 --users 20 --hot 2 --workers 3 --kills 3 --sigterms 2 --bad 5 \
+    --samples 40 --timeout 170
+fi

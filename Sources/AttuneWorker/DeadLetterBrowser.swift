@@ -7,6 +7,12 @@ public struct DeadLetter: Sendable, Equatable {
     public let jobID: String
     public let userID: String
     public let reason: String
+
+    public init(jobID: String, userID: String, reason: String) {
+        self.jobID = jobID
+        self.userID = userID
+        self.reason = reason
+    }
 }
 
 /// Reads the dead-letter queue without taking anything out of it. The audit's only way to the queue,
