@@ -7,13 +7,13 @@
 # Prints the counts; exits non-zero on any violation.
 #
 #   deploy/fault-suite.sh [--jobs N] [--users U] [--hot H] [--workers W] [--kills K] [--sigterms T]
-#                         [--bad B] [--samples S] [--epochs E] [--timeout SECONDS] [--debug] [--keep]
+#                         [--bad B] [--republish R] [--samples S] [--epochs E] [--timeout SECONDS] [--debug] [--keep]
 #
 # --debug uses the debug binary `swift build` made (CI); otherwise a release build. --keep leaves the
 # folder (logs, jobs.jsonl, events.jsonl) in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=3000 users=60 hot=3 workers=4 kills=8 sigterms=3 bad=15 samples=100 epochs= timeout=900
+jobs=3000 users=60 hot=3 workers=4 kills=8 sigterms=3 bad=15 republish=30 samples=100 epochs= timeout=900
 build=release keep=0
 while (($#)); do
   case "$1" in
@@ -24,6 +24,7 @@ while (($#)); do
     --kills) kills=$2; shift ;;
     --sigterms) sigterms=$2; shift ;;
     --bad) bad=$2; shift ;;
+    --republish) republish=$2; shift ;;
     --samples) samples=$2; shift ;;
     --epochs) epochs=$2; shift ;;
     --timeout) timeout=$2; shift ;;
@@ -93,7 +94,8 @@ watcher=$!
 sleep 1
 
 "$attune" audit record --model digits --jobs-file "$work/jobs.jsonl" --csv examples/data/digits.csv.gz \
-  --jobs "$jobs" --users "$users" --hot "$hot" --samples-per-job "$samples" ${epochs:+--epochs "$epochs"} --bad "$bad"
+  --jobs "$jobs" --users "$users" --hot "$hot" --samples-per-job "$samples" ${epochs:+--epochs "$epochs"} --bad "$bad" \
+  --republish "$republish"
 
 generation=0
 start_worker() {

@@ -22,5 +22,5 @@ swift test --skip-build --disable-swift-testing "$@"
 # each restarted once, then every job checked. Skipped when arguments narrow the run to some tests.
 if [ $# -eq 0 ]; then
   deploy/fault-suite.sh --debug --jobs 300 --users 20 --hot 2 --workers 3 --kills 3 --sigterms 2 --bad 5 \
-    --samples 40 --timeout 170
+    --republish 10 --samples 40 --timeout 170
 fi

@@ -36,6 +36,8 @@ extension Audit {
         @Option(help: "Samples per job.") var samplesPerJob: Int = 20
         @Option(help: "Epochs per job (default: the model's own; the model may allow no other).") var epochs: Int?
         @Option(help: "Jobs made unusable on purpose (a label the model lacks), to be dead-lettered.") var bad: Int = 0
+        @Option(help: "Jobs published a second time with the same id, as a producer unsure of a confirm would.")
+        var republish: Int = 0
 
         func validate() throws {
             guard jobs > 0, users > 0, (0...users).contains(hot), (0...1).contains(hotShare), samplesPerJob > 0,
@@ -59,6 +61,7 @@ extension Audit {
             try connection.declareTopology()
             try connection.enableConfirms()
             let badIndices = Set((0..<jobs).shuffled().prefix(bad))
+            var bodies: [(id: String, body: Data, contentType: String)] = []
             for index in 0..<jobs {
                 var job = Attune_V1_TrainingJob()
                 job.jobID = UUID().uuidString.lowercased()
@@ -77,8 +80,15 @@ extension Audit {
                 let (body, contentType) = try JobCodec.encode(job, as: .protobuf)
                 try connection.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey,
                                        body: body, contentType: contentType, messageId: job.jobID, mandatory: true)
+                bodies.append((job.jobID, body, contentType))
             }
-            print("published \(jobs) jobs for \(users) users (\(hot) hot with \(Int(hotShare * 100))% of the jobs, \(bad) bad)")
+            for again in bodies.shuffled().prefix(republish) {
+                try connection.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey,
+                                       body: again.body, contentType: again.contentType, messageId: again.id,
+                                       mandatory: true)
+            }
+            print("published \(jobs) jobs for \(users) users (\(hot) hot with \(Int(hotShare * 100))% of the jobs, "
+                  + "\(bad) bad), \(republish) of them twice")
         }
 
         private func user(for index: Int) -> String {
