@@ -6,14 +6,14 @@
 # that every user's model equals a sequential replay of its jobs, and that no large object is orphaned.
 # Prints the counts; exits non-zero on any violation.
 #
-#   deploy/fault-suite.sh [--jobs N] [--users U] [--hot H] [--workers W] [--kills K] [--sigterms T]
+#   deploy/fault-suite.sh [--jobs N] [--users U] [--hot H] [--workers W] [--concurrency C] [--kills K] [--sigterms T]
 #                         [--bad B] [--republish R] [--samples S] [--epochs E] [--timeout SECONDS] [--debug] [--keep]
 #
 # --debug uses the debug binary `swift build` made (CI); otherwise a release build. --keep leaves the
 # folder (logs, jobs.jsonl, events.jsonl) in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=3000 users=60 hot=3 workers=4 kills=8 sigterms=3 bad=15 republish=30 samples=100 epochs= timeout=900
+jobs=3000 users=60 hot=3 workers=4 concurrency=1 kills=8 sigterms=3 bad=15 republish=30 samples=100 epochs= timeout=900
 build=release keep=0
 while (($#)); do
   case "$1" in
@@ -21,6 +21,7 @@ while (($#)); do
     --users) users=$2; shift ;;
     --hot) hot=$2; shift ;;
     --workers) workers=$2; shift ;;
+    --concurrency) concurrency=$2; shift ;;
     --kills) kills=$2; shift ;;
     --sigterms) sigterms=$2; shift ;;
     --bad) bad=$2; shift ;;
@@ -101,12 +102,12 @@ generation=0
 start_worker() {
   local slot=$1
   generation=$((generation + 1))
-  "$attune" worker --no-migrate --name "fault-$slot-$generation" --heartbeat 5 --shutdown-deadline 3 \
+  "$attune" worker --no-migrate --name "fault-$slot-$generation" --concurrency "$concurrency" --heartbeat 5 --shutdown-deadline 3 \
     >>"$work/worker-$slot.log" 2>&1 &
   pid[$slot]=$!
 }
 for ((w = 1; w <= workers; w++)); do start_worker "$w"; done
-say "started $workers workers"
+say "started $workers workers of $concurrency slot(s)"
 
 versions() {
   psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT count(*) FROM attune_personal_versions" 2>/dev/null || echo 0
@@ -207,7 +208,7 @@ echo "workers killed       $killed (SIGKILL)"
 echo "workers stopped      $terminated by SIGTERM mid-run, $((${#stopped[@]} - terminated)) at the end; non-zero exits: $term_failures"
 [ -f "$work/term-times" ] && echo "SIGTERM to exit (s)  $(sort -n -k2 "$work/term-times" | awk '{print $2}' | tr '\n' ' ')"
 echo "server restarts      PostgreSQL $pg_restarts, RabbitMQ $amqp_restarts"
-echo "took                 $elapsed s"
+echo "took                 $elapsed s (from the servers being up to the end of the audit)"
 (( term_failures == 0 )) || status=1
 if (( status == 0 )); then echo "fault suite: PASS"; else echo "fault suite: FAIL"; fi
 exit "$status"
