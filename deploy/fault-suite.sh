@@ -45,6 +45,7 @@ attune=$PWD/.build/$build/attune
 work=$(mktemp -d /tmp/attune-fault.XXXXXX)
 chmod 755 "$work"
 declare -A pid=()        # worker slot -> pid of its current process
+declare -A name=()       # worker slot -> name of its current process
 stopped=()               # pids sent SIGTERM by the chaos loop
 watcher=
 cleanup() {
@@ -102,7 +103,8 @@ generation=0
 start_worker() {
   local slot=$1
   generation=$((generation + 1))
-  "$attune" worker --no-migrate --name "fault-$slot-$generation" --concurrency "$concurrency" --heartbeat 5 --shutdown-deadline 3 \
+  name[$slot]=fault-$slot-$generation
+  "$attune" worker --no-migrate --name "${name[$slot]}" --concurrency "$concurrency" --heartbeat 5 --shutdown-deadline 3 \
     >>"$work/worker-$slot.log" 2>&1 &
   pid[$slot]=$!
 }
@@ -113,6 +115,17 @@ versions() {
   psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT count(*) FROM attune_personal_versions" 2>/dev/null || echo 0
 }
 random_slot() { echo $((RANDOM % workers + 1)); }
+# A process owns SIGTERM only once its service group runs (the worker then logs "starting"); before
+# that the default action ends it with status 143. It holds no job then, but the suite asks for exit 0.
+await_started() {
+  local slot=$1 i
+  for ((i = 0; i < 200; i++)); do
+    grep -q "worker ${name[$slot]} starting" "$work/worker-$slot.log" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "FAIL: worker ${name[$slot]} did not start within 20 s" >&2
+  return 1
+}
 killed=0 terminated=0 pg_restarts=0 amqp_restarts=0
 chaos() {
   case "$1" in
@@ -125,6 +138,7 @@ chaos() {
       start_worker "$slot" ;;
     term)
       local slot; slot=$(random_slot)
+      await_started "$slot"
       kill -TERM "${pid[$slot]}" && terminated=$((terminated + 1))
       stopped+=("${pid[$slot]}")
       local p=${pid[$slot]} sent; sent=$(date +%s.%N)
@@ -173,7 +187,11 @@ say "chaos done: $killed killed, $terminated stopped, $pg_restarts PostgreSQL an
 
 status=0
 "$attune" audit wait --model digits --jobs-file "$work/jobs.jsonl" --timeout $(( deadline - $(date +%s) )) || status=1
-for slot in "${!pid[@]}"; do kill -TERM "${pid[$slot]}" 2>/dev/null || true; stopped+=("${pid[$slot]}"); done
+for slot in "${!pid[@]}"; do
+  await_started "$slot" || status=1
+  kill -TERM "${pid[$slot]}" 2>/dev/null || true
+  stopped+=("${pid[$slot]}")
+done
 term_failures=0
 for p in "${stopped[@]}"; do
   wait "$p" || { echo "FAIL: worker pid $p exited $? after SIGTERM" >&2; term_failures=$((term_failures + 1)); }
