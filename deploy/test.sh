@@ -19,3 +19,9 @@ echo "build took $(( $(date +%s) - start )) s" >&2
 # XCTest only: a Swift Testing summary of "0 tests" would close the output and misreport the run.
 # The throughput benchmarks print figures only; deploy/bench-training.sh runs them in a release build.
 swift test --skip-build --disable-swift-testing --skip ThroughputBenchmarks "$@"
+# The fault suite, bounded (about a minute): workers SIGKILLed and SIGTERMed, PostgreSQL and RabbitMQ
+# each restarted once, then every job checked. Skipped when arguments narrow the run to some tests.
+if [ $# -eq 0 ]; then
+  deploy/fault-suite.sh --debug --jobs 300 --users 20 --hot 2 --workers 3 --kills 3 --sigterms 2 --bad 5 \
+    --republish 10 --samples 40 --timeout 170
+fi

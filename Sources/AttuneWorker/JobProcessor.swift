@@ -19,7 +19,9 @@ final class JobProcessor {
         self.configuration = configuration
     }
 
-    func process(_ job: Attune_V1_TrainingJob, report: @escaping (Attune_V1_Event) -> Void) -> JobOutcome {
+    /// `isCancelled` is asked before every mini-batch; a cancelled task ends as `.transient` with nothing committed.
+    func process(_ job: Attune_V1_TrainingJob, report: @escaping (Attune_V1_Event) -> Void,
+                 isCancelled: @escaping () -> Bool = { false }) -> JobOutcome {
         let events = EventFactory(job: job, worker: configuration.workerName)
         do {
             try Identifier.validate(job.jobID, field: "job_id")
@@ -30,7 +32,8 @@ final class JobProcessor {
                 return RepeatedJob.outcome(jobId: job.jobID, digest: digest, applied: applied)
             }
             for _ in 0..<maxHeadRaces {
-                if let outcome = try attempt(job, digest: digest, events: events, report: report) { return outcome }
+                if let outcome = try attempt(job, digest: digest, events: events, report: report,
+                                             isCancelled: isCancelled) { return outcome }
             }
             return .transient(reason: "the head of \(job.model)/\(job.userID) kept moving during \(maxHeadRaces) attempts")
         } catch {
@@ -40,7 +43,8 @@ final class JobProcessor {
 
     /// One training attempt from the current head; nil when another worker moved the head first.
     private func attempt(_ job: Attune_V1_TrainingJob, digest: String, events: EventFactory,
-                         report: @escaping (Attune_V1_Event) -> Void) throws -> JobOutcome? {
+                         report: @escaping (Attune_V1_Event) -> Void,
+                         isCancelled: @escaping () -> Bool) throws -> JobOutcome? {
         let head = try registry.head(user: job.userID, model: job.model)
         let baseVersion = try resolveBaseVersion(job: job, headBase: head?.baseVersion)
         let model = try baseModel(name: job.model, version: baseVersion)
@@ -68,7 +72,7 @@ final class JobProcessor {
                     $0.epoch = Int64(epoch); $0.epochs = Int64(parameters.epochs); $0.loss = loss
                 })
             }
-        })
+        }, isCancelled: isCancelled)
 
         let outcome = try registry.commitVersion(NewPersonalVersion(
             user: job.userID, model: job.model, baseVersion: baseVersion, parentVersion: parentVersion,

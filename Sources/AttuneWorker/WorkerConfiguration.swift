@@ -14,11 +14,17 @@ public struct WorkerConfiguration: Sendable {
     public var miniBatchEventInterval: TimeInterval
     /// AMQP heartbeat; the slot keeps servicing it while a task trains on another thread.
     public var heartbeatSeconds: Int
+    /// Longest an update task may train before it is cancelled and its job dead-lettered; nil: no limit.
+    /// Keep it below RabbitMQ's `consumer_timeout` (30 min in deploy/rabbitmq.sh, the broker's own
+    /// default too): a delivery left unacked longer makes the broker close the slot's channel, and the
+    /// job would be redelivered and time out again until its delivery limit dead-letters it without a reason.
+    public var maxTaskSeconds: TimeInterval?
 
     public init(databaseURL: String, amqpURL: String, concurrency: Int = 1,
                 workerName: String = WorkerConfiguration.defaultWorkerName(),
                 limits: JobLimits = JobLimits(), retry: RetryPolicy = RetryPolicy(),
-                miniBatchEventInterval: TimeInterval = 0.5, heartbeatSeconds: Int = 30) {
+                miniBatchEventInterval: TimeInterval = 0.5, heartbeatSeconds: Int = 30,
+                maxTaskSeconds: TimeInterval? = WorkerConfiguration.defaultMaxTaskSeconds) {
         self.databaseURL = databaseURL
         self.amqpURL = amqpURL
         self.concurrency = concurrency
@@ -27,7 +33,11 @@ public struct WorkerConfiguration: Sendable {
         self.retry = retry
         self.miniBatchEventInterval = miniBatchEventInterval
         self.heartbeatSeconds = heartbeatSeconds
+        self.maxTaskSeconds = maxTaskSeconds
     }
+
+    /// 25 minutes: five below the 30-minute `consumer_timeout`, leaving room for loading and the commit.
+    public static let defaultMaxTaskSeconds: TimeInterval = 25 * 60
 
     public static func defaultWorkerName() -> String {
         "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"

@@ -6,39 +6,58 @@ import Logging
 
 /// One job at a time, on its own thread, with its own AMQP and PostgreSQL connections (neither client
 /// library is thread-safe). The loop: take a delivery, decode it, process it while keeping the broker
-/// connection serviced, then settle it with exactly one of ack / dead-letter / retry, and report how it ended.
+/// connection serviced, then settle it with exactly one of ack / dead-letter / retry / requeue, and
+/// report how it ended.
+///
+/// Why nothing is lost or applied twice: the version and the job id are committed in one transaction
+/// before the ack, so a crash before the commit leaves the delivery unacked (the broker hands it out
+/// again) and a crash after it makes the redelivery find its version and be acked as a duplicate.
 final class WorkerSlot {
     private let configuration: WorkerConfiguration
-    private let stop: StopSignal
+    private let control: SlotControl
     private var logger: Logger
     private var broker: AMQPConnection?
     private var processor: JobProcessor?
-    private var backoff = Backoff()
+    // Capped at 10 s: a broker restart takes 10-20 s, and a slot should be back soon after it.
+    private var reconnectBackoff = Backoff(initial: 0.5, maximum: 10)
+    /// Pause after a transiently failed job (PostgreSQL away, typically) so a slot does not sweep the
+    /// whole queue into the retry queues in a second. Short: the broker is not serviced while pausing.
+    private var transientBackoff: Backoff
 
-    init(index: Int, configuration: WorkerConfiguration, stop: StopSignal, logger: Logger) {
+    init(index: Int, configuration: WorkerConfiguration, control: SlotControl, logger: Logger) {
         self.configuration = configuration
-        self.stop = stop
+        self.control = control
         self.logger = logger
         self.logger[metadataKey: "slot"] = "\(index)"
+        let longestPause = max(0.5, min(5, Double(configuration.heartbeatSeconds) / 2))
+        transientBackoff = Backoff(initial: min(0.25, longestPause), maximum: longestPause)
     }
 
     func run() {
-        while !stop.isSet {
+        while !control.isStopping {
             do {
                 let broker = try connectedBroker()
                 guard let delivery = try broker.nextDelivery(timeout: 0.5) else { continue }
-                try handle(delivery, on: broker)
-                backoff.reset()
+                if control.isStopping {
+                    // Arrived after the stop request: another worker should start it.
+                    try broker.reject(delivery.deliveryTag, requeue: true)
+                    break
+                }
+                let failedTransiently = try handle(delivery, on: broker)
+                reconnectBackoff.reset()
+                if failedTransiently { control.sleep(transientBackoff.next()) } else { transientBackoff.reset() }
             } catch {
-                logger.warning("slot lost its connections, reconnecting: \(error)")
+                // The broker connection is gone; the broker requeues whatever this slot had not settled.
+                logger.warning("slot lost its broker connection, reconnecting: \(error)")
                 disconnect()
-                stop.sleep(backoff.next())
+                control.sleep(reconnectBackoff.next())
             }
         }
         disconnect()
     }
 
-    private func handle(_ delivery: Delivery, on broker: AMQPConnection) throws {
+    /// Settles one delivery; true when it failed transiently (retried later or given up on).
+    private func handle(_ delivery: Delivery, on broker: AMQPConnection) throws -> Bool {
         let job: Attune_V1_TrainingJob
         do {
             job = try JobCodec.decode(delivery.body, contentType: delivery.contentType,
@@ -46,23 +65,41 @@ final class WorkerSlot {
         } catch {
             var unreadable = Attune_V1_TrainingJob()
             unreadable.jobID = delivery.messageId ?? ""
-            return try settle(delivery, job: unreadable, outcome: FailureClassifier.outcome(for: error), on: broker)
+            let outcome = FailureClassifier.outcome(for: error)
+            try settle(delivery, job: unreadable, as: .outcome(outcome), on: broker)
+            return false
         }
-        let outcome = try process(job, whileServicing: broker)
-        try settle(delivery, job: job, outcome: outcome, on: broker)
+        let settlement = try process(job, whileServicing: broker)
+        try settle(delivery, job: job, as: settlement, on: broker)
+        if case .outcome(.transient) = settlement { return true }
+        return false
     }
 
-    /// Training runs on another thread so this one can keep publishing progress and answering heartbeats.
-    private func process(_ job: Attune_V1_TrainingJob, whileServicing broker: AMQPConnection) throws -> JobOutcome {
-        let processor = try connectedProcessor()
+    /// Training runs on another thread so this one can keep publishing progress, answering heartbeats,
+    /// and cancelling the task when the worker shuts down or the task runs past its time budget.
+    private func process(_ job: Attune_V1_TrainingJob, whileServicing broker: AMQPConnection) throws -> Settlement {
+        let processor: JobProcessor
+        do {
+            processor = try connectedProcessor()
+        } catch {
+            return .outcome(.transient(reason: "cannot connect to PostgreSQL: \(error)"))
+        }
         let run = JobRun()
-        let thread = Thread { run.finish(processor.process(job, report: run.post)) }
+        let started = Date()
+        let thread = Thread { run.finish(processor.process(job, report: run.post, isCancelled: { run.isCancelled })) }
         thread.stackSize = 16 << 20
         thread.start()
         var brokerError: Error?
         var lastServiced = Date()
         while true {
             run.waitForNews(timeout: 0.05)
+            if !run.isCancelled {
+                if control.isAbandoning {
+                    run.cancel(.shutdown)
+                } else if let budget = configuration.maxTaskSeconds, Date().timeIntervalSince(started) > budget {
+                    run.cancel(.overBudget(seconds: budget))
+                }
+            }
             let finished = run.outcome
             let events = run.drainEvents()
             if brokerError == nil {
@@ -80,17 +117,42 @@ final class WorkerSlot {
                     brokerError = error
                 }
             }
-            if let finished {
-                if let brokerError { throw brokerError }
-                if case .transient = finished { self.processor = nil }
-                return finished
+            guard let finished else { continue }
+            if let brokerError { throw brokerError }
+            guard case .transient = finished else { return .outcome(finished) }
+            switch run.cancellation {
+            case .shutdown:
+                return .requeue
+            case .overBudget(let seconds):
+                return .outcome(.rejected(reason: Self.overBudgetReason(seconds)))
+            case nil:
+                self.processor = nil
+                return .outcome(finished)
             }
         }
     }
 
-    private func settle(_ delivery: Delivery, job: Attune_V1_TrainingJob, outcome: JobOutcome,
+    static func overBudgetReason(_ seconds: TimeInterval) -> String {
+        "training ran past the worker's budget of \(Int(seconds)) s (--max-task-seconds) and was cancelled; "
+            + "nothing was committed. The budget stays below RabbitMQ's consumer_timeout, which would close the "
+            + "channel of a delivery unacked for longer: send fewer samples or epochs per job, or raise "
+            + "consumer_timeout on the broker and --max-task-seconds with it"
+    }
+
+    private func settle(_ delivery: Delivery, job: Attune_V1_TrainingJob, as settlement: Settlement,
                         on broker: AMQPConnection) throws {
         let events = EventFactory(job: job, worker: configuration.workerName)
+        let outcome: JobOutcome
+        switch settlement {
+        case .requeue:
+            try broker.reject(delivery.deliveryTag, requeue: true)
+            let reason = "worker \(configuration.workerName) shut down before the job finished; requeued uncommitted"
+            logger.info("job \(job.jobID) \(reason)")
+            try publish(events.make(.failed) { $0.reason = reason; $0.willRetry = true }, on: broker)
+            return
+        case .outcome(let settled):
+            outcome = settled
+        }
         switch outcome {
         case .committed(let version, let loss, let duration):
             try broker.ack(delivery.deliveryTag)
@@ -108,7 +170,7 @@ final class WorkerSlot {
             logger.warning("job \(job.jobID) dead-lettered: \(reason)")
             try publish(events.make(.failed) { $0.reason = reason; $0.willRetry = false }, on: broker)
         case .transient(let reason):
-            let attempt = (Int(delivery.headers["x-attune-attempt"] ?? "") ?? 0) + 1
+            let attempt = (Int(delivery.headers[Topology.attemptHeader] ?? "") ?? 0) + 1
             let willRetry = attempt < configuration.retry.maxAttempts
             if willRetry {
                 try broker.retryLater(delivery, delayMs: configuration.retry.delayMs(afterAttempt: attempt),
@@ -134,6 +196,8 @@ final class WorkerSlot {
                                             connectionName: configuration.workerName)
         try connection.declareTopology()
         try connection.enableConfirms()
+        // One unacked delivery per slot: while a job is in hand the broker sends this slot nothing else,
+        // so stopping needs no basic.cancel, and closing the connection returns at most one job.
         try connection.setPrefetch(1)
         try connection.consume(queue: Topology.jobsQueue)
         broker = connection
@@ -155,11 +219,27 @@ final class WorkerSlot {
     }
 }
 
-/// What the job thread hands back to the slot thread: events as they happen, then the outcome.
+/// How the slot ends a delivery: by the job's outcome, or by handing it back untouched (shutdown).
+enum Settlement {
+    case outcome(JobOutcome)
+    case requeue
+}
+
+/// Why the slot cancelled a running task.
+enum Cancellation: Equatable {
+    /// The worker is shutting down past its deadline: requeue the job for another worker.
+    case shutdown
+    /// The task ran past `WorkerConfiguration.maxTaskSeconds`: the job is too big; dead-letter it.
+    case overBudget(seconds: TimeInterval)
+}
+
+/// What the job thread and the slot thread share: events as they happen, then the outcome; and the
+/// other way, a request to cancel the task.
 final class JobRun: @unchecked Sendable {
     private let condition = NSCondition()
     private var events: [Attune_V1_Event] = []
     private var result: JobOutcome?
+    private var cancelled: Cancellation?
 
     func post(_ event: Attune_V1_Event) {
         condition.withLock {
@@ -175,7 +255,13 @@ final class JobRun: @unchecked Sendable {
         }
     }
 
+    func cancel(_ why: Cancellation) {
+        condition.withLock { if cancelled == nil { cancelled = why } }
+    }
+
     var outcome: JobOutcome? { condition.withLock { result } }
+    var cancellation: Cancellation? { condition.withLock { cancelled } }
+    var isCancelled: Bool { cancellation != nil }
 
     /// Returns as soon as there is an event or an outcome to collect, or after `timeout`.
     func waitForNews(timeout: TimeInterval) {
@@ -190,14 +276,4 @@ final class JobRun: @unchecked Sendable {
             return events
         }
     }
-}
-
-/// Reconnection delays: 0.5 s doubling to 30 s, reset after a job is handled.
-struct Backoff {
-    private var current: TimeInterval = 0.5
-    mutating func next() -> TimeInterval {
-        defer { current = min(current * 2, 30) }
-        return current
-    }
-    mutating func reset() { current = 0.5 }
 }

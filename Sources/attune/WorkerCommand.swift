@@ -2,11 +2,17 @@ import ArgumentParser
 import AttuneWorker
 import Foundation
 import Logging
+import ServiceLifecycle
 
-struct WorkerCommand: ParsableCommand {
+struct WorkerCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "worker",
-        abstract: "Consume training jobs until SIGTERM or SIGINT, then finish the jobs in hand and exit 0.")
+        abstract: "Consume training jobs until SIGTERM or SIGINT, then finish the jobs in hand and exit 0.",
+        discussion: """
+            On SIGTERM or SIGINT the worker stops taking deliveries and lets the jobs in hand finish. Jobs \
+            still training after --shutdown-deadline seconds are cancelled and requeued uncommitted, for \
+            another worker to take; the worker then exits 0.
+            """)
 
     @OptionGroup var database: DatabaseOptions
     @OptionGroup var broker: BrokerOptions
@@ -15,9 +21,23 @@ struct WorkerCommand: ParsableCommand {
     @Option(help: "Most samples one job may carry.") var maxSamples: Int = 10_000
     @Option(help: "Largest job body accepted, in bytes.") var maxBodyBytes: Int = 16 << 20
     @Option(help: "Transient failures retried this many times before dead-lettering.") var maxAttempts: Int = 8
+    @Option(help: "After SIGTERM or SIGINT, seconds the jobs in hand may take before they are requeued.")
+    var shutdownDeadline: Double = 25
+    @Option(help: """
+        Seconds one update task may train before it is cancelled and its job dead-lettered (0: no limit). \
+        Keep it below the broker's consumer_timeout.
+        """)
+    var maxTaskSeconds: Double = WorkerConfiguration.defaultMaxTaskSeconds
+    @Option(help: "AMQP heartbeat interval in seconds.") var heartbeat: Int = 30
     @Flag(help: "Skip applying migrations at start.") var noMigrate = false
 
-    func run() throws {
+    func validate() throws {
+        guard shutdownDeadline >= 0 else { throw ValidationError("--shutdown-deadline must be 0 or more seconds") }
+        guard maxTaskSeconds >= 0 else { throw ValidationError("--max-task-seconds must be 0 (no limit) or more") }
+        guard (1...65_535).contains(heartbeat) else { throw ValidationError("--heartbeat must lie in 1...65535") }
+    }
+
+    func run() async throws {
         Attune.bootstrapLogging()
         let logger = Logger(label: "attune.worker")
         if !noMigrate {
@@ -29,18 +49,47 @@ struct WorkerCommand: ParsableCommand {
         if let name { configuration.workerName = name }
         configuration.limits = JobLimits(maxSamples: maxSamples, maxBodyBytes: maxBodyBytes)
         configuration.retry.maxAttempts = maxAttempts
-        let worker = Worker(configuration: configuration, logger: logger)
-        let signals = [SIGTERM, SIGINT].map { number -> DispatchSourceSignal in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler {
-                logger.info("signal \(number): finishing jobs in hand, then exiting")
+        configuration.heartbeatSeconds = heartbeat
+        configuration.maxTaskSeconds = maxTaskSeconds > 0 ? maxTaskSeconds : nil
+
+        // The service group owns the signals: the first SIGTERM or SIGINT starts a graceful shutdown, and
+        // past the deadline the group cancels the service, which abandons the jobs still in hand.
+        var groupConfiguration = ServiceGroupConfiguration(
+            services: [.init(service: WorkerService(worker: Worker(configuration: configuration, logger: logger)))],
+            gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        groupConfiguration.maximumGracefulShutdownDuration = .milliseconds(Int64(shutdownDeadline * 1000))
+        // Abandoning takes one mini-batch and, at worst, a commit already under way.
+        groupConfiguration.maximumCancellationDuration = .seconds(60)
+        try await ServiceGroup(configuration: groupConfiguration).run()
+    }
+}
+
+/// The thread-per-slot `Worker` as a service: it runs on threads of its own (its C clients block), and
+/// this bridges the group's graceful shutdown and cancellation to the worker's two ways of stopping.
+struct WorkerService: Service, CustomStringConvertible {
+    let worker: Worker
+
+    var description: String { "attune worker" }
+
+    func run() async throws {
+        let worker = self.worker
+        await withTaskCancellationHandler {
+            await withGracefulShutdownHandler {
+                await withCheckedContinuation { (finished: CheckedContinuation<Void, Never>) in
+                    let thread = Thread {
+                        worker.run()
+                        finished.resume()
+                    }
+                    thread.name = "attune-worker"
+                    thread.start()
+                }
+            } onGracefulShutdown: {
+                Logger(label: "attune.worker").info("shutdown requested: finishing the jobs in hand")
                 worker.requestStop()
             }
-            source.resume()
-            return source
+        } onCancel: {
+            Logger(label: "attune.worker").warning("shutdown deadline passed: requeueing the jobs still in hand")
+            worker.abandonJobsInHand()
         }
-        worker.run()
-        signals.forEach { $0.cancel() }
     }
 }

@@ -1,0 +1,21 @@
+import Foundation
+
+/// Reconnection delays: `initial` doubling up to `maximum`, reset once the slot has handled a job.
+struct Backoff {
+    private let initial: TimeInterval
+    private let maximum: TimeInterval
+    private var current: TimeInterval
+
+    init(initial: TimeInterval = 0.5, maximum: TimeInterval = 30) {
+        self.initial = initial
+        self.maximum = maximum
+        self.current = initial
+    }
+
+    mutating func next() -> TimeInterval {
+        defer { current = min(current * 2, maximum) }
+        return current
+    }
+
+    mutating func reset() { current = initial }
+}
