@@ -30,6 +30,21 @@ public struct DeadLetter: Sendable, Equatable {
 
     public var encoding: MessageEncoding? { contentType.flatMap(MessageEncoding.init(contentType:)) }
 
+    public init(position: Int = 1, jobId: String, userId: String, model: String = "", reason: String,
+                reasonSource: ReasonSource = .worker, attempts: Int? = nil, deadLetteredAt: Date? = nil,
+                bodyBytes: Int = 0, contentType: String? = nil) {
+        self.position = position
+        self.jobId = jobId
+        self.userId = userId
+        self.model = model
+        self.reason = reason
+        self.reasonSource = reasonSource
+        self.attempts = attempts
+        self.deadLetteredAt = deadLetteredAt
+        self.bodyBytes = bodyBytes
+        self.contentType = contentType
+    }
+
     init(position: Int, delivery: Delivery) {
         self.position = position
         let job = try? JobCodec.decode(delivery.body, contentType: delivery.contentType)

@@ -1,3 +1,4 @@
+import AttuneQueue
 import AttuneSpec
 import AttuneStore
 import AttuneTraining
@@ -81,7 +82,7 @@ public struct FleetAudit {
         let published = Set(byID.keys)
         let committed = try committedJobs()
         let committedIDs = Set(committed.map(\.jobID))
-        let deadIDs = Set(deadLetters.map(\.jobID))
+        let deadIDs = Set(deadLetters.map(\.jobId))
         report.published = published.count
         report.versions = committed.count
         report.deadLettered = deadIDs.count

@@ -138,7 +138,7 @@ extension Audit {
             let registry = try database.registry()
             defer { registry.connection.close() }
             var ended = Set(try FleetAudit(registry: registry, model: model).committedJobs().map(\.jobID))
-            ended.formUnion(try DeadLetterBrowser.browse(amqpURL: broker.resolved()).map(\.jobID))
+            ended.formUnion(try DeadLetterQueue(url: broker.resolved()).list().map(\.jobId))
             let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-audit-wait")
             defer { connection.close() }
             var waiting = try connection.queueDepth(Topology.jobsQueue).messages
@@ -163,7 +163,7 @@ extension Audit {
             let registry = try database.registry()
             defer { registry.connection.close() }
             let report = try FleetAudit(registry: registry, model: model)
-                .check(jobs: jobs, deadLetters: DeadLetterBrowser.browse(amqpURL: broker.resolved()))
+                .check(jobs: jobs, deadLetters: DeadLetterQueue(url: broker.resolved()).list())
             report.lines.forEach { print($0) }
             if !report.violations.isEmpty { throw ExitCode(1) }
         }

@@ -39,7 +39,7 @@ final class AuditTests: XCTestCase {
         XCTAssertEqual(try audit.check(jobs: jobs + [neverRun], deadLetters: []).lost, ["never-run"])
         XCTAssertEqual(try audit.check(jobs: Array(jobs.dropLast()), deadLetters: []).versionsWithoutJob,
                        [jobs[3].jobID])
-        let letter = DeadLetter(jobID: jobs[2].jobID, userID: "ben", reason: "test")
+        let letter = DeadLetter(jobId: jobs[2].jobID, userId: "ben", reason: "test")
         XCTAssertEqual(try audit.check(jobs: jobs, deadLetters: [letter]).inBoth, [jobs[2].jobID])
 
         // The same job with another seed would have trained to other weights: the replay must say so.
