@@ -55,18 +55,8 @@ struct SampleReader: Sendable {
 
     func read(_ value: Attune_V1_FeatureValue, sample: Int, into buffer: inout [Float],
               at offset: Int) throws(InvalidTrainingInput) {
-        guard case .multiArray(let array)? = value.kind else {
-            throw .wrongType(sample: sample, feature: inputName, expected: "a multiArray", found: Self.kindName(value))
-        }
-        guard array.values.count == inputWidth, array.shape.isEmpty || array.shape == inputShape.map(Int64.init) else {
-            throw .wrongShape(sample: sample, feature: inputName, expected: inputShape, shape: array.shape,
-                              valueCount: array.values.count)
-        }
-        for (j, v) in array.values.enumerated() {
-            let f = Float(v)
-            guard v.isFinite, f.isFinite else { throw .nonFinite(sample: sample, feature: inputName, index: j) }
-            buffer[offset + j] = f
-        }
+        try FeatureReading.multiArray(value, feature: inputName, shape: inputShape, sample: sample, into: &buffer,
+                                      at: offset)
     }
 
     func label(_ value: Attune_V1_FeatureValue, sample: Int) throws(InvalidTrainingInput) -> ClassLabel {
@@ -75,18 +65,7 @@ struct SampleReader: Sendable {
         case (.int64Value(let n)?, .int64): return .int64(n)
         default:
             throw .wrongType(sample: sample, feature: labelFeatureName, expected: labelKind.typeName,
-                             found: Self.kindName(value))
-        }
-    }
-
-    static func kindName(_ value: Attune_V1_FeatureValue) -> String {
-        switch value.kind {
-        case .doubleValue?: return "a double"
-        case .int64Value?: return "an int64"
-        case .stringValue?: return "a string"
-        case .multiArray?: return "a multiArray"
-        case .image?: return "an image"
-        case nil: return "an empty value"
+                             found: FeatureReading.kindName(value))
         }
     }
 }

@@ -31,7 +31,7 @@ extension NeuralNetworkModel {
                 // Mean squared error on a classifier compares the output with the label's one-hot row.
                 if wantsValues { targetValues[i * outputWidth + index] = 1 }
             case .values(let shape):
-                try readArray(label, feature: labelFeatureName, shape: shape, sample: i, into: &targetValues,
+                try FeatureReading.multiArray(label, feature: labelFeatureName, shape: shape, sample: i, into: &targetValues,
                               at: i * outputWidth)
             }
         }
@@ -42,11 +42,11 @@ extension NeuralNetworkModel {
     func readInput(_ value: Attune_V1_FeatureValue, sample: Int, into buffer: inout [Float],
                    at offset: Int) throws(InvalidTrainingInput) {
         guard let imageInput else {
-            return try readArray(value, feature: inputName, shape: inputShape, sample: sample, into: &buffer, at: offset)
+            return try FeatureReading.multiArray(value, feature: inputName, shape: inputShape, sample: sample, into: &buffer, at: offset)
         }
         guard case .image(let bytes)? = value.kind else {
             throw .wrongType(sample: sample, feature: inputName, expected: "an image (PNG or JPEG bytes)",
-                             found: Self.kindName(value))
+                             found: FeatureReading.kindName(value))
         }
         let tensor: [Float]
         do { tensor = try imageInput.tensor(from: bytes) } catch {
@@ -58,24 +58,6 @@ extension NeuralNetworkModel {
         buffer.replaceSubrange(offset..<(offset + tensor.count), with: tensor)
     }
 
-    /// Copies a multiArray feature of `shape` (which the sample may omit) into `buffer` as float32.
-    func readArray(_ value: Attune_V1_FeatureValue, feature: String, shape: [Int], sample: Int,
-                   into buffer: inout [Float], at offset: Int) throws(InvalidTrainingInput) {
-        guard case .multiArray(let array)? = value.kind else {
-            throw .wrongType(sample: sample, feature: feature, expected: "a multiArray", found: Self.kindName(value))
-        }
-        let width = shape.reduce(1, *)
-        guard array.values.count == width, array.shape.isEmpty || array.shape == shape.map(Int64.init) else {
-            throw .wrongShape(sample: sample, feature: feature, expected: shape, shape: array.shape,
-                              valueCount: array.values.count)
-        }
-        for (j, v) in array.values.enumerated() {
-            let f = Float(v)
-            guard v.isFinite, f.isFinite else { throw .nonFinite(sample: sample, feature: feature, index: j) }
-            buffer[offset + j] = f
-        }
-    }
-
     func classIndex(of value: Attune_V1_FeatureValue, sample: Int) throws(InvalidTrainingInput) -> Int {
         let label: ClassLabel
         switch (value.kind, classLabels[0]) {
@@ -83,23 +65,12 @@ extension NeuralNetworkModel {
         case (.int64Value(let n)?, .int64): label = .int64(n)
         default:
             throw .wrongType(sample: sample, feature: labelFeatureName, expected: Self.labelTypeName(classLabels[0]),
-                             found: Self.kindName(value))
+                             found: FeatureReading.kindName(value))
         }
         guard let index = labelIndex[label] else {
             throw .unknownLabel(sample: sample, feature: labelFeatureName, label: label.description,
                                 known: classLabels.map(\.description))
         }
         return index
-    }
-
-    static func kindName(_ value: Attune_V1_FeatureValue) -> String {
-        switch value.kind {
-        case .doubleValue?: return "a double"
-        case .int64Value?: return "an int64"
-        case .stringValue?: return "a string"
-        case .multiArray?: return "a multiArray"
-        case .image?: return "an image"
-        case nil: return "an empty value"
-        }
     }
 }
