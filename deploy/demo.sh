@@ -51,4 +51,17 @@ echo "== alice's held-out digits that her personal model reads differently from 
 echo "== alice's versions"
 "$attune" model history --name digits --user alice
 "$attune" model export --name digits --user alice -o "$work/alice.mlmodel"
+
+echo "== a k-nearest-neighbours doodle classifier learns a label it never had: dana draws five stars"
+"$attune" model import Tests/Fixtures/digits-knn-updatable.mlmodel --name doodles
+"$attune" enqueue --model doodles --user dana --csv "$data" --rows 1500:1560 --format json >/dev/null
+"$attune" enqueue --model doodles --user dana --csv examples/data/stars.csv --rows 0:5 >/dev/null
+for _ in $(seq 100); do
+  [ "$("$attune" model history --name doodles --user dana | tail -n +2 | wc -l)" -ge 2 ] && break
+  sleep 0.2
+done
+"$attune" model history --name doodles --user dana
+echo "== two new star drawings, and two of dana's held-out digits"
+"$attune" model predict --name doodles --user dana --csv examples/data/stars.csv --rows 5:7 --compare
+"$attune" model predict --name doodles --user dana --csv "$data" --rows 1560:1562 --compare | tail -n +2
 echo "== stopping workers (SIGTERM)"

@@ -75,7 +75,10 @@ extension Model {
         }
 
         private func ranked(_ p: Prediction, classes: [ClassLabel]) -> [(ClassLabel, Double)] {
-            Array(zip(classes, p.probabilities).sorted { $0.1 > $1.1 }.prefix(max(top, 1)))
+            // The predicted class leads its ties: a k-NN breaks a tied vote by the nearest neighbour.
+            Array(zip(classes, p.probabilities).sorted {
+                $0.1 != $1.1 ? $0.1 > $1.1 : ($0.0 == p.label && $1.0 != p.label)
+            }.prefix(max(top, 1)))
         }
 
         private func textLine(_ index: Int, _ row: Row, _ p: Prediction, _ before: Prediction?) -> String {
