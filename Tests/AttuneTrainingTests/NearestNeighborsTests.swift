@@ -371,17 +371,15 @@ final class NearestNeighborsTests: XCTestCase {
     }
 
     /// Predictions against the independent NumPy k-NN of Tests/python/reference_knn.py, with 20 samples in
-    /// the base and 40 appended by two updates. Uniform weighting: the reference's labels. Inverse distance:
-    /// the reference weighs by 1/Euclidean distance, Core ML by 1/its distance function (squared
-    /// Euclidean), so there the reference supplies the neighbours (the same for either distance) and the
-    /// test weighs them by 1/d² itself, in float64.
+    /// the base and 40 appended by two updates, uniform and inverse-distance weighting (1/d² with d² the
+    /// index's squared Euclidean distance, as Core ML's distance function is).
     func testPredictionsMatchNumPyReference() throws {
         var random = TestRandom(seed: 21)
         let labels = ["p", "q", "r", "s"]
         let stored = (0..<60).map { _ in random.uniform(count: 5, -1, 1) }
         let storedLabels = stored.map { _ in labels[random.int(4)] }
         let queries = (0..<40).map { _ in random.uniform(count: 5, -1.2, 1.2) }
-        var agreeing = 0, euclideanAgreeing = 0
+        var agreeing = 0
         for inverse in [false, true] {
             for k in [1, 3, 4, 7] {
                 let spec = TestKNN(dimensions: 5, k: Int64(k), inverseDistance: inverse, stored: Array(stored[..<20]),
@@ -393,35 +391,15 @@ final class NearestNeighborsTests: XCTestCase {
                 let reference = try PythonScript.json("reference_knn.py", [
                     "stored": stored.map { $0.map(Double.init) }, "labels": storedLabels,
                     "queries": queries.map { $0.map(Double.init) }, "k": k,
-                    "weighting": inverse ? "inverse_distance" : "uniform",
+                    "weighting": inverse ? "inverse_squared_distance" : "uniform",
                 ])
-                // reference_knn.py answers "labels" (the brief's draft interface said "predictions").
-                let referenceLabels = try XCTUnwrap((reference["labels"] ?? reference["predictions"]) as? [String])
-                let neighbours = try XCTUnwrap(reference["neighbours"] as? [[Int]])
+                let expected = try XCTUnwrap(reference["labels"] as? [String])
                 let predicted = try queries.map { try model.predict(features: features($0.map(Double.init)), state: state).label?.description ?? "" }
-                let expected = inverse
-                    ? zip(queries, neighbours).map { squaredInverseVote($1, query: $0, stored: stored, labels: storedLabels) }
-                    : referenceLabels
                 XCTAssertEqual(predicted, expected, "k \(k) \(inverse ? "inverse distance" : "uniform")")
                 agreeing += zip(predicted, expected).filter { $0 == $1 }.count
-                euclideanAgreeing += zip(predicted, referenceLabels).filter { $0 == $1 }.count
             }
         }
-        print("k-NN reference: \(agreeing) of \(8 * queries.count) predictions as expected; \(euclideanAgreeing) equal "
-            + "reference_knn.py's labels (which weigh inverse distance by the Euclidean distance)")
-    }
-
-    /// The label 1/d² weights elect among `neighbours` (nearest first): exact matches alone when there
-    /// are any; a tie goes to the tied label that appears first.
-    func squaredInverseVote(_ neighbours: [Int], query: [Float], stored: [[Float]], labels: [String]) -> String {
-        let distances = neighbours.map { i in zip(query, stored[i]).reduce(0.0) { $0 + pow(Double($1.0) - Double($1.1), 2) } }
-        let exact = distances.contains(0)
-        var totals: [String: Double] = [:], order: [String] = []
-        for (i, d) in zip(neighbours, distances) where !exact || d == 0 {
-            if totals[labels[i]] == nil { order.append(labels[i]) }
-            totals[labels[i], default: 0] += exact ? 1 : 1 / d
-        }
-        return order.reduce(order[0]) { totals[$1]! > totals[$0]! ? $1 : $0 }
+        print("k-NN reference: \(agreeing) of \(8 * queries.count) predictions equal reference_knn.py's")
     }
 
     /// User A's 100 digits rows in the shared empty k-NN; A's next 100 rows held out.

@@ -4,7 +4,8 @@
 Usage: reference_knn.py PROBLEM.json OUT.json      (or `-` for either to use stdin/stdout)
 
 PROBLEM.json: {"stored": [[float]], "labels": [label per stored row], "queries": [[float]], "k": int,
-               "weighting": "uniform" | "inverse_distance", "default_label": label (optional)}
+               "weighting": "uniform" | "inverse_distance" | "inverse_squared_distance",
+               "default_label": label (optional)}
 OUT.json:     {"labels": [predicted label per query], "neighbours": [[stored row indices, nearest first]]}
 
 Rules (a linear scan, distances in float64):
@@ -12,6 +13,8 @@ Rules (a linear scan, distances in float64):
   equal distances are ordered by stored index, the earlier row first.
 - uniform: each neighbour's vote is 1. inverse_distance: each neighbour's vote is 1/d; a neighbour at
   distance 0 (an exact match) wins outright (the earliest such row when there are several).
+  inverse_squared_distance (Core ML's: its index distance is the squared Euclidean one): each vote is
+  1/d²; when any neighbour is an exact match, only the exact matches vote, 1 each.
 - Tie between labels with the same total vote: the label of the nearest neighbour among the tied labels.
 - No stored rows: default_label (null when not given).
 Labels are returned as given (strings or integers).
@@ -30,13 +33,26 @@ def nearest(stored, query, k):
 
 def predict_one(stored, labels, query, k, weighting):
     order, distances = nearest(stored, query, k)
+    candidates = list(order)
     if weighting == "inverse_distance":
         exact = [i for i in order if distances[i] == 0]
         if exact:
             return labels[exact[0]], order
+    if weighting == "inverse_squared_distance":
+        # Core ML's index distance is the squared Euclidean one; exact matches, if any, vote alone, 1 each.
+        exact = [i for i in order if distances[i] == 0]
+        if exact:
+            candidates = exact
     votes, first_rank = {}, {}
     for rank, i in enumerate(order):
-        weight = 1.0 if weighting == "uniform" else 1.0 / distances[i]
+        if i not in candidates:
+            continue
+        if weighting == "uniform" or distances[i] == 0:
+            weight = 1.0
+        elif weighting == "inverse_distance":
+            weight = 1.0 / distances[i]
+        else:
+            weight = 1.0 / distances[i] ** 2
         key = json.dumps(labels[i])  # strings and integers stay distinct keys
         votes[key] = votes.get(key, 0.0) + weight
         first_rank.setdefault(key, rank)
@@ -48,8 +64,8 @@ def predict_one(stored, labels, query, k, weighting):
 
 def predict(problem):
     weighting = problem.get("weighting", "uniform")
-    if weighting not in ("uniform", "inverse_distance"):
-        raise SystemExit(f"weighting must be uniform or inverse_distance, not {weighting!r}")
+    if weighting not in ("uniform", "inverse_distance", "inverse_squared_distance"):
+        raise SystemExit(f"weighting must be uniform, inverse_distance or inverse_squared_distance, not {weighting!r}")
     k = int(problem["k"])
     if k < 1:
         raise SystemExit("k must be at least 1")
