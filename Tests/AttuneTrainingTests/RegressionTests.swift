@@ -4,24 +4,10 @@ import XCTest
 
 @testable import AttuneTraining
 
-/// Regressors built by coremltools (Tests/python/regressor_fixtures.py): read as declared, trained on real
+/// Regressors built by coremltools (Tests/python/coreml_fixtures.py: digit-value*.mlmodel): read as declared, trained on real
 /// digits rows to predict the digit as a number, evaluated, and exported back into a file coremltools reads.
 /// Fails, never skips, when Python or coremltools is missing: set ATTUNE_PYTHON.
 final class RegressionTests: XCTestCase {
-    static var directory: URL?
-
-    /// Builds the fixtures once per test run, in a temporary folder.
-    func fixture(_ name: String) throws -> CoreML_Specification_Model {
-        if Self.directory == nil {
-            let dir = FileManager.default.temporaryDirectory.appendingPathComponent("attune-regressors-\(UUID().uuidString)")
-            let script = Fixtures.root.appendingPathComponent("Tests/python/regressor_fixtures.py").path
-            _ = try NumPyReference.python([script, dir.path])
-            Self.directory = dir
-        }
-        let data = try Data(contentsOf: Self.directory!.appendingPathComponent(name))
-        return try CoreML_Specification_Model(serializedBytes: data)
-    }
-
     /// Digits rows with the digit as a one-value target "value_true".
     func digitsRegressionSamples(_ range: Range<Int>) throws -> [Attune_V1_Sample] {
         try Fixtures.digitsSamples(range.upperBound)[range].map { row in
@@ -33,7 +19,7 @@ final class RegressionTests: XCTestCase {
     }
 
     func testCoremltoolsRegressorsAreReadAsDeclared() throws {
-        let adam = try UpdatableModel(spec: fixture("digits-regressor.mlmodel"))
+        let adam = try UpdatableModel(spec: CoremlFixtures.spec("digit-value.mlmodel"))
         guard case .neuralNetwork(let network) = adam else { return XCTFail("routed to \(adam)") }
         XCTAssertTrue(network.isRegressor)
         XCTAssertEqual(adam.inputName, "pixels")
@@ -44,7 +30,7 @@ final class RegressionTests: XCTestCase {
                                                          shuffle: true, seed: 3))
         XCTAssertEqual(network.tensorNames, ["hidden.weights", "hidden.bias", "head.weights", "head.bias"])
 
-        let sgd = try UpdatableModel(spec: fixture("digits-regressor-sgd.mlmodel"))
+        let sgd = try UpdatableModel(spec: CoremlFixtures.spec("digit-value-sgd.mlmodel"))
         XCTAssertEqual(sgd.spec.type.map { "\($0)".hasPrefix("neuralNetworkRegressor") }, true)
         XCTAssertEqual(sgd.defaults.optimizer, .sgd(momentum: 0.9))
         XCTAssertEqual(sgd.labelFeatureName, "value_true")
@@ -53,7 +39,7 @@ final class RegressionTests: XCTestCase {
     /// The figure: a digits regressor trained with Adam and mean squared error on 400 rows, measured on 100
     /// held-out rows before and after.
     func testDigitsRegressionLowersHeldOutError() throws {
-        let model = try UpdatableModel(spec: fixture("digits-regressor.mlmodel"))
+        let model = try UpdatableModel(spec: CoremlFixtures.spec("digit-value.mlmodel"))
         let train = try digitsRegressionSamples(0..<400), heldOut = try digitsRegressionSamples(400..<500)
         let batch = try model.prepareBatch(train, maxSamples: 1000)
         XCTAssertEqual(batch.targetValues.count, 400)
@@ -100,7 +86,7 @@ final class RegressionTests: XCTestCase {
     }
 
     func testRegressorWithSGDAndMomentumTrains() throws {
-        let model = try UpdatableModel(spec: fixture("digits-regressor-sgd.mlmodel"))
+        let model = try UpdatableModel(spec: CoremlFixtures.spec("digit-value-sgd.mlmodel"))
         let samples = try digitsRegressionSamples(0..<200)
         let batch = try model.prepareBatch(samples, maxSamples: 1000)
         var losses: [Double] = []

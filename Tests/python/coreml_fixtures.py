@@ -259,6 +259,30 @@ def digits_regressor(out):
            "targets for a digit d: [d/9, (d mod 2)]")
 
 
+def digit_value_regressor(out, name, mode, optimizer, seed=5):
+    """64 -> dense(32) -> ReLU -> dense(1) "value", MSE against "value_true": the digit as a number. As a
+    plain neuralNetwork with Adam, or (mode "regressor") a neuralNetworkRegressor with SGD and momentum."""
+    rng = np.random.default_rng(seed)
+    builder = NeuralNetworkBuilder([("pixels", datatypes.Array(64))], [("value", datatypes.Array(1))], mode=mode)
+    builder.add_inner_product("hidden", rng.normal(0, 0.1, (32, 64)).astype(np.float32), np.zeros(32, np.float32),
+                              64, 32, has_bias=True, input_name="pixels", output_name="hidden_out")
+    builder.add_activation("hidden_relu", "RELU", "hidden_out", "hidden_act")
+    builder.add_inner_product("head", rng.normal(0, 0.1, (1, 32)).astype(np.float32), np.zeros(1, np.float32),
+                              32, 1, has_bias=True, input_name="hidden_act", output_name="value")
+    builder.make_updatable(["hidden", "head"])
+    builder.set_mean_squared_error_loss(name="loss", input_feature=("value", datatypes.Array(1)))
+    if optimizer == "adam":
+        builder.set_adam_optimizer(AdamParams(lr=0.01, batch=16, beta1=0.9, beta2=0.999, eps=1e-8))
+    else:
+        builder.set_sgd_optimizer(SgdParams(lr=0.001, batch=16, momentum=0.9))
+    builder.set_epochs(10, allowed_set=[1, 5, 10, 20])
+    builder.set_shuffle(seed=3)
+    save(builder.spec, out, name)
+    record(name, "neuralNetworkRegressor" if mode == "regressor" else "neuralNetwork", "pixels", [64], "double",
+           "value_true", ["hidden", "head"], f"the digit as a number: 64 -> dense(32) ReLU -> dense(1) 'value', "
+           f"MSE target 'value_true' (double [1]); {optimizer}, batch 16, 10 epochs, shuffle seed 3")
+
+
 # ---------------------------------------------------------------------------------------------------
 # k-NN (e) and pipeline (f)
 
@@ -439,6 +463,8 @@ def build_all(out):
     digits_conv(out)
     conv_updatable(out)
     digits_regressor(out)
+    digit_value_regressor(out, "digit-value.mlmodel", None, "adam")
+    digit_value_regressor(out, "digit-value-sgd.mlmodel", "regressor", "sgd")
     digits_adam(out)
     digits_knn(out, pixels, digits)
     digits_pipeline(out)
