@@ -8,30 +8,8 @@ import XCTest
 /// Jobs written to break a worker: each is dead-lettered with a reason that says what is wrong and
 /// reported `failed`, the worker goes on, and the next good job completes.
 final class HostileInputTests: XCTestCase {
-    private func assertRefused(reasonContains expected: [String], file: StaticString = #filePath, line: UInt = #line,
-                               publish: (FleetHarness) throws -> Void) throws {
-        let fleet = try FleetHarness()
-        defer { fleet.stop() }
-        fleet.startWorker(fleet.configuration())
-        try publish(fleet)
-        let good = Digits.job(user: "after_hostile", model: fleet.model, rows: 0..<20, epochs: 1)
-        try fleet.publish(good)
-
-        let events = try fleet.events(untilEnded: 2)
-        let failed = try XCTUnwrap(events.first { $0.kind == .failed }, "no failed event", file: file, line: line)
-        XCTAssertFalse(failed.willRetry, file: file, line: line)
-        for word in expected {
-            XCTAssertTrue(failed.reason.contains(word), "reason lacks '\(word)': \(failed.reason)", file: file, line: line)
-        }
-        XCTAssertEqual(events.last { $0.kind == .completed }?.jobID, good.jobID, "the worker should go on",
-                       file: file, line: line)
-        let letters = try fleet.deadLetters(expected: 1)
-        XCTAssertEqual(letters.count, 1, file: file, line: line)
-        XCTAssertEqual(letters.first?.headers[Topology.reasonHeader], failed.reason, file: file, line: line)
-    }
-
     func testProtobufWithAHugeDeclaredLength() throws {
-        try assertRefused(reasonContains: ["protobuf"]) { fleet in
+        try assertDeadLetteredAndWorkerGoesOn(reasonContains: ["protobuf"]) { fleet in
             // samples (field 5) declared 2^40 bytes long; five bytes follow.
             let body = Data([0x2A, 0x80, 0x80, 0x80, 0x80, 0x80, 0x20, 1, 2, 3, 4, 5])
             try fleet.publish(body: body, contentType: "application/x-protobuf", messageId: "huge-length")
@@ -39,7 +17,7 @@ final class HostileInputTests: XCTestCase {
     }
 
     func testJSONNestedThousandsDeep() throws {
-        try assertRefused(reasonContains: ["JSON"]) { fleet in
+        try assertDeadLetteredAndWorkerGoesOn(reasonContains: ["JSON"]) { fleet in
             let depth = 50_000
             let text = #"{"jobId": "deep", "userId": "u", "model": "\#(fleet.model)", "samples": "#
                 + String(repeating: "[", count: depth) + String(repeating: "]", count: depth) + "}"
@@ -48,14 +26,14 @@ final class HostileInputTests: XCTestCase {
     }
 
     func testJSONWithSamplesAsAString() throws {
-        try assertRefused(reasonContains: ["JSON", "field \"samples\"", "type"]) { fleet in
+        try assertDeadLetteredAndWorkerGoesOn(reasonContains: ["JSON", "field \"samples\"", "type"]) { fleet in
             let text = #"{"jobId": "wrong-type", "userId": "u", "model": "\#(fleet.model)", "samples": "all of them"}"#
             try fleet.publish(body: Data(text.utf8), contentType: "application/json", messageId: "wrong-type")
         }
     }
 
     func testJSONNaNInASample() throws {
-        try assertRefused(reasonContains: ["finite", "sample 1"]) { fleet in
+        try assertDeadLetteredAndWorkerGoesOn(reasonContains: ["finite", "sample 1"]) { fleet in
             var job = Digits.job(user: "nan_json", model: fleet.model, rows: 0..<3)
             job.samples[1].features["pixels"]!.multiArray.values[5] = .nan
             // The JSON mapping writes it as the string "NaN".
@@ -69,7 +47,7 @@ final class HostileInputTests: XCTestCase {
         let fleet = try FleetHarness()
         let before = try fleet.registry.connection.query("SELECT count(*) FROM attune_personal_versions").int(0, 0)
         fleet.stop()
-        try assertRefused(reasonContains: ["user_id", "not allowed"]) { fleet in
+        try assertDeadLetteredAndWorkerGoesOn(reasonContains: ["user_id", "not allowed"]) { fleet in
             try fleet.publish(Digits.job(user: "x'; drop table attune_personal_versions; --", model: fleet.model,
                                          rows: 0..<5), as: .json)
         }
@@ -80,14 +58,14 @@ final class HostileInputTests: XCTestCase {
 
     func testUserIdsThatWouldEscapeTheirRoutingKey() throws {
         for user in ["a.b", "*", "alice.#", "bob\u{0}", "ü"] {
-            try assertRefused(reasonContains: ["user_id"]) { fleet in
+            try assertDeadLetteredAndWorkerGoesOn(reasonContains: ["user_id"]) { fleet in
                 try fleet.publish(Digits.job(user: user, model: fleet.model, rows: 0..<5))
             }
         }
     }
 
     func testModelNameWithAWildcard() throws {
-        try assertRefused(reasonContains: ["model"]) { fleet in
+        try assertDeadLetteredAndWorkerGoesOn(reasonContains: ["model"]) { fleet in
             try fleet.publish(Digits.job(user: "u", model: fleet.model + ".*", rows: 0..<5))
         }
     }

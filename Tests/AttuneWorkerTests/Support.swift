@@ -207,3 +207,29 @@ final class FleetHarness {
 
     var workerExitStatuses: [Int32] { processes.map(\.terminationStatus) }
 }
+
+/// Publishes what `publish` sends, then a good job, to one worker: the first must be dead-lettered with a
+/// reason holding every one of `expected` (in the `failed` event and in the `x-attune-reason` header, not
+/// to be retried), and the worker must go on to commit the good job.
+func assertDeadLetteredAndWorkerGoesOn(reasonContains expected: [String], file: StaticString = #filePath,
+                                       line: UInt = #line, publish: (FleetHarness) throws -> Void) throws {
+    let fleet = try FleetHarness()
+    defer { fleet.stop() }
+    fleet.startWorker(fleet.configuration())
+    try publish(fleet)
+    let good = Digits.job(user: "after_bad", model: fleet.model, rows: 0..<20, epochs: 1)
+    try fleet.publish(good)
+
+    let events = try fleet.events(untilEnded: 2)
+    let failed = try XCTUnwrap(events.first { $0.kind == .failed }, "no failed event", file: file, line: line)
+    XCTAssertFalse(failed.willRetry, file: file, line: line)
+    for word in expected {
+        XCTAssertTrue(failed.reason.contains(word), "reason lacks '\(word)': \(failed.reason)", file: file, line: line)
+    }
+    XCTAssertEqual(events.last { $0.kind == .completed }?.jobID, good.jobID, "the worker should go on",
+                   file: file, line: line)
+    let letters = try fleet.deadLetters(expected: 1)
+    XCTAssertEqual(letters.count, 1, file: file, line: line)
+    XCTAssertEqual(letters.first?.headers[Topology.reasonHeader], failed.reason, file: file, line: line)
+    XCTAssertEqual(try fleet.registry.history(user: "after_bad", model: fleet.model).count, 1, file: file, line: line)
+}
