@@ -286,9 +286,8 @@ final class GradientTests: XCTestCase {
             let c = random.uniform(count: batch * t.outputs * oh * ow, -1, 1)
             let layer = ConvolutionLayer(
                 name: "conv", specIndex: 0, inputChannels: t.channels, outputChannels: t.outputs,
-                kernelHeight: t.kernel[0], kernelWidth: t.kernel[1], strideHeight: t.stride[0], strideWidth: t.stride[1],
-                input: SpatialSize(height: t.height, width: t.width), output: SpatialSize(height: oh, width: ow),
-                padTop: top, padLeft: left, hasBias: t.bias, weightOffset: 0, biasOffset: w.count, trainable: true)
+                geometry: Self.geometry(t.kernel, t.stride, height: t.height, width: t.width, oh, ow, top, left),
+                hasBias: t.bias, weightOffset: 0, biasOffset: w.count, trainable: true)
             let params = FloatBuffer(w + b), grads = FloatBuffer(count: w.count + b.count)
             let y = FloatBuffer(count: c.count), dx = FloatBuffer(count: x.count)
             let scratch = FloatBuffer(count: layer.scratchCount)
@@ -382,10 +381,9 @@ final class GradientTests: XCTestCase {
             case .max: kind = .max
             case .average(let exclude): kind = .average(excludePadding: exclude)
             }
-            let layer = PoolingLayer(name: "pool", kind: kind, channels: t.channels, kernelHeight: t.kernel[0],
-                                     kernelWidth: t.kernel[1], strideHeight: t.stride[0], strideWidth: t.stride[1],
-                                     input: SpatialSize(height: t.height, width: t.width),
-                                     output: SpatialSize(height: oh, width: ow), padTop: top, padLeft: left)
+            let layer = PoolingLayer(name: "pool", kind: kind, channels: t.channels,
+                                     geometry: Self.geometry(t.kernel, t.stride, height: t.height, width: t.width,
+                                                             oh, ow, top, left))
             let y = FloatBuffer(count: c.count), dx = FloatBuffer(count: x.count)
             x.withUnsafeBufferPointer { xp in
                 c.withUnsafeBufferPointer { cp in
@@ -433,5 +431,16 @@ final class GradientTests: XCTestCase {
         XCTAssertEqual(y.array, x)
         x.withUnsafeBufferPointer { ReshapeLayer.backward(dy: $0.baseAddress!, dx: dx.pointer, count: 12) }
         XCTAssertEqual(dx.array, x)
+    }
+}
+
+extension GradientTests {
+    /// The window geometry of a test case, from the twin computation of its output size and padding.
+    static func geometry(_ kernel: [Int], _ stride: [Int], height: Int, width: Int, _ oh: Int, _ ow: Int,
+                         _ top: Int, _ left: Int) -> WindowGeometry {
+        WindowGeometry(kernel: SpatialSize(height: kernel[0], width: kernel[1]),
+                       stride: SpatialSize(height: stride[0], width: stride[1]),
+                       input: SpatialSize(height: height, width: width), output: SpatialSize(height: oh, width: ow),
+                       padTop: top, padLeft: left)
     }
 }

@@ -38,8 +38,7 @@ extension NeuralNetworkModel {
         case .same(let same)?: padding = try samePadding(same, refuse: refuse)
         case nil: throw refuse("no padding type is set; declare valid or same padding")
         }
-        let (output, padTop, padLeft) = try window(input: input.plane, kernel: kernel, stride: stride, padding: padding,
-                                                   refuse: refuse)
+        let geometry = try window(input: input.plane, kernel: kernel, stride: stride, padding: padding, refuse: refuse)
         let outputs = Int(conv.outputChannels)
         let count = outputs * input.channels * kernel.count
         let weightOffset = parameters.count
@@ -50,9 +49,7 @@ extension NeuralNetworkModel {
         }
         return ConvolutionLayer(
             name: layer.name, specIndex: specIndex, inputChannels: input.channels, outputChannels: outputs,
-            kernelHeight: kernel.height, kernelWidth: kernel.width, strideHeight: stride.height,
-            strideWidth: stride.width, input: input.plane, output: output, padTop: padTop, padLeft: padLeft,
-            hasBias: conv.hasBias_p, weightOffset: weightOffset, biasOffset: biasOffset, trainable: layer.isUpdatable)
+            geometry: geometry, hasBias: conv.hasBias_p, weightOffset: weightOffset, biasOffset: biasOffset, trainable: layer.isUpdatable)
     }
 
     static func readPooling(_ pool: CoreML_Specification_PoolingLayerParams,
@@ -79,11 +76,9 @@ extension NeuralNetworkModel {
             case nil: throw refuse("no padding type is set; declare valid or same padding")
             }
         }
-        let (output, padTop, padLeft) = try window(input: input.plane, kernel: kernel, stride: stride, padding: padding,
-                                                   refuse: refuse)
-        return PoolingLayer(name: layer.name, kind: kind, channels: input.channels, kernelHeight: kernel.height,
-                            kernelWidth: kernel.width, strideHeight: stride.height, strideWidth: stride.width,
-                            input: input.plane, output: output, padTop: padTop, padLeft: padLeft)
+        return PoolingLayer(name: layer.name, kind: kind, channels: input.channels,
+                            geometry: try window(input: input.plane, kernel: kernel, stride: stride, padding: padding,
+                                                 refuse: refuse))
     }
 
     static func readBatchNorm(_ bn: CoreML_Specification_BatchnormLayerParams,
@@ -164,12 +159,14 @@ extension NeuralNetworkModel {
     }
 
     private static func window(input: SpatialSize, kernel: SpatialSize, stride: SpatialSize, padding: WindowPadding,
-                               refuse: (String) -> UnsupportedModel) throws(UnsupportedModel) -> (SpatialSize, Int, Int) {
+                               refuse: (String) -> UnsupportedModel) throws(UnsupportedModel) -> WindowGeometry {
         guard let rows = WindowAxis(input: input.height, kernel: kernel.height, stride: stride.height, padding: padding),
               let columns = WindowAxis(input: input.width, kernel: kernel.width, stride: stride.width, padding: padding)
         else {
             throw refuse("its \(kernel) kernel does not fit the \(input) input with valid padding")
         }
-        return (SpatialSize(height: rows.output, width: columns.output), rows.before, columns.before)
+        return WindowGeometry(kernel: kernel, stride: stride, input: input,
+                              output: SpatialSize(height: rows.output, width: columns.output),
+                              padTop: rows.before, padLeft: columns.before)
     }
 }

@@ -18,21 +18,13 @@ import CBLAS
 // `cols` and `dcols` share one scratch buffer of K·P floats owned by the workspace: the weight gradient
 // uses cols before dcols overwrites it. cols are rebuilt in the backward pass rather than kept from the
 // forward pass, so memory does not grow with the batch.
-struct ConvolutionLayer: Sendable {
+struct ConvolutionLayer: WindowedLayer, Sendable {
     let name: String
     /// Index of the layer in the spec's `layers`, where `applying` writes the weights back.
     let specIndex: Int
     let inputChannels: Int
     let outputChannels: Int
-    let kernelHeight: Int
-    let kernelWidth: Int
-    let strideHeight: Int
-    let strideWidth: Int
-    let input: SpatialSize
-    let output: SpatialSize
-    /// Zero rows above and zero columns left of the image (the rest of the padding is implied by `output`).
-    let padTop: Int
-    let padLeft: Int
+    let geometry: WindowGeometry
     let hasBias: Bool
     let weightOffset: Int
     let biasOffset: Int

@@ -11,7 +11,7 @@
 //
 // The argmax is found again in the backward pass from x, so nothing has to be kept between the passes.
 // Same padding never produces a window without in-image cells (the padding is below a kernel's width).
-struct PoolingLayer: Sendable {
+struct PoolingLayer: WindowedLayer, Sendable {
     enum Kind: Sendable, Equatable {
         case max
         case average(excludePadding: Bool)
@@ -20,14 +20,7 @@ struct PoolingLayer: Sendable {
     let name: String
     let kind: Kind
     let channels: Int
-    let kernelHeight: Int
-    let kernelWidth: Int
-    let strideHeight: Int
-    let strideWidth: Int
-    let input: SpatialSize
-    let output: SpatialSize
-    let padTop: Int
-    let padLeft: Int
+    let geometry: WindowGeometry
 
     var inputWidth: Int { channels * input.count }
     var outputWidth: Int { channels * output.count }

@@ -37,3 +37,30 @@ struct WindowAxis: Sendable, Equatable {
         }
     }
 }
+
+/// Where the windows of a convolution or pooling layer lie on one channel plane.
+struct WindowGeometry: Sendable {
+    let kernel: SpatialSize
+    let stride: SpatialSize
+    let input: SpatialSize
+    let output: SpatialSize
+    /// Zero rows above and zero columns left of the image (the rest of the padding is implied by `output`).
+    let padTop: Int
+    let padLeft: Int
+}
+
+/// A layer that slides a window over each channel plane: its geometry, named as the inner loops use it.
+protocol WindowedLayer {
+    var geometry: WindowGeometry { get }
+}
+
+extension WindowedLayer {
+    var kernelHeight: Int { geometry.kernel.height }
+    var kernelWidth: Int { geometry.kernel.width }
+    var strideHeight: Int { geometry.stride.height }
+    var strideWidth: Int { geometry.stride.width }
+    var input: SpatialSize { geometry.input }
+    var output: SpatialSize { geometry.output }
+    var padTop: Int { geometry.padTop }
+    var padLeft: Int { geometry.padLeft }
+}
