@@ -22,6 +22,36 @@ enum FeatureReading {
         }
     }
 
+    /// Refuses a sample holding any feature besides `expected` (the model input and the label or target).
+    static func refuseOtherFeatures(of sample: Attune_V1_Sample, index: Int,
+                                    expected: [String]) throws(InvalidTrainingInput) {
+        for name in sample.features.keys.sorted() where !expected.contains(name) {
+            throw .unknownFeature(sample: index, feature: name, expected: expected)
+        }
+    }
+
+    /// The sample's feature `name`, which it must carry.
+    static func feature(_ name: String, of sample: Attune_V1_Sample,
+                        index: Int) throws(InvalidTrainingInput) -> Attune_V1_FeatureValue {
+        guard let value = sample.features[name] else { throw .missingFeature(sample: index, feature: name) }
+        return value
+    }
+
+    /// The model's one input when it is a multiArray of a type the engine reads as float32.
+    static func multiArrayInput(_ description: CoreML_Specification_ModelDescription) throws(UnsupportedModel)
+        -> (name: String, array: CoreML_Specification_ArrayFeatureType) {
+        guard description.input.count == 1, let input = description.input.first else {
+            throw .input("the model has \(description.input.count) inputs")
+        }
+        guard case .multiArrayType(let array)? = input.type.type else {
+            throw .input("input '\(input.name)' is not a multiArray")
+        }
+        guard [.float32, .double, .int32].contains(array.dataType) else {
+            throw .input("input '\(input.name)' has data type \(array.dataType)")
+        }
+        return (input.name, array)
+    }
+
     /// How an error names what a sample sent.
     static func kindName(_ value: Attune_V1_FeatureValue) -> String {
         switch value.kind {

@@ -122,18 +122,10 @@ public struct NearestNeighborsModel: Sendable {
 
         // Input and training inputs.
         let description = spec.description_p
-        guard description.input.count == 1, let input = description.input.first else {
-            throw .input("the model has \(description.input.count) inputs")
-        }
-        guard case .multiArrayType(let array)? = input.type.type else {
-            throw .input("input '\(input.name)' is not a multiArray")
-        }
-        guard [.float32, .double, .int32].contains(array.dataType) else {
-            throw .input("input '\(input.name)' has data type \(array.dataType)")
-        }
-        let shape = array.shape.isEmpty ? [dimensions] : array.shape.map { Int(clamping: $0) }
+        let input = try FeatureReading.multiArrayInput(description)
+        let shape = input.array.shape.isEmpty ? [dimensions] : input.array.shape.map { Int(clamping: $0) }
         guard shape.allSatisfy({ $0 > 0 }), shape.reduce(1, *) == dimensions else {
-            throw .input("input '\(input.name)' has shape \(array.shape) but the index has numberOfDimensions \(dimensions)")
+            throw .input("input '\(input.name)' has shape \(input.array.shape) but the index has numberOfDimensions \(dimensions)")
         }
         inputName = input.name
         inputShape = shape

@@ -24,14 +24,9 @@ struct SampleReader: Sendable {
         var targets: [Int] = []
         targets.reserveCapacity(samples.count)
         for (i, sample) in samples.enumerated() {
-            for name in sample.features.keys.sorted() where name != inputName && name != labelFeatureName {
-                throw .unknownFeature(sample: i, feature: name, expected: [inputName, labelFeatureName])
-            }
-            guard let input = sample.features[inputName] else { throw .missingFeature(sample: i, feature: inputName) }
-            try read(input, sample: i, into: &inputs, at: i * width)
-            guard let value = sample.features[labelFeatureName] else {
-                throw .missingFeature(sample: i, feature: labelFeatureName)
-            }
+            try FeatureReading.refuseOtherFeatures(of: sample, index: i, expected: [inputName, labelFeatureName])
+            try read(FeatureReading.feature(inputName, of: sample, index: i), sample: i, into: &inputs, at: i * width)
+            let value = try FeatureReading.feature(labelFeatureName, of: sample, index: i)
             let label = try self.label(value, sample: i)
             if let index = known[label] {
                 targets.append(index)

@@ -16,14 +16,9 @@ extension NeuralNetworkModel {
         let wantsValues = plan.loss == .meanSquaredError
         var targetValues = [Float](repeating: 0, count: wantsValues ? samples.count * outputWidth : 0)
         for (i, sample) in samples.enumerated() {
-            for name in sample.features.keys.sorted() where name != inputName && name != labelFeatureName {
-                throw .unknownFeature(sample: i, feature: name, expected: [inputName, labelFeatureName])
-            }
-            guard let input = sample.features[inputName] else { throw .missingFeature(sample: i, feature: inputName) }
-            try readInput(input, sample: i, into: &inputs, at: i * width)
-            guard let label = sample.features[labelFeatureName] else {
-                throw .missingFeature(sample: i, feature: labelFeatureName)
-            }
+            try FeatureReading.refuseOtherFeatures(of: sample, index: i, expected: [inputName, labelFeatureName])
+            try readInput(FeatureReading.feature(inputName, of: sample, index: i), sample: i, into: &inputs, at: i * width)
+            let label = try FeatureReading.feature(labelFeatureName, of: sample, index: i)
             switch target {
             case .classLabel:
                 let index = try classIndex(of: label, sample: i)
@@ -31,8 +26,8 @@ extension NeuralNetworkModel {
                 // Mean squared error on a classifier compares the output with the label's one-hot row.
                 if wantsValues { targetValues[i * outputWidth + index] = 1 }
             case .values(let shape):
-                try FeatureReading.multiArray(label, feature: labelFeatureName, shape: shape, sample: i, into: &targetValues,
-                              at: i * outputWidth)
+                try FeatureReading.multiArray(label, feature: labelFeatureName, shape: shape, sample: i,
+                                              into: &targetValues, at: i * outputWidth)
             }
         }
         return TrainingBatch(count: samples.count, inputWidth: width, inputs: inputs, targets: targets,

@@ -160,18 +160,10 @@ public struct NeuralNetworkModel: Sendable {
 
     /// The one multiArray input of a network: its name and shape ([C] or [C, H, W]).
     static func modelInput(_ description: CoreML_Specification_ModelDescription) throws(UnsupportedModel) -> (String, [Int]) {
-        guard description.input.count == 1, let input = description.input.first else {
-            throw .input("the model has \(description.input.count) inputs")
-        }
-        guard case .multiArrayType(let array)? = input.type.type else {
-            throw .input("input '\(input.name)' is not a multiArray")
-        }
-        guard [.float32, .double, .int32].contains(array.dataType) else {
-            throw .input("input '\(input.name)' has data type \(array.dataType)")
-        }
-        let shape = array.shape.map { Int(clamping: $0) }
+        let input = try FeatureReading.multiArrayInput(description)
+        let shape = input.array.shape.map { Int(clamping: $0) }
         guard shape.count == 1 || shape.count == 3, shape.allSatisfy({ $0 > 0 }) else {
-            throw .input("input '\(input.name)' has shape \(array.shape); use [C] or [C, H, W] with positive sizes")
+            throw .input("input '\(input.name)' has shape \(input.array.shape); use [C] or [C, H, W] with positive sizes")
         }
         return (input.name, shape)
     }
