@@ -25,13 +25,15 @@ public final class AMQPConnection {
     private var confirming = false
     /// Sequence number of the last message published on the main channel since confirm.select.
     private var publishSequence: UInt64 = 0
-    /// What a wait for a confirm has learned so far (acks can cover several messages at once).
-    private var ackedThrough: UInt64 = 0
-    private var nackedThrough: UInt64 = 0
-    private var lastReturn: (code: Int, text: String)?
+    /// Published messages the broker has not confirmed yet, in sequence order.
+    private var unconfirmed: [UInt64] = []
+    /// Confirms received and not yet taken by `takeConfirms()` or a waiting `publish`.
+    private var confirms: [UInt64: Bool] = [:]
+    private var lastReturn: (code: Int, text: String, messageId: String?)?
+    /// Message ids of mandatory messages the broker returned since the last `takeReturnedMessageIds()`.
+    private var returnedMessageIds: [String] = []
     private var pending: [Delivery] = []
     private var broken: AMQPError?
-    private var declaredRetryQueues: Set<Int> = []
 
     /// How long an RPC (declare, qos, ...) or a publisher confirm may take before the connection is given up.
     public var replyTimeout: TimeInterval = 30
@@ -148,61 +150,28 @@ public final class AMQPConnection {
 
     // MARK: Topology
 
-    /// Declares the exchanges, queues and bindings in `Topology`. Idempotent: every worker and producer
-    /// calls it at start. Fails with 406 PRECONDITION_FAILED if the broker has one of them with other
-    /// arguments (delete the old one first).
-    public func declareTopology() throws {
-        try declareExchange(Topology.jobsExchange, type: "direct")
-        try declareExchange(Topology.deadExchange, type: "direct")
-        try declareExchange(Topology.retryExchange, type: "direct")
-        try declareExchange(Topology.eventsExchange, type: "topic")
-
-        try declareQueue(Topology.deadQueue, arguments: [])
-        try bind(queue: Topology.deadQueue, exchange: Topology.deadExchange, key: Topology.jobsRoutingKey)
-
-        try declareQueue(Topology.jobsQueue, arguments: [
-            ("x-queue-type", .string("quorum")),
-            ("x-delivery-limit", .int(Int64(Topology.deliveryLimit))),
-            ("x-dead-letter-exchange", .string(Topology.deadExchange)),
-            ("x-dead-letter-routing-key", .string(Topology.jobsRoutingKey)),
-        ])
-        try bind(queue: Topology.jobsQueue, exchange: Topology.jobsExchange, key: Topology.jobsRoutingKey)
-
-        for delay in Topology.retryDelaysMs { try declareRetryQueue(delayMs: delay) }
-    }
-
-    private func declareRetryQueue(delayMs: Int) throws {
-        guard !declaredRetryQueues.contains(delayMs) else { return }
-        let name = Topology.retryQueue(delayMs: delayMs)
-        try declareQueue(name, arguments: [
-            ("x-message-ttl", .int(Int64(delayMs))),
-            ("x-dead-letter-exchange", .string(Topology.jobsExchange)),
-            ("x-dead-letter-routing-key", .string(Topology.jobsRoutingKey)),
-        ])
-        try bind(queue: name, exchange: Topology.retryExchange, key: name)
-        declaredRetryQueues.insert(delayMs)
-    }
-
-    private func declareExchange(_ name: String, type: String) throws {
+    /// Declares a durable exchange (idempotent; 406 when it exists with another type or arguments).
+    func declareExchange(_ name: String, type: String, arguments: [(String, FieldValue)] = []) throws {
         let state = try adminReady()
         let arena = CArena()
         _ = amqp_exchange_declare(state, adminChannel, arena.bytes(name), arena.bytes(type),
-                                  0, 1, 0, 0, amqp_empty_table)
+                                  0, 1, 0, 0, arena.table(arguments))
         try checkReply(on: adminChannel, "declare exchange \(name)")
     }
 
-    private func declareQueue(_ name: String, arguments: [(String, FieldValue)]) throws {
+    /// Declares a durable queue (idempotent; 406 when it exists with other arguments).
+    func declareQueue(_ name: String, arguments: [(String, FieldValue)]) throws {
         let state = try adminReady()
         let arena = CArena()
         _ = amqp_queue_declare(state, adminChannel, arena.bytes(name), 0, 1, 0, 0, arena.table(arguments))
         try checkReply(on: adminChannel, "declare queue \(name)")
     }
 
-    private func bind(queue: String, exchange: String, key: String) throws {
+    func bind(queue: String, exchange: String, key: String, arguments: [(String, FieldValue)] = []) throws {
         let state = try adminReady()
         let arena = CArena()
         _ = amqp_queue_bind(state, adminChannel, arena.bytes(queue), arena.bytes(exchange), arena.bytes(key),
-                            amqp_empty_table)
+                            arena.table(arguments))
         try checkReply(on: adminChannel, "bind queue \(queue) to \(exchange) with key \(key)")
     }
 
@@ -254,7 +223,7 @@ public final class AMQPConnection {
     }
 
     /// Declares a plain durable queue bound to `exchange` with `key`: for tests and tools that want
-    /// their own view of an exchange. Attune's own queues come from `declareTopology()`.
+    /// their own view of an exchange. Attune's own queues come from `JobQueues.declare()`.
     public func declareQueue(_ name: String, boundTo exchange: String, key: String) throws {
         try declareQueue(name, arguments: [])
         try bind(queue: name, exchange: exchange, key: key)
@@ -271,8 +240,8 @@ public final class AMQPConnection {
         try checkReply(on: mainChannel, "enable publisher confirms")
         confirming = true
         publishSequence = 0
-        ackedThrough = 0
-        nackedThrough = 0
+        unconfirmed = []
+        confirms = [:]
     }
 
     /// Publishes one message on channel 1. In confirm mode it waits for the broker's basic.ack and
@@ -282,6 +251,21 @@ public final class AMQPConnection {
     public func publish(exchange: String, routingKey: String, body: Data, contentType: String,
                         headers: [String: String] = [:], messageId: String? = nil, persistent: Bool = true,
                         mandatory: Bool = false) throws {
+        lastReturn = nil
+        let sequence = try send(exchange: exchange, routingKey: routingKey, body: body, contentType: contentType,
+                                headers: headers, messageId: messageId, persistent: persistent, mandatory: mandatory)
+        guard let sequence else { return }
+        try waitForConfirm(sequence, operation: "publish to exchange '\(exchange)' with key '\(routingKey)'")
+    }
+
+    /// Publishes one message on channel 1 without waiting for anything. In confirm mode it returns the
+    /// message's sequence number, whose confirm `takeConfirms()` hands out once the broker sent it;
+    /// nil otherwise. A mandatory message no queue took comes back through `takeReturnedMessageIds()`
+    /// (before its confirm), so give such messages a message id.
+    @discardableResult
+    public func send(exchange: String, routingKey: String, body: Data, contentType: String,
+                     headers: [String: String] = [:], messageId: String? = nil, persistent: Bool = true,
+                     mandatory: Bool = false) throws -> UInt64? {
         let state = try live()
         let arena = CArena()
         var properties = amqp_basic_properties_t()
@@ -300,36 +284,64 @@ public final class AMQPConnection {
             properties._flags |= amqp_flags_t(AMQP_BASIC_MESSAGE_ID_FLAG)
             properties.message_id = arena.bytes(messageId)
         }
-        let operation = "publish to exchange '\(exchange)' with key '\(routingKey)'"
-        lastReturn = nil
         let status = body.withUnsafeBytes { raw in
             amqp_basic_publish(state, mainChannel, arena.bytes(exchange), arena.bytes(routingKey),
                                mandatory ? 1 : 0, 0, &properties,
                                amqp_bytes_t(len: raw.count, bytes: UnsafeMutableRawPointer(mutating: raw.baseAddress)))
         }
-        try check(status, .library, operation)
-        guard confirming else { return }
+        try check(status, .library, "publish to exchange '\(exchange)' with key '\(routingKey)'")
+        guard confirming else { return nil }
         publishSequence += 1
-        try waitForConfirm(publishSequence, operation: operation)
+        unconfirmed.append(publishSequence)
+        return publishSequence
     }
+
+    /// Confirms that arrived since the last call: sequence number → true (ack) or false (nack).
+    public func takeConfirms() -> [UInt64: Bool] {
+        defer { confirms.removeAll(keepingCapacity: true) }
+        return confirms
+    }
+
+    /// Message ids of mandatory messages the broker could not route, since the last call.
+    public func takeReturnedMessageIds() -> [String] {
+        defer { returnedMessageIds.removeAll() }
+        return returnedMessageIds
+    }
+
+    /// Messages published in confirm mode and not confirmed yet.
+    public var unconfirmedCount: Int { unconfirmed.count }
 
     private func waitForConfirm(_ sequence: UInt64, operation: String) throws {
         let deadline = Date().addingTimeInterval(replyTimeout)
-        while ackedThrough < sequence && nackedThrough < sequence {
+        while confirms[sequence] == nil {
             guard let frame = try readFrame(until: deadline, operation: operation) else {
                 throw fail(AMQPError(kind: .timeout, operation: operation,
                                      detail: "no publisher confirm within \(Int(replyTimeout)) s", endpoint: endpoint))
             }
             try dispatch(frame, operation: operation)
         }
-        if nackedThrough >= sequence && ackedThrough < sequence {
+        let acked = confirms.removeValue(forKey: sequence)!
+        if !acked {
             throw AMQPError(kind: .publishNacked, operation: operation, endpoint: endpoint)
         }
         // A return comes before the ack of the same message, and only one message is in flight.
         if let returned = lastReturn {
             lastReturn = nil
+            returnedMessageIds.removeAll { $0 == returned.messageId }
             throw AMQPError(kind: .publishReturned, operation: operation, replyCode: returned.code,
                             replyText: returned.text, endpoint: endpoint)
+        }
+    }
+
+    /// Records a basic.ack or basic.nack, which may cover every earlier message too.
+    private func resolve(_ tag: UInt64, multiple: Bool, acked: Bool) {
+        if multiple {
+            let covered = unconfirmed.prefix { $0 <= tag }
+            for sequence in covered { confirms[sequence] = acked }
+            unconfirmed.removeFirst(covered.count)
+        } else if let index = unconfirmed.firstIndex(of: tag) {
+            unconfirmed.remove(at: index)
+            confirms[tag] = acked
         }
     }
 
@@ -367,10 +379,44 @@ public final class AMQPConnection {
         return pending.removeFirst()
     }
 
-    /// Acknowledges one delivery: the broker forgets the message.
-    public func ack(_ deliveryTag: UInt64) throws {
+    /// Acknowledges one delivery, or with `multiple` every unacked delivery up to and including it: the
+    /// broker forgets the messages.
+    public func ack(_ deliveryTag: UInt64, multiple: Bool = false) throws {
         let state = try live()
-        try check(amqp_basic_ack(state, mainChannel, deliveryTag, 0), .library, "ack delivery \(deliveryTag)")
+        try check(amqp_basic_ack(state, mainChannel, deliveryTag, multiple ? 1 : 0), .library,
+                  "ack delivery \(deliveryTag)\(multiple ? " and those before it" : "")")
+    }
+
+    /// Every delivery that has already arrived, after reading and handling all frames the socket has
+    /// now (confirms and returns included), without waiting. Heartbeats due are sent inside.
+    public func availableDeliveries() throws -> [Delivery] {
+        while let frame = try readFrame(until: Date(), operation: "read deliveries") {
+            try dispatch(frame, operation: "read deliveries")
+        }
+        defer { pending.removeAll() }
+        return pending
+    }
+
+    /// The socket, for waiting on it with poll(2) beside other descriptors.
+    public var socketDescriptor: Int32 {
+        guard let state, broken == nil else { return -1 }
+        return amqp_get_sockfd(state)
+    }
+
+    /// True when rabbitmq-c holds bytes or frames it has read but not handed out yet: poll(2) on the
+    /// socket would not see them.
+    public var hasBufferedInput: Bool {
+        guard let state, broken == nil else { return false }
+        return amqp_data_in_buffer(state) != 0 || amqp_frames_enqueued(state) != 0
+    }
+
+    /// Stops the consumer `consumerTag` on channel 1: no new deliveries for it once this returns;
+    /// those already delivered stay unacked until settled.
+    public func cancel(consumerTag: String) throws {
+        let state = try live()
+        let arena = CArena()
+        _ = amqp_basic_cancel(state, mainChannel, arena.bytes(consumerTag))
+        try checkReply(on: mainChannel, "cancel consumer \(consumerTag)")
     }
 
     /// Rejects one delivery: back to its queue when `requeue`, else to the queue's dead-letter exchange.
@@ -378,35 +424,6 @@ public final class AMQPConnection {
         let state = try live()
         try check(amqp_basic_reject(state, mainChannel, deliveryTag, requeue ? 1 : 0), .library,
                   "reject delivery \(deliveryTag)")
-    }
-
-    /// Moves a job to `attune.jobs.dead` with its reason in the `x-attune-reason` header: publishes a copy
-    /// there (waiting for the confirm when confirms are on), then acks the original. A crash in between
-    /// leaves the job in both places rather than in neither.
-    public func deadLetter(_ delivery: Delivery, reason: String) throws {
-        var headers = delivery.headers
-        headers[Topology.reasonHeader] = reason
-        headers[Topology.deadLetteredAtHeader] = String(Int64((Date().timeIntervalSince1970 * 1000).rounded()))
-        try publish(exchange: Topology.deadExchange, routingKey: Topology.jobsRoutingKey, body: delivery.body,
-                    contentType: delivery.contentType ?? "", headers: headers, messageId: delivery.messageId,
-                    mandatory: true)
-        try ack(delivery.deliveryTag)
-    }
-
-    /// Sends a job back to `attune.jobs` after `delayMs` through the retry queue for that delay (declared
-    /// on first use), with `x-attune-attempt: attempt`; then acks the original.
-    public func retryLater(_ delivery: Delivery, delayMs: Int, attempt: Int) throws {
-        guard delayMs > 0 else {
-            throw AMQPError(kind: .invalidArgument, operation: "retry delivery \(delivery.deliveryTag)",
-                            detail: "delayMs must be positive, got \(delayMs)", endpoint: endpoint)
-        }
-        try declareRetryQueue(delayMs: delayMs)
-        var headers = delivery.headers
-        headers[Topology.attemptHeader] = String(attempt)
-        try publish(exchange: Topology.retryExchange, routingKey: Topology.retryQueue(delayMs: delayMs),
-                    body: delivery.body, contentType: delivery.contentType ?? "", headers: headers,
-                    messageId: delivery.messageId, mandatory: true)
-        try ack(delivery.deliveryTag)
     }
 
     // MARK: Closing
@@ -473,6 +490,7 @@ public final class AMQPConnection {
         case Method.basicDeliver:
             let deliver = method.decoded!.assumingMemoryBound(to: amqp_basic_deliver_t.self).pointee
             let tag = deliver.delivery_tag
+            let consumerTag = deliver.consumer_tag.string
             let redelivered = deliver.redelivered != 0
             let exchange = deliver.exchange.string
             let routingKey = deliver.routing_key.string
@@ -480,17 +498,19 @@ public final class AMQPConnection {
             pending.append(Delivery(deliveryTag: tag, body: content.body, contentType: content.contentType,
                                     headers: content.headers, redelivered: redelivered, exchange: exchange,
                                     routingKey: routingKey, messageId: content.messageId,
-                                    brokerDeath: content.brokerDeath))
+                                    brokerDeath: content.brokerDeath, consumerTag: consumerTag))
         case Method.basicAck:
             let ack = method.decoded!.assumingMemoryBound(to: amqp_basic_ack_t.self).pointee
-            ackedThrough = max(ackedThrough, ack.delivery_tag)
+            resolve(ack.delivery_tag, multiple: ack.multiple != 0, acked: true)
         case Method.basicNack:
             let nack = method.decoded!.assumingMemoryBound(to: amqp_basic_nack_t.self).pointee
-            nackedThrough = max(nackedThrough, nack.delivery_tag)
+            resolve(nack.delivery_tag, multiple: nack.multiple != 0, acked: false)
         case Method.basicReturn:
             let returned = method.decoded!.assumingMemoryBound(to: amqp_basic_return_t.self).pointee
-            lastReturn = (Int(returned.reply_code), returned.reply_text.string)
-            _ = try readContent(on: frame.channel, operation: operation)
+            let code = Int(returned.reply_code), text = returned.reply_text.string
+            let content = try readContent(on: frame.channel, operation: operation)
+            lastReturn = (code, text, content.messageId)
+            if let id = content.messageId { returnedMessageIds.append(id) }
         case Method.basicCancel:
             throw fail(AMQPError(kind: .consumerCancelled, operation: operation,
                                  detail: "the broker cancelled the consumer", endpoint: endpoint))

@@ -146,8 +146,14 @@ extension amqp_table_t {
             guard let value = table.entry(key), value.kind == UInt8(ascii: "S") else { return "" }
             return value.value.bytes.string
         }
+        var firstRoutingKey = ""
+        if let keys = table.entry("routing-keys"), keys.kind == UInt8(ascii: "A"), keys.value.array.num_entries > 0,
+           let key = keys.value.array.entries?.pointee, key.kind == UInt8(ascii: "S") {
+            firstRoutingKey = key.value.bytes.string
+        }
         return BrokerDeath(reason: text("reason"), queue: text("queue"),
                            count: table.entry("count")?.integer ?? 1,
-                           time: table.entry("time")?.integer.map { Date(timeIntervalSince1970: Double($0)) })
+                           time: table.entry("time")?.integer.map { Date(timeIntervalSince1970: Double($0)) },
+                           routingKey: firstRoutingKey)
     }
 }

@@ -136,7 +136,7 @@ public final class DeadLetterQueue {
         var moved: [DeadLetter] = []
         try browse(prefetch: nil) { letter, delivery, connection in
             guard jobId.map({ letter.matches(jobId: $0, delivery: delivery) }) ?? true else { return true }
-            try connection.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey,
+            try connection.publish(exchange: Topology.jobsExchange, routingKey: Self.routingKey(of: delivery),
                                    body: delivery.body, contentType: delivery.contentType ?? "",
                                    headers: Self.withoutFailureHeaders(delivery.headers),
                                    messageId: delivery.messageId, mandatory: true)
@@ -166,10 +166,22 @@ public final class DeadLetterQueue {
         return deleted
     }
 
+    /// The key that puts a replayed job back in its user's partition: the one it was published with, as
+    /// the worker recorded it (or the broker did, in `x-death`), else the user id in its body.
+    static func routingKey(of delivery: Delivery) -> String {
+        if let key = delivery.headers[Topology.routingKeyHeader], !key.isEmpty { return key }
+        if let key = delivery.brokerDeath?.routingKey, !key.isEmpty { return key }
+        if let job = try? JobCodec.decode(delivery.body, contentType: delivery.contentType), !job.userID.isEmpty {
+            return Topology.routingKey(forUser: job.userID)
+        }
+        return Topology.deadRoutingKey
+    }
+
     /// The headers a replayed job keeps: everything but what its failure added.
     static func withoutFailureHeaders(_ headers: [String: String]) -> [String: String] {
         headers.filter { key, _ in
             !(key == Topology.reasonHeader || key == Topology.attemptHeader || key == Topology.deadLetteredAtHeader
+                || key == Topology.routingKeyHeader || key == Topology.retryDelayHeader
                 || key == "x-delivery-count" || key.hasPrefix("x-first-death-") || key.hasPrefix("x-last-death-"))
         }
     }
@@ -177,7 +189,7 @@ public final class DeadLetterQueue {
     private func connect() throws -> AMQPConnection {
         let connection = try AMQPConnection(url: url, connectionName: "attune-dlq")
         do {
-            try connection.declareTopology()
+            try JobQueues(connection).declare()
             try connection.enableConfirms()
             return connection
         } catch {

@@ -16,10 +16,12 @@ public struct Delivery: Sendable, Equatable {
     public let messageId: String?
     /// The newest entry of RabbitMQ's `x-death` header, when the broker itself dead-lettered the message.
     public let brokerDeath: BrokerDeath?
+    /// The consumer (of this connection) the broker delivered it to: which queue it came from.
+    public let consumerTag: String
 
     public init(deliveryTag: UInt64, body: Data, contentType: String? = nil, headers: [String: String] = [:],
                 redelivered: Bool = false, exchange: String = "", routingKey: String = "", messageId: String? = nil,
-                brokerDeath: BrokerDeath? = nil) {
+                brokerDeath: BrokerDeath? = nil, consumerTag: String = "") {
         self.deliveryTag = deliveryTag
         self.body = body
         self.contentType = contentType
@@ -29,6 +31,7 @@ public struct Delivery: Sendable, Equatable {
         self.routingKey = routingKey
         self.messageId = messageId
         self.brokerDeath = brokerDeath
+        self.consumerTag = consumerTag
     }
 }
 
@@ -43,11 +46,14 @@ public struct BrokerDeath: Sendable, Equatable {
     public let count: Int
     /// When it died (whole seconds), if the broker said.
     public let time: Date?
+    /// The first routing key it had been published with ("" when the broker did not say).
+    public let routingKey: String
 
-    public init(reason: String, queue: String, count: Int, time: Date?) {
+    public init(reason: String, queue: String, count: Int, time: Date?, routingKey: String = "") {
         self.reason = reason
         self.queue = queue
         self.count = count
         self.time = time
+        self.routingKey = routingKey
     }
 }

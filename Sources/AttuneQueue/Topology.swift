@@ -1,25 +1,40 @@
 /// Names and arguments of everything Attune declares on the broker. Every worker and producer declares
-/// the same topology at start (`AMQPConnection.declareTopology()`), so these constants are the only
-/// place the names live; changing an argument here means deleting the old queue on the broker first,
-/// because RabbitMQ refuses (406 PRECONDITION_FAILED) a redeclaration with different arguments.
+/// the same topology at start (`JobQueues.declare()`), so these constants are the only place the names
+/// live; changing an argument here means deleting the old queue or exchange on the broker first, because
+/// RabbitMQ refuses (406 PRECONDITION_FAILED) a redeclaration with different arguments.
 public enum Topology {
-    /// Durable direct exchange producers publish jobs to.
+    /// Durable consistent-hash exchange producers publish jobs to, with the job's user id as routing key:
+    /// it hashes the key onto one of the partition queues, so all of a user's jobs wait in one queue, in
+    /// publish order. (RabbitMQ's `rabbitmq_consistent_hash_exchange` plugin, shipped with the broker.)
     public static let jobsExchange = "attune.jobs"
-    /// Durable quorum queue of training jobs; workers compete for it.
-    public static let jobsQueue = "attune.jobs"
-    /// Routing key binding `jobsExchange` to `jobsQueue`; publish jobs with it.
-    public static let jobsRoutingKey = "attune.jobs"
+    /// How many partition queues the jobs are spread over; at most this many workers take jobs at once.
+    /// Changing it remaps users to partitions: drain the queues first.
+    public static let partitionCount = 16
+    /// The durable quorum queue of partition `index`. Single active consumer: whichever worker holds
+    /// the partition, only it receives the partition's jobs, so one user's jobs are never raced.
+    public static func jobsPartition(_ index: Int) -> String {
+        index < 10 ? "attune.jobs.p0\(index)" : "attune.jobs.p\(index)"
+    }
+    /// Every partition queue, in partition order.
+    public static let jobsQueues: [String] = (0..<partitionCount).map(jobsPartition)
+    /// The routing key a producer gives a job: its user id.
+    public static func routingKey(forUser user: String) -> String { user }
 
-    /// Durable direct exchange for jobs that can never succeed (the queue's dead-letter exchange).
+    /// Durable direct exchange for jobs that can never succeed (the partitions' dead-letter exchange).
     public static let deadExchange = "attune.dead"
     /// Durable queue holding dead jobs for a human (or a replay tool) to look at.
     public static let deadQueue = "attune.jobs.dead"
+    /// Routing key from `deadExchange` to `deadQueue`.
+    public static let deadRoutingKey = "attune.jobs"
 
-    /// Durable direct exchange in front of the retry queues; the routing key is the retry queue's name.
+    /// Durable headers exchange in front of the retry queues: a retry copy carries `retryDelayHeader`
+    /// and keeps its job's routing key, so when its delay has passed it goes back to its user's partition.
     public static let retryExchange = "attune.retry"
-    /// Delays for which `declareTopology()` declares a retry queue up front. `retryLater` declares
-    /// queues for other delays on first use.
+    /// Delays for which `JobQueues.declare()` declares a retry queue up front. A retry with another
+    /// delay declares its queue first.
     public static let retryDelaysMs: [Int] = [1_000, 10_000, 60_000]
+    /// Header the retry exchange routes on (headers starting with `x-` are ignored by its matching).
+    public static let retryDelayHeader = "attune-retry-delay-ms"
 
     /// Durable topic exchange for progress events, routing key `<model>.<user>.<event>`.
     public static let eventsExchange = "attune.events"
@@ -34,7 +49,10 @@ public enum Topology {
     public static let deadLetteredAtHeader = "x-attune-dead-lettered-at"
     /// Header carrying how many attempts of a job have failed transiently.
     public static let attemptHeader = "x-attune-attempt"
+    /// Header carrying the routing key a dead-lettered job was published with, so a replay returns it
+    /// to its user's partition.
+    public static let routingKeyHeader = "x-attune-routing-key"
 
-    /// Name of the retry queue that holds messages for `delayMs` before sending them back to `jobsQueue`.
+    /// Name of the retry queue that holds messages for `delayMs` before sending them back to the jobs.
     public static func retryQueue(delayMs: Int) -> String { "attune.jobs.retry.\(delayMs)" }
 }

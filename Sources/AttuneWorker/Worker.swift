@@ -1,83 +1,58 @@
 import Foundation
 import Logging
 
-/// A worker process: `concurrency` slots consuming `attune.jobs` as competing consumers. Stateless:
-/// everything it knows lives in PostgreSQL and RabbitMQ, so operators add or remove workers freely.
+/// A worker process: one broker thread consuming the partitions this worker holds, and `concurrency`
+/// training slots. Stateless: everything it knows lives in PostgreSQL and RabbitMQ, so operators add or
+/// remove workers freely, and the partitions spread over whichever workers are alive.
 ///
 /// Stopping has two steps, driven from outside (the `attune worker` command ties them to signals and a
-/// deadline): `requestStop()` makes every slot stop taking deliveries and finish the job in hand;
-/// `abandonJobsInHand()` then cancels the update tasks still running and puts their jobs back on the
-/// queue uncommitted, for another worker to take.
+/// deadline): `requestStop()` stops taking deliveries and lets the jobs in hand finish (every job already
+/// delivered is trained, committed and acked); `abandonJobsInHand()` then cancels the update tasks still
+/// running and puts their jobs back on the queues uncommitted, for another worker to take.
 public final class Worker: @unchecked Sendable {
     private let configuration: WorkerConfiguration
     private let logger: Logger
-    private let control = SlotControl()
+    private let source: RabbitJobSource
 
     public init(configuration: WorkerConfiguration, logger: Logger = Logger(label: "attune.worker")) {
         self.configuration = configuration
         self.logger = logger
+        source = RabbitJobSource(configuration: configuration, logger: logger)
     }
 
-    /// Blocks until `requestStop()` and until every slot has settled the job in hand.
+    /// Blocks until `requestStop()` and until every job in hand is settled.
     public func run() {
         logger.info("worker \(configuration.workerName) starting \(configuration.concurrency) slot(s)")
         let group = DispatchGroup()
-        for index in 0..<max(1, configuration.concurrency) {
+        let slots = (0..<max(1, configuration.concurrency)).map {
+            TrainingSlot(index: $0, source: source, configuration: configuration, logger: logger)
+        }
+        for (index, slot) in slots.enumerated() {
             group.enter()
-            let slot = WorkerSlot(index: index, configuration: configuration, control: control, logger: logger)
             let thread = Thread {
                 slot.run()
                 group.leave()
             }
             thread.name = "attune-slot-\(index)"
+            // Deep networks recurse through their layers; the default secondary-thread stack is small.
+            thread.stackSize = 16 << 20
             thread.start()
         }
+        source.run()
         group.wait()
-        logger.info("worker \(configuration.workerName) stopped")
+        let jobs = slots.map(\.jobs).reduce(0, +), retrains = slots.map(\.retrains).reduce(0, +)
+        logger.info("worker \(configuration.workerName) stopped: \(jobs) jobs, \(retrains) retrains")
     }
 
-    /// Slots stop taking deliveries; a job in hand is finished and settled first.
+    /// No new deliveries; the jobs in hand are finished and settled first.
     public func requestStop() {
-        control.stop()
+        source.stop()
     }
 
     /// Implies `requestStop()`. Update tasks in hand are cancelled at their next mini-batch and their
-    /// deliveries rejected with requeue, so nothing is committed for them here. A task already committing
+    /// deliveries rejected with requeue, so nothing is committed for them here. A batch already committing
     /// finishes its commit and is acked: a commit is one transaction and is never cut short.
     public func abandonJobsInHand() {
-        control.abandon()
-    }
-}
-
-/// What the slots poll: whether to stop taking deliveries, and whether to give up the jobs in hand.
-/// `sleep` ends early when either is set, so a slot backing off does not delay shutdown.
-final class SlotControl: @unchecked Sendable {
-    private let condition = NSCondition()
-    private var stopping = false
-    private var abandoning = false
-
-    var isStopping: Bool { condition.withLock { stopping } }
-    var isAbandoning: Bool { condition.withLock { abandoning } }
-
-    func stop() {
-        condition.withLock {
-            stopping = true
-            condition.broadcast()
-        }
-    }
-
-    func abandon() {
-        condition.withLock {
-            stopping = true
-            abandoning = true
-            condition.broadcast()
-        }
-    }
-
-    func sleep(_ seconds: TimeInterval) {
-        condition.withLock {
-            let deadline = Date().addingTimeInterval(seconds)
-            while !stopping && condition.wait(until: deadline) {}
-        }
+        source.abandon()
     }
 }

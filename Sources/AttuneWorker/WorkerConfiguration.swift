@@ -4,8 +4,13 @@ import Foundation
 public struct WorkerConfiguration: Sendable {
     public var databaseURL: String
     public var amqpURL: String
-    /// Jobs in hand at once; each has its own AMQP and PostgreSQL connection and thread.
+    /// Training slots: threads that train jobs in parallel, each with its own PostgreSQL connection.
+    /// One AMQP connection serves them all.
     public var concurrency: Int
+    /// Unacknowledged deliveries the broker may hand each partition consumer ahead of the slots.
+    public var prefetch: Int
+    /// Most jobs a slot takes, trains and commits (in one transaction) at once.
+    public var batchSize: Int
     /// Name reported in events and stored with each version (host and pid by default).
     public var workerName: String
     public var limits: JobLimits
@@ -20,7 +25,7 @@ public struct WorkerConfiguration: Sendable {
     /// job would be redelivered and time out again until its delivery limit dead-letters it without a reason.
     public var maxTaskSeconds: TimeInterval?
 
-    public init(databaseURL: String, amqpURL: String, concurrency: Int = 1,
+    public init(databaseURL: String, amqpURL: String, concurrency: Int = 1, prefetch: Int = 32, batchSize: Int = 32,
                 workerName: String = WorkerConfiguration.defaultWorkerName(),
                 limits: JobLimits = JobLimits(), retry: RetryPolicy = RetryPolicy(),
                 miniBatchEventInterval: TimeInterval = 0.5, heartbeatSeconds: Int = 30,
@@ -28,6 +33,8 @@ public struct WorkerConfiguration: Sendable {
         self.databaseURL = databaseURL
         self.amqpURL = amqpURL
         self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.batchSize = batchSize
         self.workerName = workerName
         self.limits = limits
         self.retry = retry

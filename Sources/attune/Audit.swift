@@ -58,10 +58,10 @@ extension Audit {
             defer { try? file.close() }
             let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-audit-record")
             defer { connection.close() }
-            try connection.declareTopology()
+            try JobQueues(connection).declare()
             try connection.enableConfirms()
             let badIndices = Set((0..<jobs).shuffled().prefix(bad))
-            var bodies: [(id: String, body: Data, contentType: String)] = []
+            var bodies: [(id: String, user: String, body: Data, contentType: String)] = []
             for index in 0..<jobs {
                 var job = Attune_V1_TrainingJob()
                 job.jobID = UUID().uuidString.lowercased()
@@ -78,14 +78,13 @@ extension Audit {
                 // The copy is on disk before the broker has the job, so no published job lacks one.
                 file.write(Data((try job.jsonString() + "\n").utf8))
                 let (body, contentType) = try JobCodec.encode(job, as: .protobuf)
-                try connection.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey,
-                                       body: body, contentType: contentType, messageId: job.jobID, mandatory: true)
-                bodies.append((job.jobID, body, contentType))
+                try JobQueues(connection).publishJob(body: body, contentType: contentType, user: job.userID,
+                                                     messageId: job.jobID)
+                bodies.append((job.jobID, job.userID, body, contentType))
             }
             for again in bodies.shuffled().prefix(republish) {
-                try connection.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey,
-                                       body: again.body, contentType: again.contentType, messageId: again.id,
-                                       mandatory: true)
+                try JobQueues(connection).publishJob(body: again.body, contentType: again.contentType,
+                                                     user: again.user, messageId: again.id)
             }
             print("published \(jobs) jobs for \(users) users (\(hot) hot with \(Int(hotShare * 100))% of the jobs, "
                   + "\(bad) bad), \(republish) of them twice")
@@ -141,7 +140,8 @@ extension Audit {
             ended.formUnion(try DeadLetterQueue(url: broker.resolved()).list().map(\.jobId))
             let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-audit-wait")
             defer { connection.close() }
-            var waiting = try connection.queueDepth(Topology.jobsQueue).messages
+            var waiting = 0
+            for queue in Topology.jobsQueues { waiting += try connection.queueDepth(queue).messages }
             for delay in Topology.retryDelaysMs {
                 waiting += try connection.queueDepth(Topology.retryQueue(delayMs: delay)).messages
             }

@@ -31,7 +31,7 @@ struct Dlq: ParsableCommand {
 
     struct Replay: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Send dead jobs back to \(Topology.jobsQueue) (with publisher confirms), without their failure headers.")
+            abstract: "Send dead jobs back to \(Topology.jobsExchange), each to its user's partition (with publisher confirms), without their failure headers.")
 
         @OptionGroup var broker: BrokerOptions
         @Option(help: "Replay only this job id; the others stay where they are.") var job: String?
@@ -44,7 +44,7 @@ struct Dlq: ParsableCommand {
         func run() throws {
             let moved = try DeadLetterQueue(url: broker.resolved()).replay(jobId: job)
             for letter in moved { print("replayed \(DeadLetterLine.who(letter)) (was: \(letter.reason))") }
-            print("\(moved.count) job(s) moved to \(Topology.jobsQueue)")
+            print("\(moved.count) job(s) moved to \(Topology.jobsExchange)")
             if let job, moved.isEmpty {
                 throw CommandFailure(description: "no job \(job) in \(Topology.deadQueue); see `attune dlq list`")
             }

@@ -42,7 +42,7 @@ struct Enqueue: ParsableCommand {
 
         let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-enqueue")
         defer { connection.close() }
-        try connection.declareTopology()
+        try JobQueues(connection).declare()
         try connection.enableConfirms()
         for part in chunks {
             var job = Attune_V1_TrainingJob()
@@ -53,8 +53,8 @@ struct Enqueue: ParsableCommand {
             job.samples = part
             job.parameters = overrides()
             let (body, contentType) = try JobCodec.encode(job, as: encoding)
-            try connection.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey,
-                                   body: body, contentType: contentType, messageId: job.jobID)
+            try JobQueues(connection).publishJob(body: body, contentType: contentType, user: job.userID,
+                                                 messageId: job.jobID)
             print(job.jobID)
         }
     }

@@ -20,7 +20,7 @@ struct Watch: ParsableCommand {
         if let model { try Identifier.validate(model, field: "model") }
         let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-watch")
         defer { connection.close() }
-        try connection.declareTopology()
+        try JobQueues(connection).declare()
         let queue = try connection.declareEventQueue(bindingKeys: [EventRouting.bindingKey(model: model, user: user)])
         try connection.consume(queue: queue)
         FileHandle.standardError.write(Data("watching \(model ?? "*")/\(user ?? "*") on \(queue)\n".utf8))

@@ -16,7 +16,10 @@ struct WorkerCommand: AsyncParsableCommand {
 
     @OptionGroup var database: DatabaseOptions
     @OptionGroup var broker: BrokerOptions
-    @Option(help: "Jobs in hand at once (each with its own connections and thread).") var concurrency: Int = 1
+    @Option(help: "Training slots: threads training jobs in parallel, each with its own PostgreSQL connection.")
+    var concurrency: Int = 1
+    @Option(help: "Deliveries the broker may hand each partition consumer ahead of the slots.") var prefetch: Int = 32
+    @Option(help: "Most jobs a slot trains and commits in one transaction.") var batchSize: Int = 32
     @Option(help: "Name reported in events and stored with versions (default host-pid).") var name: String?
     @Option(help: "Most samples one job may carry.") var maxSamples: Int = 10_000
     @Option(help: "Largest job body accepted, in bytes.") var maxBodyBytes: Int = 16 << 20
@@ -35,6 +38,9 @@ struct WorkerCommand: AsyncParsableCommand {
         guard shutdownDeadline >= 0 else { throw ValidationError("--shutdown-deadline must be 0 or more seconds") }
         guard maxTaskSeconds >= 0 else { throw ValidationError("--max-task-seconds must be 0 (no limit) or more") }
         guard (1...65_535).contains(heartbeat) else { throw ValidationError("--heartbeat must lie in 1...65535") }
+        guard (1...65_535).contains(prefetch) else { throw ValidationError("--prefetch must lie in 1...65535") }
+        guard batchSize >= 1 else { throw ValidationError("--batch-size must be at least 1") }
+        guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
     }
 
     func run() async throws {
@@ -45,7 +51,7 @@ struct WorkerCommand: AsyncParsableCommand {
             if !applied.isEmpty { logger.info("applied migrations \(applied)") }
         }
         var configuration = WorkerConfiguration(databaseURL: database.resolved(), amqpURL: broker.resolved(),
-                                                concurrency: concurrency)
+                                                concurrency: concurrency, prefetch: prefetch, batchSize: batchSize)
         if let name { configuration.workerName = name }
         configuration.limits = JobLimits(maxSamples: maxSamples, maxBodyBytes: maxBodyBytes)
         configuration.retry.maxAttempts = maxAttempts
@@ -64,7 +70,7 @@ struct WorkerCommand: AsyncParsableCommand {
     }
 }
 
-/// The thread-per-slot `Worker` as a service: it runs on threads of its own (its C clients block), and
+/// The `Worker` as a service: it runs on threads of its own (its C clients block), and
 /// this bridges the group's graceful shutdown and cancellation to the worker's two ways of stopping.
 struct WorkerService: Service, CustomStringConvertible {
     let worker: Worker

@@ -12,8 +12,8 @@ final class BrokerTests: XCTestCase {
     override func setUpWithError() throws {
         url = try requireBrokerURL()
         let admin = try connect(name: "setup")
-        try admin.declareTopology()
-        try admin.purge(Topology.jobsQueue)
+        try JobQueues(admin).declare()
+        try admin.purgeJobs()
         try admin.purge(Topology.deadQueue)
         for delay in Topology.retryDelaysMs { try admin.purge(Topology.retryQueue(delayMs: delay)) }
     }
@@ -38,25 +38,26 @@ final class BrokerTests: XCTestCase {
     private func publishJob(_ job: Attune_V1_TrainingJob, as encoding: MessageEncoding = .protobuf,
                             on connection: AMQPConnection) throws {
         let (body, contentType) = try JobCodec.encode(job, as: encoding)
-        try connection.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey, body: body,
-                               contentType: contentType, messageId: job.jobID, mandatory: true)
+        try JobQueues(connection).publishJob(body: body, contentType: contentType, user: job.userID,
+                                             messageId: job.jobID)
     }
 
-    private func consumer(_ queue: String = Topology.jobsQueue, heartbeat: Int = 30) throws -> AMQPConnection {
+    /// A consumer of `queue`, or of every jobs partition when nil.
+    private func consumer(_ queue: String? = nil, heartbeat: Int = 30) throws -> AMQPConnection {
         let connection = try connect(name: "consumer", heartbeat: heartbeat)
         try connection.enableConfirms()
         try connection.setPrefetch(1)
-        try connection.consume(queue: queue)
+        if let queue { try connection.consume(queue: queue) } else { try connection.consumeEveryPartition() }
         return connection
     }
 
     func testTopologyIsIdempotentAcrossConnections() throws {
         let first = try connect(name: "a")
         let second = try connect(name: "b")
-        try first.declareTopology()
-        try first.declareTopology()
-        try second.declareTopology()
-        XCTAssertEqual(try first.queueDepth(Topology.jobsQueue).messages, 0)
+        try JobQueues(first).declare()
+        try JobQueues(first).declare()
+        try JobQueues(second).declare()
+        XCTAssertEqual(try first.jobsWaiting(), 0)
         XCTAssertNoThrow(try second.queueDepth(Topology.deadQueue))
         for delay in Topology.retryDelaysMs { XCTAssertNoThrow(try second.queueDepth(Topology.retryQueue(delayMs: delay))) }
     }
@@ -71,7 +72,7 @@ final class BrokerTests: XCTestCase {
             XCTAssertEqual(delivery.contentType, encoding.contentType)
             XCTAssertEqual(delivery.messageId, job.jobID)
             XCTAssertEqual(delivery.exchange, Topology.jobsExchange)
-            XCTAssertEqual(delivery.routingKey, Topology.jobsRoutingKey)
+            XCTAssertEqual(delivery.routingKey, Topology.routingKey(forUser: job.userID))
             XCTAssertFalse(delivery.redelivered)
             XCTAssertEqual(try JobCodec.decode(delivery.body, contentType: delivery.contentType, maxBytes: 1 << 20), job)
             try consumer.ack(delivery.deliveryTag)
@@ -80,7 +81,7 @@ final class BrokerTests: XCTestCase {
         consumer.close()
         let again = try self.consumer()
         XCTAssertNil(try again.nextDelivery(timeout: 1))
-        XCTAssertEqual(try publisher.queueDepth(Topology.jobsQueue).messages, 0)
+        XCTAssertEqual(try publisher.jobsWaiting(), 0)
     }
 
     func testUnackedDeliveryIsRedeliveredToTheNextConsumer() throws {
@@ -117,11 +118,11 @@ final class BrokerTests: XCTestCase {
         var headers = ["x-producer": "tests"]
         let (body, contentType) = try JobCodec.encode(makeJob(id: "poison"), as: .json)
         headers["x-trace"] = "t-1"
-        try publisher.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey, body: body,
-                              contentType: contentType, headers: headers, messageId: "poison", mandatory: true)
+        try JobQueues(publisher).publishJob(body: body, contentType: contentType, user: "user-1", messageId: "poison",
+                                            headers: headers)
         let delivery = try XCTUnwrap(try waitForDelivery(consumer, seconds: 5))
         XCTAssertEqual(delivery.headers["x-trace"], "t-1")
-        try consumer.deadLetter(delivery, reason: "model 'digits' has no updatable layer named 'dense_9'")
+        try JobQueues(consumer).deadLetter(delivery, reason: "model 'digits' has no updatable layer named 'dense_9'")
 
         let dead = try self.consumer(Topology.deadQueue)
         let deadDelivery = try XCTUnwrap(try waitForDelivery(dead, seconds: 5))
@@ -134,7 +135,7 @@ final class BrokerTests: XCTestCase {
         try dead.ack(deadDelivery.deliveryTag)
         // The original was acked, so the jobs queue is empty.
         XCTAssertNil(try consumer.nextDelivery(timeout: 0.5))
-        XCTAssertEqual(try publisher.queueDepth(Topology.jobsQueue).messages, 0)
+        XCTAssertEqual(try publisher.jobsWaiting(), 0)
     }
 
     func testRetryLaterComesBackAfterTheDelay() throws {
@@ -144,7 +145,7 @@ final class BrokerTests: XCTestCase {
         let delivery = try XCTUnwrap(try waitForDelivery(consumer, seconds: 5))
         let sent = Date()
         // 800 ms is not one of the predeclared delays: its retry queue is declared on first use.
-        try consumer.retryLater(delivery, delayMs: 800, attempt: 1)
+        try JobQueues(consumer).retryLater(delivery, delayMs: 800, attempt: 1)
         XCTAssertNil(try consumer.nextDelivery(timeout: 0.4), "came back before the delay")
         let back = try XCTUnwrap(try waitForDelivery(consumer, seconds: 10), "never came back")
         let elapsed = Date().timeIntervalSince(sent)
@@ -169,7 +170,10 @@ final class BrokerTests: XCTestCase {
                     let connection = try AMQPConnection(url: url, connectionName: "queue-tests-\(name)")
                     defer { connection.close() }
                     try connection.setPrefetch(1)
-                    try connection.consume(queue: Topology.jobsQueue)
+                    // Each takes half the partitions, as two workers holding leases would.
+                    for (index, queue) in Topology.jobsQueues.enumerated() where (index % 2 == 0) == (name == "left") {
+                        try connection.consume(queue: queue)
+                    }
                     var idle = Date()
                     while Date().timeIntervalSince(idle) < 2 {
                         guard let delivery = try connection.nextDelivery(timeout: 0.2) else { continue }
@@ -185,7 +189,7 @@ final class BrokerTests: XCTestCase {
             thread.start()
         }
         Thread.sleep(forTimeInterval: 0.5) // both consumers attached before the burst
-        for id in ids { try publishJob(makeJob(id: id, samples: 1), on: publisher) }
+        for id in ids { try publishJob(makeJob(id: id, user: "user-\(id)", samples: 1), on: publisher) }
         XCTAssertEqual(done.wait(timeout: .now() + 60), .success)
         results.inspect { seen, failures in
             XCTAssertEqual(failures, [])
@@ -211,7 +215,7 @@ final class BrokerTests: XCTestCase {
         try consumer.ack(delivery.deliveryTag)
         // The ack reached the broker: the queue is empty and nothing comes back.
         XCTAssertNil(try consumer.nextDelivery(timeout: 0.5))
-        XCTAssertEqual(try publisher.queueDepth(Topology.jobsQueue).messages, 0)
+        XCTAssertEqual(try publisher.jobsWaiting(), 0)
         consumer.close()
         let check = try self.consumer()
         XCTAssertNil(try check.nextDelivery(timeout: 0.5))
@@ -245,7 +249,7 @@ final class BrokerTests: XCTestCase {
 
     func testEventQueueReceivesOnlyMatchingEvents() throws {
         let listener = try connect(name: "listener")
-        try listener.declareTopology()
+        try JobQueues(listener).declare()
         let user = "u-\(UUID().uuidString.prefix(8))"
         let queue = try listener.declareEventQueue(bindingKeys: [EventRouting.bindingKey(model: "digits", user: user)])
         XCTAssertTrue(queue.hasPrefix("amq.gen-"), queue)
@@ -278,8 +282,9 @@ final class BrokerTests: XCTestCase {
     }
 
     func testUnroutableMandatoryPublishIsReturned() throws {
+        // The jobs exchange routes every key to some partition; the dead-letter exchange routes one key only.
         let publisher = try publisher()
-        XCTAssertThrowsError(try publisher.publish(exchange: Topology.jobsExchange, routingKey: "no-such-key",
+        XCTAssertThrowsError(try publisher.publish(exchange: Topology.deadExchange, routingKey: "no-such-key",
                                                    body: Data("x".utf8), contentType: "text/plain", mandatory: true)) { error in
             guard let error = error as? AMQPError else { return XCTFail("\(error)") }
             XCTAssertEqual(error.kind, .publishReturned)
@@ -287,7 +292,7 @@ final class BrokerTests: XCTestCase {
             XCTAssertFalse(error.isTransient)
         }
         // Not mandatory: dropped silently, still confirmed.
-        XCTAssertNoThrow(try publisher.publish(exchange: Topology.jobsExchange, routingKey: "no-such-key",
+        XCTAssertNoThrow(try publisher.publish(exchange: Topology.deadExchange, routingKey: "no-such-key",
                                                body: Data("x".utf8), contentType: "text/plain"))
         XCTAssertTrue(publisher.isOpen)
     }
@@ -304,7 +309,7 @@ final class BrokerTests: XCTestCase {
             XCTAssertFalse(error.description.contains(":attune@"), error.description)
         }
         XCTAssertTrue(connection.isOpen)
-        XCTAssertEqual(try connection.queueDepth(Topology.jobsQueue).consumers, 1)
+        XCTAssertEqual(try connection.queueDepth(Topology.jobsQueues[0]).consumers, 1)
     }
 
     func testRedeclaringWithOtherArgumentsIs406() throws {
@@ -315,10 +320,10 @@ final class BrokerTests: XCTestCase {
         try setup.declareQueue(retryQueue, boundTo: Topology.retryExchange, key: retryQueue)
         defer {
             try? setup.deleteQueue(retryQueue)
-            try? setup.declareTopology()
+            try? JobQueues(setup).declare()
         }
         let connection = try connect(name: "mismatch")
-        XCTAssertThrowsError(try connection.declareTopology()) { error in
+        XCTAssertThrowsError(try JobQueues(connection).declare()) { error in
             guard let error = error as? AMQPError else { return XCTFail("\(error)") }
             XCTAssertEqual(error.kind, .channelClosed)
             XCTAssertEqual(error.replyCode, 406)

@@ -13,8 +13,8 @@ final class DeadLetterQueueTests: XCTestCase {
     override func setUpWithError() throws {
         url = try requireBrokerURL()
         let admin = try connect("setup")
-        try admin.declareTopology()
-        try admin.purge(Topology.jobsQueue)
+        try JobQueues(admin).declare()
+        try admin.purgeJobs()
         try admin.purge(Topology.deadQueue)
     }
 
@@ -35,17 +35,18 @@ final class DeadLetterQueueTests: XCTestCase {
         let publisher = try connect("publisher")
         for (job, encoding) in jobs {
             let (body, contentType) = try JobCodec.encode(job, as: encoding)
-            try publisher.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey, body: body,
-                                  contentType: contentType, headers: ["x-producer": "producer of \(job.jobID)"],
-                                  messageId: job.jobID, mandatory: true)
+            // One routing key for all, so they wait in one partition, in publish order.
+            try JobQueues(publisher).publishJob(body: body, contentType: contentType, user: "dlq-user",
+                                                messageId: job.jobID,
+                                                headers: ["x-producer": "producer of \(job.jobID)"])
         }
         let worker = try connect("worker")
         try worker.setPrefetch(1)
-        try worker.consume(queue: Topology.jobsQueue)
+        try worker.consumeEveryPartition()
         for (job, _) in jobs {
             let delivery = try XCTUnwrap(try waitForDelivery(worker, seconds: 5))
             XCTAssertEqual(delivery.messageId, job.jobID)
-            try worker.deadLetter(delivery, reason: "reason for \(job.jobID)")
+            try JobQueues(worker).deadLetter(delivery, reason: "reason for \(job.jobID)")
         }
         // Its consumer would otherwise take the replayed jobs.
         worker.close()
@@ -94,10 +95,10 @@ final class DeadLetterQueueTests: XCTestCase {
     func testJobTheBrokerDeadLetteredIsListedWithTheBrokersReason() throws {
         let publisher = try connect("publisher")
         let (body, contentType) = try JobCodec.encode(makeJob(id: "dlq-broker"), as: .protobuf)
-        try publisher.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey, body: body,
-                              contentType: contentType, messageId: "dlq-broker", mandatory: true)
+        try JobQueues(publisher).publishJob(body: body, contentType: contentType, user: "dlq-user",
+                              messageId: "dlq-broker")
         let worker = try connect("worker")
-        try worker.consume(queue: Topology.jobsQueue)
+        try worker.consumeEveryPartition()
         let delivery = try XCTUnwrap(try waitForDelivery(worker, seconds: 5))
         // The quorum queue's own dead-lettering, as after the delivery limit: no x-attune-reason.
         try worker.reject(delivery.deliveryTag, requeue: false)
@@ -110,7 +111,7 @@ final class DeadLetterQueueTests: XCTestCase {
         XCTAssertEqual(letter.jobId, "dlq-broker")
         XCTAssertEqual(letter.reasonSource, .broker)
         XCTAssertTrue(letter.reason.contains("rejected"), letter.reason)
-        XCTAssertTrue(letter.reason.contains(Topology.jobsQueue), letter.reason)
+        XCTAssertTrue(letter.reason.contains(Topology.jobsExchange), letter.reason)
         let when = try XCTUnwrap(letter.deadLetteredAt, "x-death carries the time")
         XCTAssertLessThan(abs(when.timeIntervalSinceNow), 30)
     }
@@ -118,12 +119,12 @@ final class DeadLetterQueueTests: XCTestCase {
     func testJobOverTheDeliveryLimitIsListedWithTheBrokersReason() throws {
         let publisher = try connect("publisher")
         let (body, contentType) = try JobCodec.encode(makeJob(id: "dlq-crashy"), as: .json)
-        try publisher.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey, body: body,
-                              contentType: contentType, messageId: "dlq-crashy", mandatory: true)
+        try JobQueues(publisher).publishJob(body: body, contentType: contentType, user: "dlq-user",
+                              messageId: "dlq-crashy")
         // A worker that dies mid-job returns the delivery; the quorum queue counts each return.
         let worker = try connect("worker")
         try worker.setPrefetch(1)
-        try worker.consume(queue: Topology.jobsQueue)
+        try worker.consumeEveryPartition()
         var deliveries = 0
         while let delivery = try waitForDelivery(worker, seconds: 2) {
             deliveries += 1
@@ -152,7 +153,7 @@ final class DeadLetterQueueTests: XCTestCase {
         XCTAssertEqual(try queue.replay(jobId: "no-such-job").count, 0)
 
         let worker = try connect("worker")
-        try worker.consume(queue: Topology.jobsQueue)
+        try worker.consumeEveryPartition()
         let replayed = try XCTUnwrap(try waitForDelivery(worker, seconds: 5))
         XCTAssertEqual(replayed.messageId, "dlq-2")
         XCTAssertEqual(try JobCodec.decode(replayed.body, contentType: replayed.contentType),
@@ -170,10 +171,13 @@ final class DeadLetterQueueTests: XCTestCase {
         let queue = DeadLetterQueue(url: url)
         XCTAssertEqual(try queue.replay(jobId: nil).map(\.jobId), ["dlq-x", "dlq-y"])
         try waitForDepth(Topology.deadQueue, 0)
-        try waitForDepth(Topology.jobsQueue, 2)
+        let depth = try connect("depth")
+        let deadline = Date().addingTimeInterval(5)
+        while try depth.jobsWaiting() != 2, Date() < deadline { usleep(50_000) }
+        XCTAssertEqual(try depth.jobsWaiting(), 2)
 
         let admin = try connect("admin")
-        try admin.purge(Topology.jobsQueue)
+        try admin.purgeJobs()
         try deadLetterThroughAWorker(jobs(["dlq-p", "dlq-q", "dlq-r"]))
         XCTAssertEqual(try queue.purge(jobId: "dlq-q"), 1)
         XCTAssertEqual(try queue.list().map(\.jobId), ["dlq-p", "dlq-r"])

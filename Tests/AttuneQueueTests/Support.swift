@@ -48,3 +48,19 @@ func waitForDelivery(_ connection: AMQPConnection, seconds: TimeInterval) throws
     }
     return nil
 }
+
+/// The jobs queue is partitioned: tests that stand in for a worker consume every partition and count
+/// over all of them.
+extension AMQPConnection {
+    func consumeEveryPartition() throws {
+        for queue in Topology.jobsQueues { try consume(queue: queue) }
+    }
+
+    func jobsWaiting() throws -> Int {
+        try Topology.jobsQueues.reduce(0) { $0 + (try queueDepth($1).messages) }
+    }
+
+    func purgeJobs() throws {
+        for queue in Topology.jobsQueues { try purge(queue) }
+    }
+}

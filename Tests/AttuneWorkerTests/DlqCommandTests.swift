@@ -38,7 +38,9 @@ final class DlqCommandTests: XCTestCase {
         // Two refused jobs: one names a model not imported yet, one is not a job at all.
         let early = Digits.job(user: "erin", model: fleet.model + "_later", rows: 0..<10, epochs: 1)
         try fleet.publish(early)
-        try fleet.publish(body: Data("{\"jobId\": ".utf8), contentType: "application/json", messageId: "cut-short")
+        // Erin's routing key for both, so they wait in one partition and are dead-lettered in this order.
+        try fleet.publish(body: Data("{\"jobId\": ".utf8), contentType: "application/json", messageId: "cut-short",
+                          routingKey: "erin")
         _ = try fleet.events(untilEnded: 2)
 
         let lines = try listed(fleet)

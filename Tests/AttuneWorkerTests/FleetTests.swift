@@ -98,29 +98,34 @@ final class FleetTests: XCTestCase {
         XCTAssertEqual(a, b, "same base, samples, parameters and seed must give bit-identical weights")
     }
 
-    /// Two worker processes compete for one queue; jobs for one user from both lose no update.
-    func testWorkerProcessesShareTheQueueAndLoseNoUpdate() throws {
+    /// Two worker processes split the partitions between them: both take jobs, and a hot user's jobs all
+    /// go to one of them and apply in publish order, with nothing raced or retrained.
+    func testWorkerProcessesSplitThePartitionsAndApplyAUsersJobsInOrder() throws {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
         try fleet.startWorkerProcess(name: "proc-1", concurrency: 2)
         try fleet.startWorkerProcess(name: "proc-2", concurrency: 2)
-        var jobIDs: [String: [String]] = [:]
-        for index in 0..<12 {
-            // Half the jobs go to one hot user, so both processes race for the same head.
+        try fleet.waitForPartitionHolders(2)
+        var hotJobs: [String] = []
+        var count = 0
+        for index in 0..<30 {
+            // Every other job goes to one hot user; the rest to 15 users spread over the partitions.
             let user = index % 2 == 0 ? "hot" : "cold\(index)"
             let job = Digits.job(user: user, model: fleet.model, rows: (index * 20)..<(index * 20 + 20), epochs: 1)
-            jobIDs[user, default: []].append(job.jobID)
+            if user == "hot" { hotJobs.append(job.jobID) }
             try fleet.publish(job)
+            count += 1
         }
-        let events = try fleet.events(untilEnded: 12, timeout: 120)
+        let events = try fleet.events(untilEnded: count, timeout: 120)
         let completed = events.filter { $0.kind == .completed }
-        XCTAssertEqual(completed.count, 12)
+        XCTAssertEqual(completed.count, count)
         XCTAssertEqual(Set(completed.map(\.worker)), ["proc-1", "proc-2"], "both processes should take jobs")
+        XCTAssertEqual(Set(completed.filter { $0.userID == "hot" }.map(\.worker)).count, 1,
+                       "one user's jobs wait in one partition, which one worker holds")
 
         let hot = try fleet.registry.history(user: "hot", model: fleet.model)
-        XCTAssertEqual(hot.map(\.version), Array(1...6))
-        XCTAssertEqual(Set(hot.map(\.jobId)), Set(jobIDs["hot"]!))
-        XCTAssertEqual(try fleet.registry.head(user: "hot", model: fleet.model)?.version, 6)
+        XCTAssertEqual(hot.map(\.version), Array(1...hotJobs.count))
+        XCTAssertEqual(hot.map(\.jobId), hotJobs, "applied in publish order")
         fleet.stop()
         XCTAssertEqual(fleet.workerExitStatuses, [0, 0], "SIGTERM should stop workers cleanly")
     }

@@ -105,9 +105,9 @@ final class FleetHarness {
         let bytes = try Data(contentsOf: Paths.digitsModel)
         _ = try registry.importBaseModel(name: model, kind: "neuralNetworkClassifier", bytes: bytes)
         publisher = try AMQPConnection(url: amqpURL, connectionName: "test-publisher")
-        try publisher.declareTopology()
+        try JobQueues(publisher).declare()
         try publisher.enableConfirms()
-        _ = try publisher.purge(Topology.jobsQueue)
+        for queue in Topology.jobsQueues { _ = try publisher.purge(queue) }
         _ = try publisher.purge(Topology.deadQueue)
         listener = try AMQPConnection(url: amqpURL, connectionName: "test-listener")
         // Every event, not just this model's: a job that cannot be decoded, or names another model, reports
@@ -148,14 +148,33 @@ final class FleetHarness {
         processes.append(process)
     }
 
-    func publish(_ job: Attune_V1_TrainingJob, as encoding: JobEncoding = .protobuf) throws {
-        let (body, contentType) = try JobCodec.encode(job, as: encoding)
-        try publish(body: body, contentType: contentType, messageId: job.jobID)
+    /// Waits until `count` workers hold partition leases between them, every partition held.
+    func waitForPartitionHolders(_ count: Int, timeout: TimeInterval = 20) throws {
+        let deadline = Date().addingTimeInterval(timeout)
+        var seen = (holders: 0, partitions: 0)
+        while Date() < deadline {
+            let row = try registry.connection.query("""
+                SELECT count(DISTINCT pid), count(*) FROM pg_locks
+                WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = 417002
+                """)[0]
+            seen = (try row.int(0), try row.int(1))
+            if seen.holders == count && seen.partitions == Topology.partitionCount { return }
+            Thread.sleep(forTimeInterval: 0.2)
+        }
+        XCTFail("partitions held by \(seen.holders) workers (\(seen.partitions) partitions), expected \(count)")
     }
 
-    func publish(body: Data, contentType: String, messageId: String) throws {
-        try publisher.publish(exchange: Topology.jobsExchange, routingKey: Topology.jobsRoutingKey, body: body,
-                              contentType: contentType, messageId: messageId)
+    func publish(_ job: Attune_V1_TrainingJob, as encoding: JobEncoding = .protobuf) throws {
+        let (body, contentType) = try JobCodec.encode(job, as: encoding)
+        try publish(body: body, contentType: contentType, messageId: job.jobID,
+                    routingKey: Topology.routingKey(forUser: job.userID))
+    }
+
+    /// Publishes with `routingKey` (a user id), or with the message id when nil, as a producer that
+    /// cannot read the body would.
+    func publish(body: Data, contentType: String, messageId: String, routingKey: String? = nil) throws {
+        try publisher.publish(exchange: Topology.jobsExchange, routingKey: routingKey ?? messageId, body: body,
+                              contentType: contentType, messageId: messageId, mandatory: true)
     }
 
     /// Events until `count` jobs have ended (completed, or failed for good).

@@ -1,0 +1,114 @@
+import Foundation
+
+/// Attune's queues on one connection: the topology every worker and producer declares, and the two ways
+/// a job leaves its partition other than by an ack: to the dead-letter queue with a reason, or through a
+/// delayed retry queue back to its partition. `AMQPConnection` knows AMQP; this knows Attune.
+public struct JobQueues {
+    public let connection: AMQPConnection
+
+    public init(_ connection: AMQPConnection) {
+        self.connection = connection
+    }
+
+    /// Declares the exchanges, queues and bindings in `Topology`. Idempotent. Fails with 406
+    /// PRECONDITION_FAILED if the broker has one of them with other arguments (delete the old one
+    /// first), and with 503 COMMAND_INVALID or 404 when the consistent-hash plugin is not enabled.
+    public func declare() throws {
+        try connection.declareExchange(Topology.jobsExchange, type: "x-consistent-hash")
+        try connection.declareExchange(Topology.deadExchange, type: "direct")
+        try connection.declareExchange(Topology.retryExchange, type: "headers")
+        try connection.declareExchange(Topology.eventsExchange, type: "topic")
+
+        try connection.declareQueue(Topology.deadQueue, arguments: [])
+        try connection.bind(queue: Topology.deadQueue, exchange: Topology.deadExchange, key: Topology.deadRoutingKey)
+
+        for queue in Topology.jobsQueues {
+            try connection.declareQueue(queue, arguments: [
+                ("x-queue-type", .string("quorum")),
+                ("x-single-active-consumer", .bool(true)),
+                ("x-delivery-limit", .int(Int64(Topology.deliveryLimit))),
+                ("x-dead-letter-exchange", .string(Topology.deadExchange)),
+                ("x-dead-letter-routing-key", .string(Topology.deadRoutingKey)),
+            ])
+            // The binding key of a consistent-hash exchange is the queue's weight: all equal.
+            try connection.bind(queue: queue, exchange: Topology.jobsExchange, key: "1")
+        }
+        for delay in Topology.retryDelaysMs { try declareRetryQueue(delayMs: delay) }
+    }
+
+    private func declareRetryQueue(delayMs: Int) throws {
+        let name = Topology.retryQueue(delayMs: delayMs)
+        // No dead-letter routing key: an expired copy keeps the routing key it was published with (its
+        // user's), so the jobs exchange hashes it back onto the same partition.
+        try connection.declareQueue(name, arguments: [
+            ("x-message-ttl", .int(Int64(delayMs))),
+            ("x-dead-letter-exchange", .string(Topology.jobsExchange)),
+        ])
+        try connection.bind(queue: name, exchange: Topology.retryExchange, key: "",
+                            arguments: [("x-match", .string("all")), (Topology.retryDelayHeader, .string(String(delayMs)))])
+    }
+
+    /// Publishes a job (mandatory, persistent, waiting for the confirm when confirms are on) with its
+    /// user id as routing key.
+    public func publishJob(body: Data, contentType: String, user: String, messageId: String?,
+                           headers: [String: String] = [:]) throws {
+        try connection.publish(exchange: Topology.jobsExchange, routingKey: Topology.routingKey(forUser: user),
+                               body: body, contentType: contentType, headers: headers, messageId: messageId,
+                               mandatory: true)
+    }
+
+    // MARK: Dead letters and retries
+
+    /// Moves a job to `attune.jobs.dead` with its reason in the `x-attune-reason` header: publishes a copy
+    /// there (waiting for the confirm when confirms are on), then acks the original. A crash in between
+    /// leaves the job in both places rather than in neither.
+    public func deadLetter(_ delivery: Delivery, reason: String) throws {
+        let copy = Self.deadLetterCopy(of: delivery, reason: reason)
+        try connection.publish(exchange: copy.exchange, routingKey: copy.routingKey, body: delivery.body,
+                               contentType: delivery.contentType ?? "", headers: copy.headers,
+                               messageId: delivery.messageId, mandatory: true)
+        try connection.ack(delivery.deliveryTag)
+    }
+
+    /// Sends a job back to its partition after `delayMs` through the retry queue for that delay, with
+    /// `x-attune-attempt: attempt`; then acks the original.
+    public func retryLater(_ delivery: Delivery, delayMs: Int, attempt: Int) throws {
+        let copy = try retryCopy(of: delivery, delayMs: delayMs, attempt: attempt)
+        try connection.publish(exchange: copy.exchange, routingKey: copy.routingKey, body: delivery.body,
+                               contentType: delivery.contentType ?? "", headers: copy.headers,
+                               messageId: delivery.messageId, mandatory: true)
+        try connection.ack(delivery.deliveryTag)
+    }
+
+    /// Where a copy of a delivery goes and what it carries; the worker publishes it without waiting and
+    /// acks the original when the broker confirms the copy.
+    public struct Copy: Equatable, Sendable {
+        public let exchange: String
+        public let routingKey: String
+        public let headers: [String: String]
+    }
+
+    /// The dead-letter copy of a delivery: the reason, the time, and the routing key to replay it with.
+    public static func deadLetterCopy(of delivery: Delivery, reason: String, now: Date = Date()) -> Copy {
+        var headers = delivery.headers
+        headers[Topology.reasonHeader] = reason
+        headers[Topology.deadLetteredAtHeader] = String(Int64((now.timeIntervalSince1970 * 1000).rounded()))
+        if headers[Topology.routingKeyHeader] == nil, !delivery.routingKey.isEmpty {
+            headers[Topology.routingKeyHeader] = delivery.routingKey
+        }
+        return Copy(exchange: Topology.deadExchange, routingKey: Topology.deadRoutingKey, headers: headers)
+    }
+
+    /// The retry copy of a delivery. Declares the retry queue for an unusual delay first.
+    public func retryCopy(of delivery: Delivery, delayMs: Int, attempt: Int) throws -> Copy {
+        guard delayMs > 0 else {
+            throw AMQPError(kind: .invalidArgument, operation: "retry delivery \(delivery.deliveryTag)",
+                            detail: "delayMs must be positive, got \(delayMs)", endpoint: connection.endpoint)
+        }
+        if !Topology.retryDelaysMs.contains(delayMs) { try declareRetryQueue(delayMs: delayMs) }
+        var headers = delivery.headers
+        headers[Topology.attemptHeader] = String(attempt)
+        headers[Topology.retryDelayHeader] = String(delayMs)
+        return Copy(exchange: Topology.retryExchange, routingKey: delivery.routingKey, headers: headers)
+    }
+}

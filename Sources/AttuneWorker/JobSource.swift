@@ -1,0 +1,47 @@
+import AttuneSpec
+import Foundation
+
+/// One job as it reaches a worker slot: the message as received, and what its source needs to settle it.
+public struct IncomingJob: Sendable {
+    /// The source's handle for settling it (RabbitMQ: connection generation and delivery tag).
+    public let receipt: Receipt
+    public let body: Data
+    public let contentType: String?
+    public let messageId: String?
+    /// Transient failures recorded on the message before this delivery.
+    public let previousAttempts: Int
+
+    public struct Receipt: Hashable, Sendable {
+        public let generation: Int
+        public let tag: UInt64
+        public init(generation: Int, tag: UInt64) { self.generation = generation; self.tag = tag }
+    }
+
+    public init(receipt: Receipt, body: Data, contentType: String?, messageId: String?, previousAttempts: Int = 0) {
+        self.receipt = receipt
+        self.body = body
+        self.contentType = contentType
+        self.messageId = messageId
+        self.previousAttempts = previousAttempts
+    }
+}
+
+/// One job's settlement: which delivery, and what to do with it.
+public struct SettledJob: Sendable {
+    public let receipt: IncomingJob.Receipt
+    public let decision: SettlementDecision
+}
+
+/// Where a worker's jobs come from and how it settles them; the worker depends on this, not on RabbitMQ.
+/// Slots call it from their own threads.
+public protocol JobSource: AnyObject, Sendable {
+    /// The next jobs for `slot`, oldest first, at most `max`; blocks until there is at least one. Nil
+    /// once the source is stopping and has nothing more for this slot.
+    func take(slot: Int, max: Int) -> [IncomingJob]?
+    /// A progress event, published as soon as the source can, without waiting for the broker.
+    func publish(_ event: Attune_V1_Event)
+    /// Carries out each decision (in order) and publishes its event once the action took effect.
+    func settle(_ jobs: [SettledJob])
+    /// True once jobs in hand should be given up (shutdown past its deadline).
+    var isAbandoning: Bool { get }
+}

@@ -1,0 +1,273 @@
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+import AttuneTraining
+import Foundation
+
+/// The steps of a batch of jobs, in the order they happen: decode and check each job, look up the
+/// applied job ids and the users' heads (one round trip), train each job from its user's head (a user's
+/// later job from the earlier one's result), commit them all (one round trip, one transaction), and retrain
+/// from the new head any job whose head another worker moved meanwhile.
+///
+/// Pure of the broker: runs on a slot's thread against a `JobStore`, reporting progress through `report`.
+final class JobSteps {
+    private let store: JobStore
+    private let configuration: WorkerConfiguration
+    /// Base models are immutable once imported, so a decoded model is kept for the slot's lifetime.
+    private var baseModels: [String: UpdatableModel] = [:]
+    /// A job that loses the race for its head retrains from the new head; this bounds a pathological loop.
+    private let maxHeadRaces = 20
+    /// Jobs trained again because another worker moved their user's head between lookup and commit.
+    private(set) var retrains = 0
+
+    init(store: JobStore, configuration: WorkerConfiguration) {
+        self.store = store
+        self.configuration = configuration
+    }
+
+    /// One readable job on its way through the steps.
+    private struct Candidate {
+        let index: Int
+        let job: Attune_V1_TrainingJob
+        let digest: String
+        var key: UserModel { UserModel(user: job.userID, model: job.model) }
+    }
+
+    /// A trained job waiting for the commit.
+    private struct Staged {
+        let candidate: Candidate
+        let version: NewPersonalVersion
+        let result: UpdateResult
+    }
+
+    /// What a user's next job trains from: the stored head, or the result of the user's previous job in
+    /// this batch.
+    private struct Head {
+        let version: Int
+        let baseVersion: Int?
+        let state: Attune_V1_UpdateState?
+    }
+
+    /// - Returns: one result per job, in the order given, with the job as decoded (or as far as it was).
+    func run(_ incoming: [IncomingJob], report: @escaping (Attune_V1_Event) -> Void,
+             isAbandoning: @escaping () -> Bool) -> [(job: Attune_V1_TrainingJob, result: JobResult)] {
+        var jobs = incoming.map { unreadable($0) }
+        var results = [JobResult?](repeating: nil, count: incoming.count)
+        var pending: [Candidate] = []
+        for (index, delivery) in incoming.enumerated() {
+            do {
+                let job = try JobCodec.decode(delivery.body, contentType: delivery.contentType,
+                                              maxBytes: configuration.limits.maxBodyBytes)
+                jobs[index] = job
+                try Identifier.validate(job.jobID, field: "job_id")
+                try Identifier.validate(job.userID, field: "user_id")
+                try Identifier.validate(job.model, field: "model")
+                pending.append(Candidate(index: index, job: job, digest: try JobDigest.of(job)))
+            } catch {
+                results[index] = .outcome(FailureClassifier.outcome(for: error))
+            }
+        }
+        for race in 0..<maxHeadRaces where !pending.isEmpty {
+            if race > 0 { retrains += pending.count }
+            pending = attempt(pending, results: &results, report: report, isAbandoning: isAbandoning)
+        }
+        for candidate in pending {
+            results[candidate.index] = .outcome(.transient(
+                reason: "the head of \(candidate.job.model)/\(candidate.job.userID) kept moving during \(maxHeadRaces) attempts"))
+        }
+        return zip(jobs, results).map { ($0, $1 ?? .handedBack) }
+    }
+
+    /// One round of look up, train, commit. Returns the candidates whose head moved, to train again.
+    private func attempt(_ candidates: [Candidate], results: inout [JobResult?],
+                         report: @escaping (Attune_V1_Event) -> Void,
+                         isAbandoning: @escaping () -> Bool) -> [Candidate] {
+        let lookup: JobLookup
+        do {
+            lookup = try store.lookup(jobIds: candidates.map(\.job.jobID), heads: unique(candidates.map(\.key)),
+                                      models: unique(candidates.map(\.job.model)))
+        } catch {
+            for candidate in candidates { results[candidate.index] = .outcome(FailureClassifier.outcome(for: error)) }
+            return []
+        }
+        var heads: [UserModel: Head] = [:]
+        var staged: [Staged] = []
+        for candidate in candidates {
+            if let applied = lookup.applied[candidate.job.jobID] {
+                results[candidate.index] = .outcome(RepeatedJob.outcome(jobId: candidate.job.jobID,
+                                                                        digest: candidate.digest, applied: applied))
+                continue
+            }
+            if isAbandoning() {
+                results[candidate.index] = .handedBack
+                continue
+            }
+            do {
+                let head = try heads[candidate.key] ?? storedHead(candidate.key, lookup)
+                let trained = try train(candidate, from: head, newestBase: lookup.newestBase[candidate.job.model],
+                                        report: report, isAbandoning: isAbandoning)
+                staged.append(trained)
+                heads[candidate.key] = Head(version: trained.version.parentVersion + 1,
+                                            baseVersion: trained.version.baseVersion, state: trained.result.state)
+            } catch let cancelled as TaskCancellation {
+                results[candidate.index] = cancelled.result
+            } catch {
+                results[candidate.index] = .outcome(FailureClassifier.outcome(for: error))
+            }
+        }
+        return commit(staged, results: &results)
+    }
+
+    private func storedHead(_ key: UserModel, _ lookup: JobLookup) throws -> Head {
+        guard let stored = lookup.heads[key] else {
+            return Head(version: 0, baseVersion: lookup.baseOfNewLines[key], state: nil)
+        }
+        return Head(version: stored.version, baseVersion: stored.baseVersion,
+                    state: try Attune_V1_UpdateState(serializedBytes: stored.state))
+    }
+
+    /// Why a task stopped before its end, as the job's result.
+    private struct TaskCancellation: Error {
+        let result: JobResult
+    }
+
+    private func train(_ candidate: Candidate, from head: Head, newestBase: Int?,
+                       report: @escaping (Attune_V1_Event) -> Void,
+                       isAbandoning: @escaping () -> Bool) throws -> Staged {
+        let job = candidate.job
+        let events = EventFactory(job: job, worker: configuration.workerName)
+        let baseVersion = try resolveBaseVersion(job: job, headBase: head.baseVersion, newest: newestBase)
+        let model = try baseModel(name: job.model, version: baseVersion)
+        let parameters = try model.resolveParameters(job.parameters)
+        let batch = try model.prepareBatch(job.samples, maxSamples: configuration.limits.maxSamples)
+        let budget = configuration.maxTaskSeconds
+        let started = Date()
+        var overBudget = false
+        let isCancelled = {
+            if isAbandoning() { return true }
+            if let budget, Date().timeIntervalSince(started) > budget { overBudget = true; return true }
+            return false
+        }
+        let throttle = Throttle(interval: configuration.miniBatchEventInterval)
+        let result: UpdateResult
+        do {
+            result = try UpdateTask(model: model, state: head.state, batch: batch, parameters: parameters).run(
+                progress: { progress in
+                    switch progress {
+                    case .trainingBegin(let samples, let epochs):
+                        report(events.make(.trainingBegin) {
+                            $0.version = Int64(head.version); $0.samples = Int64(samples); $0.epochs = Int64(epochs)
+                        })
+                    case .miniBatchEnd(let epoch, let batch, let loss):
+                        guard throttle.allow() else { return }
+                        report(events.make(.miniBatchEnd) {
+                            $0.epoch = Int64(epoch); $0.miniBatch = Int64(batch); $0.loss = loss
+                        })
+                    case .epochEnd(let epoch, let loss):
+                        report(events.make(.epochEnd) {
+                            $0.epoch = Int64(epoch); $0.epochs = Int64(parameters.epochs); $0.loss = loss
+                        })
+                    }
+                }, isCancelled: isCancelled)
+        } catch UpdateTaskError.cancelled {
+            if overBudget, let budget {
+                throw TaskCancellation(result: .outcome(.rejected(reason: Self.overBudgetReason(budget))))
+            }
+            throw TaskCancellation(result: .handedBack)
+        }
+        let version = NewPersonalVersion(
+            user: job.userID, model: job.model, baseVersion: baseVersion, parentVersion: head.version,
+            jobId: job.jobID, state: try result.state.serializedData(), loss: result.finalLoss,
+            samples: result.samples, epochs: result.epochs, durationSeconds: result.durationSeconds,
+            worker: configuration.workerName, jobDigest: candidate.digest)
+        return Staged(candidate: candidate, version: version, result: result)
+    }
+
+    /// Commits what was trained; returns the candidates to train again from a moved head.
+    private func commit(_ staged: [Staged], results: inout [JobResult?]) -> [Candidate] {
+        guard !staged.isEmpty else { return [] }
+        let outcomes: [Result<CommitOutcome, RegistryError>]
+        do {
+            outcomes = try store.commitVersions(staged.map(\.version))
+        } catch {
+            for entry in staged { results[entry.candidate.index] = .outcome(FailureClassifier.outcome(for: error)) }
+            return []
+        }
+        var again: [Candidate] = []
+        for (entry, outcome) in zip(staged, outcomes) {
+            let candidate = entry.candidate
+            switch outcome {
+            case .success(.committed(let version)):
+                results[candidate.index] = .outcome(.committed(version: version, loss: entry.result.finalLoss,
+                                                               durationSeconds: entry.result.durationSeconds))
+            case .success(.duplicate(let existing)):
+                results[candidate.index] = .outcome(RepeatedJob.outcome(jobId: candidate.job.jobID,
+                                                                        digest: candidate.digest, applied: existing))
+            case .success(.headMoved):
+                again.append(candidate)
+            case .failure(let error):
+                results[candidate.index] = .outcome(FailureClassifier.outcome(for: error))
+            }
+        }
+        return again
+    }
+
+    static func overBudgetReason(_ seconds: TimeInterval) -> String {
+        "training ran past the worker's budget of \(Int(seconds)) s (--max-task-seconds) and was cancelled; "
+            + "nothing was committed. The budget stays below RabbitMQ's consumer_timeout, which would close the "
+            + "channel of a delivery unacked for longer: send fewer samples or epochs per job, or raise "
+            + "consumer_timeout on the broker and --max-task-seconds with it"
+    }
+
+    /// A user's line stays on the base version it started from; a job may name it but not switch it.
+    private func resolveBaseVersion(job: Attune_V1_TrainingJob, headBase: Int?, newest: Int?) throws -> Int {
+        let requested = Int(job.baseVersion)
+        if let headBase {
+            if requested != 0 && requested != headBase {
+                throw JobRejection(description: "user \(job.userID) personalizes \(job.model)@\(headBase); the job asks for base version \(requested). Omit base_version or send \(headBase)")
+            }
+            return headBase
+        }
+        if requested != 0 { return requested }
+        guard let newest else { throw RegistryError.unknownModel(job.model, nil) }
+        return newest
+    }
+
+    private func baseModel(name: String, version: Int) throws -> UpdatableModel {
+        let key = "\(name)@\(version)"
+        if let cached = baseModels[key] { return cached }
+        let model = try UpdatableModel(spec: ModelFile.decode(store.baseModelBytes(name: name, version: version)))
+        baseModels[key] = model
+        return model
+    }
+
+    /// A job as far as it could be read: its id from the message, for the event and the log.
+    private func unreadable(_ delivery: IncomingJob) -> Attune_V1_TrainingJob {
+        var job = Attune_V1_TrainingJob()
+        job.jobID = delivery.messageId ?? ""
+        return job
+    }
+
+    private func unique<T: Hashable>(_ values: [T]) -> [T] {
+        var seen = Set<T>()
+        return values.filter { seen.insert($0).inserted }
+    }
+}
+
+/// Lets one event through per interval; the first only once an interval has passed since the task
+/// began, so a task shorter than the interval sends none (its epoch events say the same).
+final class Throttle {
+    private let interval: TimeInterval
+    private var last: Date
+
+    init(interval: TimeInterval, now: Date = Date()) {
+        self.interval = interval
+        self.last = now
+    }
+
+    func allow(now: Date = Date()) -> Bool {
+        if now.timeIntervalSince(last) < interval { return false }
+        last = now
+        return true
+    }
+}

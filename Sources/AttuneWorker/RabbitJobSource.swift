@@ -1,0 +1,439 @@
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+import Foundation
+import Logging
+
+/// The RabbitMQ side of a worker: one connection, served by one thread (rabbitmq-c is not thread-safe
+/// and answers heartbeats only inside its calls), consuming the partitions this worker holds, handing each
+/// delivery to the slot of its routing key (a user's jobs always to the same slot, in order), and carrying
+/// out the slots' settlements and events.
+///
+/// Nothing on the hot path waits on the broker: events and dead-letter or retry copies are published
+/// without waiting for their confirms; a copy's original is acked, and its event published, when the
+/// broker confirms the copy. Acks go out as soon as a slot settles, several at once where the delivery
+/// tags allow. The thread sleeps in poll(2) on its socket and an eventfd the slots signal.
+final class RabbitJobSource: JobSource, @unchecked Sendable {
+    private let configuration: WorkerConfiguration
+    private let logger: Logger
+    private let slotCount: Int
+
+    // Shared with the slots, under `lock`.
+    private let lock = NSCondition()
+    private var inboxes: [[IncomingJob]]
+    private var outbox: [Outgoing] = []
+    private var stopping = false
+    private var abandoning = false
+    /// Set once no delivery can arrive any more: the slots finish their inboxes and return.
+    private var drained = false
+    private var ioWaiting = false
+    private let wakeup = Wakeup()
+
+    // The broker thread's own.
+    private var generation = 0
+    private var connection: AMQPConnection?
+    private var partitions: PartitionConsumers?
+    private var leases: PartitionLeases?
+    private var lastLeaseLook = Date.distantPast
+    /// Delivery tags not settled yet, in order, with the partition each came from.
+    private var unsettled: [UInt64] = []
+    private var partitionOf: [UInt64: Int] = [:]
+    /// What to do when the broker confirms a dead-letter or retry copy.
+    private var onConfirm: [UInt64: CopyConfirmed] = [:]
+    private(set) var nackedEvents = 0
+
+    private enum Outgoing {
+        case event(Attune_V1_Event)
+        case settle(SettledJob)
+    }
+
+    private struct CopyConfirmed {
+        let receipt: IncomingJob.Receipt
+        let messageId: String
+        let event: Attune_V1_Event
+    }
+
+    init(configuration: WorkerConfiguration, logger: Logger) {
+        self.configuration = configuration
+        self.logger = logger
+        slotCount = max(1, configuration.concurrency)
+        inboxes = Array(repeating: [], count: slotCount)
+    }
+
+    // MARK: JobSource, called by the slots
+
+    func take(slot: Int, max: Int) -> [IncomingJob]? {
+        lock.withLock {
+            while inboxes[slot].isEmpty {
+                if drained || abandoning { return nil }
+                lock.wait()
+            }
+            let count = min(max, inboxes[slot].count)
+            defer { inboxes[slot].removeFirst(count) }
+            return Array(inboxes[slot].prefix(count))
+        }
+    }
+
+    func publish(_ event: Attune_V1_Event) { post([.event(event)]) }
+
+    func settle(_ jobs: [SettledJob]) { post(jobs.map { .settle($0) }) }
+
+    var isAbandoning: Bool { lock.withLock { abandoning } }
+
+    private func post(_ items: [Outgoing]) {
+        let wake = lock.withLock {
+            outbox.append(contentsOf: items)
+            return ioWaiting
+        }
+        if wake { wakeup.signal() }
+    }
+
+    // MARK: Stopping, called by the worker
+
+    /// No new deliveries; the jobs in hand are finished and settled, then `run()` returns.
+    func stop() {
+        lock.withLock { stopping = true; lock.broadcast() }
+        wakeup.signal()
+    }
+
+    /// Implies `stop()`: jobs not started go back to their queues, running tasks stop at their next
+    /// mini-batch and go back too.
+    func abandon() {
+        lock.withLock { stopping = true; abandoning = true; lock.broadcast() }
+        wakeup.signal()
+    }
+
+    private var isStopping: Bool { lock.withLock { stopping } }
+
+    // MARK: The broker thread
+
+    /// Serves the broker until stopped, reconnecting with backoff when the connection is lost.
+    func run() {
+        // Capped at 10 s: a broker restart takes 10-20 s, and a worker should be back soon after it.
+        var backoff = Backoff(initial: 0.5, maximum: 10)
+        while true {
+            do {
+                try connect()
+                backoff.reset()
+                try serve()
+                break
+            } catch {
+                logger.warning("lost the broker connection, reconnecting: \(error)")
+                disconnect()
+                if isStopping && !slotsHoldWork() { break }
+                pause(backoff.next())
+            }
+        }
+        disconnect()
+        leases?.close()
+        leases = nil
+        lock.withLock { drained = true; lock.broadcast() }
+    }
+
+    private func connect() throws {
+        let connection = try AMQPConnection(url: configuration.amqpURL, heartbeatSeconds: configuration.heartbeatSeconds,
+                                            connectionName: configuration.workerName)
+        do {
+            try JobQueues(connection).declare()
+            try connection.enableConfirms()
+            try connection.setPrefetch(UInt16(clamping: configuration.prefetch))
+        } catch {
+            connection.close()
+            throw error
+        }
+        generation += 1
+        self.connection = connection
+        partitions = PartitionConsumers(connection: connection)
+        lastLeaseLook = .distantPast
+    }
+
+    /// The loop: look at the partitions now and then, carry out what the slots posted, take what the
+    /// broker sent, then sleep until either side has something.
+    private func serve() throws {
+        guard let connection, let partitions else { return }
+        while true {
+            let (stop, abandon) = lock.withLock { (stopping, abandoning) }
+            if stop {
+                try partitions.cancelAll()
+            } else if Date().timeIntervalSince(lastLeaseLook) >= 1 {
+                try lookAtPartitions(partitions)
+            }
+            if abandon { try handBackWaitingJobs(connection) }
+            try carryOut(takeOutbox(), on: connection)
+            try handleConfirms(connection)
+            // After a cancel, deliveries the broker sent before its cancel-ok are among these; none come later.
+            for delivery in try connection.availableDeliveries() { hand(delivery, partitions) }
+            if stop {
+                lock.withLock { if !drained { drained = true; lock.broadcast() } }
+                releaseDrainedPartitions()
+                if unsettled.isEmpty && onConfirm.isEmpty && !slotsHoldWork() { return }
+            }
+            sleepUntilNews(connection)
+        }
+    }
+
+    private func takeOutbox() -> [Outgoing] {
+        lock.withLock {
+            defer { outbox.removeAll(keepingCapacity: true) }
+            return outbox
+        }
+    }
+
+    private func sleepUntilNews(_ connection: AMQPConnection) {
+        if connection.hasBufferedInput { return }
+        let idle = lock.withLock {
+            ioWaiting = outbox.isEmpty
+            return ioWaiting
+        }
+        guard idle else { return }
+        // Wake in time to send a heartbeat and to look at the partitions.
+        let heartbeat = connection.heartbeatSeconds > 0 ? Double(connection.heartbeatSeconds) / 2 : 1
+        wakeup.wait(socket: connection.socketDescriptor, timeout: min(heartbeat, 1))
+        wakeup.reset()
+        lock.withLock { ioWaiting = false }
+    }
+
+    private func slotsHoldWork() -> Bool {
+        lock.withLock { inboxes.contains { !$0.isEmpty } } || !unsettled.isEmpty
+    }
+
+    private func pause(_ seconds: TimeInterval) {
+        let deadline = Date().addingTimeInterval(seconds)
+        lock.withLock { while !stopping && lock.wait(until: deadline) {} }
+    }
+
+    private func disconnect() {
+        connection?.close()
+        connection = nil
+        partitions = nil
+        unsettled.removeAll()
+        partitionOf.removeAll()
+        onConfirm.removeAll()
+        // The broker puts back whatever the connection held; jobs still waiting for a slot are void.
+        lock.withLock { for slot in inboxes.indices { inboxes[slot].removeAll() } }
+    }
+
+    // MARK: Deliveries
+
+    private func hand(_ delivery: Delivery, _ partitions: PartitionConsumers) {
+        let partition = partitions.partition(ofConsumer: delivery.consumerTag)
+        insertUnsettled(delivery.deliveryTag)
+        partitionOf[delivery.deliveryTag] = partition
+        let job = IncomingJob(receipt: .init(generation: generation, tag: delivery.deliveryTag), body: delivery.body,
+                              contentType: delivery.contentType, messageId: delivery.messageId,
+                              previousAttempts: Int(delivery.headers[Topology.attemptHeader] ?? "") ?? 0)
+        // By routing key, so one user's jobs (one key) go to one slot in order and never race each other.
+        let slot = Int(Self.fnv1a(delivery.routingKey) % UInt64(slotCount))
+        lock.withLock {
+            inboxes[slot].append(job)
+            lock.broadcast()
+        }
+        deliveries[delivery.deliveryTag] = delivery
+    }
+
+    /// The deliveries not settled yet, for the copies a dead letter or retry publishes.
+    private var deliveries: [UInt64: Delivery] = [:]
+
+    static func fnv1a(_ text: String) -> UInt64 {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in text.utf8 { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
+        return hash
+    }
+
+    private func insertUnsettled(_ tag: UInt64) {
+        if let last = unsettled.last, last > tag {
+            unsettled.insert(tag, at: unsettled.firstIndex { $0 > tag }!)
+        } else {
+            unsettled.append(tag)
+        }
+    }
+
+    private func markSettled(_ tag: UInt64) {
+        if let index = unsettled.firstIndex(of: tag) { unsettled.remove(at: index) }
+        partitionOf.removeValue(forKey: tag)
+        deliveries.removeValue(forKey: tag)
+    }
+
+    // MARK: Settling
+
+    /// Requeues, copies and acks first (acks batched), then the events, in the order the slots posted them.
+    private func carryOut(_ items: [Outgoing], on connection: AMQPConnection) throws {
+        guard !items.isEmpty else { return }
+        var acks: [UInt64] = []
+        var events: [Attune_V1_Event] = []
+        for item in items {
+            switch item {
+            case .event(let event):
+                events.append(event)
+            case .settle(let job):
+                // A settlement for a delivery of a lost connection: the broker has put that delivery back.
+                guard job.receipt.generation == generation, let delivery = deliveries[job.receipt.tag] else { continue }
+                switch job.decision.action {
+                case .ack:
+                    acks.append(delivery.deliveryTag)
+                    events.append(job.decision.event)
+                case .requeue:
+                    try connection.reject(delivery.deliveryTag, requeue: true)
+                    markSettled(delivery.deliveryTag)
+                    events.append(job.decision.event)
+                case .deadLetter(let reason):
+                    try sendCopy(JobQueues.deadLetterCopy(of: delivery, reason: reason), of: delivery, job, connection)
+                case .retry(let delayMs, let attempt):
+                    let copy = try JobQueues(connection).retryCopy(of: delivery, delayMs: delayMs, attempt: attempt)
+                    try sendCopy(copy, of: delivery, job, connection)
+                }
+            }
+        }
+        try ack(acks, on: connection)
+        for event in events { try send(event, on: connection) }
+    }
+
+    private func sendCopy(_ copy: JobQueues.Copy, of delivery: Delivery, _ job: SettledJob,
+                          _ connection: AMQPConnection) throws {
+        // The copy's message id lets a broker return (no queue bound) be matched to it.
+        let messageId = delivery.messageId ?? "attune-copy-\(generation)-\(delivery.deliveryTag)"
+        let sequence = try connection.send(exchange: copy.exchange, routingKey: copy.routingKey, body: delivery.body,
+                                           contentType: delivery.contentType ?? "", headers: copy.headers,
+                                           messageId: messageId, mandatory: true)
+        if case .deadLetter(let reason) = job.decision.action {
+            logger.warning("job \(job.decision.event.jobID) dead-lettered: \(reason)")
+        } else {
+            logger.warning("job \(job.decision.event.jobID) failed transiently, will retry: \(job.decision.event.reason)")
+        }
+        guard let sequence else { return }
+        onConfirm[sequence] = CopyConfirmed(receipt: job.receipt, messageId: messageId, event: job.decision.event)
+    }
+
+    /// Acks `tags`: one multiple-ack for the longest run of the oldest unsettled tags, single acks for the rest.
+    private func ack(_ tags: [UInt64], on connection: AMQPConnection) throws {
+        guard !tags.isEmpty else { return }
+        let acking = Set(tags)
+        let run = unsettled.prefix { acking.contains($0) }
+        if let last = run.last, run.count > 1 {
+            try connection.ack(last, multiple: true)
+        }
+        let covered = run.count > 1 ? Set(run) : []
+        for tag in tags.sorted() where !covered.contains(tag) { try connection.ack(tag) }
+        for tag in tags { markSettled(tag) }
+    }
+
+    private func handleConfirms(_ connection: AMQPConnection) throws {
+        let confirms = connection.takeConfirms()
+        guard !confirms.isEmpty else { return }
+        let returned = Set(connection.takeReturnedMessageIds())
+        var acks: [UInt64] = []
+        var events: [Attune_V1_Event] = []
+        for (sequence, acked) in confirms.sorted(by: { $0.key < $1.key }) {
+            guard let copy = onConfirm.removeValue(forKey: sequence) else {
+                if !acked { nackedEvents += 1 }
+                continue
+            }
+            guard copy.receipt.generation == generation else { continue }
+            if acked && !returned.contains(copy.messageId) {
+                acks.append(copy.receipt.tag)
+                events.append(copy.event)
+            } else {
+                // The copy did not reach its queue: the job stays where it was, to be taken again.
+                logger.error("job \(copy.event.jobID): the broker did not take its dead-letter or retry copy; requeued")
+                try connection.reject(copy.receipt.tag, requeue: true)
+                markSettled(copy.receipt.tag)
+            }
+        }
+        try ack(acks, on: connection)
+        for event in events { try send(event, on: connection) }
+    }
+
+    private func send(_ event: Attune_V1_Event, on connection: AMQPConnection) throws {
+        let (body, contentType) = try EventCodec.encode(event, as: .json)
+        try connection.send(exchange: Topology.eventsExchange,
+                            routingKey: EventRouting.key(model: event.model, user: event.userID, kind: event.kind),
+                            body: body, contentType: contentType, messageId: event.jobID)
+    }
+
+    /// Past the shutdown deadline: jobs no slot has started go back to their queues at once.
+    private func handBackWaitingJobs(_ connection: AMQPConnection) throws {
+        let waiting = lock.withLock {
+            defer { for slot in inboxes.indices { inboxes[slot].removeAll() } }
+            return inboxes.flatMap { $0 }
+        }
+        for job in waiting where job.receipt.generation == generation {
+            try connection.reject(job.receipt.tag, requeue: true)
+            markSettled(job.receipt.tag)
+        }
+    }
+
+    // MARK: Partitions
+
+    /// Consumes the partitions this worker should hold, and lets go of the others once their jobs are
+    /// settled. Without PostgreSQL the worker keeps what it consumes: each partition queue has a single
+    /// active consumer, so no two workers take one partition's jobs at once whatever the locks say.
+    private func lookAtPartitions(_ partitions: PartitionConsumers) throws {
+        lastLeaseLook = Date()
+        do {
+            if leases == nil {
+                leases = try PartitionLeases(url: configuration.databaseURL, partitionCount: Topology.partitionCount)
+            }
+            guard let leases else { return }
+            let target = try leases.target()
+            for partition in partitions.consuming where !target.contains(partition) {
+                try partitions.cancel(partition)
+            }
+            releaseDrainedPartitions()
+            for partition in target where !partitions.consuming.contains(partition) {
+                if try leases.tryAcquire(partition) { try partitions.consume(partition) }
+            }
+            // After a lost session: keep a partition only if its lock could be taken again.
+            for partition in partitions.consuming where !leases.held.contains(partition) {
+                if try !leases.tryAcquire(partition) { try partitions.cancel(partition) }
+            }
+        } catch let error as DatabaseError {
+            logger.warning("cannot look at partition leases (PostgreSQL): \(error); keeping the partitions consumed")
+            leases?.close()
+            leases = nil
+        }
+    }
+
+    /// Unlocks partitions no longer consumed once none of their jobs is in hand, so the next holder
+    /// never races this worker for a user.
+    private func releaseDrainedPartitions() {
+        guard let leases, let partitions else { return }
+        let inHand = Set(partitionOf.values)
+        for partition in leases.held where !partitions.consuming.contains(partition) && !inHand.contains(partition) {
+            do { try leases.release(partition) } catch {
+                logger.warning("cannot release partition \(partition): \(error)")
+                leases.close()
+                self.leases = nil
+                return
+            }
+        }
+    }
+}
+
+/// The consumers of one connection, one per partition it consumes.
+final class PartitionConsumers {
+    private let connection: AMQPConnection
+    private var tags: [Int: String] = [:]
+    private var partitions: [String: Int] = [:]
+
+    init(connection: AMQPConnection) { self.connection = connection }
+
+    var consuming: Set<Int> { Set(tags.keys) }
+
+    func partition(ofConsumer tag: String) -> Int { partitions[tag] ?? -1 }
+
+    func consume(_ partition: Int) throws {
+        guard tags[partition] == nil else { return }
+        let tag = try connection.consume(queue: Topology.jobsPartition(partition))
+        tags[partition] = tag
+        partitions[tag] = partition
+    }
+
+    func cancel(_ partition: Int) throws {
+        guard let tag = tags.removeValue(forKey: partition) else { return }
+        try connection.cancel(consumerTag: tag)
+    }
+
+    func cancelAll() throws {
+        for partition in Array(tags.keys) { try cancel(partition) }
+    }
+}

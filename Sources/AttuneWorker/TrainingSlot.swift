@@ -1,0 +1,89 @@
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+import Foundation
+import Logging
+
+/// One training thread: takes the jobs its source hands it (a user's jobs always to the same slot, in
+/// order), runs their steps, and hands back how each ended. It never touches the broker, so a long task
+/// cannot starve the connection's heartbeats; it owns a PostgreSQL connection of its own.
+final class TrainingSlot {
+    private let index: Int
+    private let source: JobSource
+    private let configuration: WorkerConfiguration
+    private var logger: Logger
+    private var steps: JobSteps?
+    /// Pause after a batch that failed transiently (PostgreSQL away, typically), so a slot does not sweep
+    /// its whole queue into the retry queues in a second.
+    private var transientBackoff = Backoff(initial: 0.25, maximum: 5)
+    private(set) var jobs = 0
+    private(set) var retrains = 0
+
+    init(index: Int, source: JobSource, configuration: WorkerConfiguration, logger: Logger) {
+        self.index = index
+        self.source = source
+        self.configuration = configuration
+        self.logger = logger
+        self.logger[metadataKey: "slot"] = "\(index)"
+    }
+
+    func run() {
+        while let batch = source.take(slot: index, max: configuration.batchSize) {
+            let finished = process(batch)
+            source.settle(zip(batch, finished).map { incoming, finished in
+                SettledJob(receipt: incoming.receipt, decision: Settlement.decide(
+                    finished.result, previousAttempts: incoming.previousAttempts, retry: configuration.retry,
+                    events: EventFactory(job: finished.job, worker: configuration.workerName),
+                    workerName: configuration.workerName, samples: finished.job.samples.count))
+            })
+            jobs += batch.count
+            log(finished)
+            if finished.contains(where: { if case .outcome(.transient) = $0.result { true } else { false } }) {
+                steps = nil
+                Thread.sleep(forTimeInterval: source.isAbandoning ? 0 : transientBackoff.next())
+            } else {
+                transientBackoff.reset()
+            }
+        }
+    }
+
+    private func process(_ batch: [IncomingJob]) -> [(job: Attune_V1_TrainingJob, result: JobResult)] {
+        do {
+            let steps = try connectedSteps()
+            let before = steps.retrains
+            defer { retrains += steps.retrains - before }
+            return steps.run(batch, report: source.publish, isAbandoning: { [source] in source.isAbandoning })
+        } catch {
+            return batch.map { job in
+                var unread = Attune_V1_TrainingJob()
+                unread.jobID = job.messageId ?? ""
+                return (unread, .outcome(.transient(reason: "cannot connect to PostgreSQL: \(error)")))
+            }
+        }
+    }
+
+    private func connectedSteps() throws -> JobSteps {
+        if let steps { return steps }
+        let made = JobSteps(store: try ModelRegistry(connection: PostgresConnection(url: configuration.databaseURL)),
+                            configuration: configuration)
+        steps = made
+        return made
+    }
+
+    private func log(_ finished: [(job: Attune_V1_TrainingJob, result: JobResult)]) {
+        for (job, result) in finished {
+            switch result {
+            case .outcome(.committed(let version, let loss, _)):
+                logger.debug("job \(job.jobID) committed \(job.model)/\(job.userID) v\(version) loss \(loss)")
+            case .outcome(.alreadyApplied(let version)):
+                logger.info("job \(job.jobID) was already applied as v\(version); acked without training")
+            case .outcome(.rejected(let reason)):
+                logger.debug("job \(job.jobID) refused: \(reason)")
+            case .outcome(.transient(let reason)):
+                logger.warning("job \(job.jobID) failed transiently: \(reason)")
+            case .handedBack:
+                logger.info("job \(job.jobID) handed back uncommitted: the worker is shutting down")
+            }
+        }
+    }
+}
