@@ -68,7 +68,7 @@ public final class ModelRegistry {
 
     // MARK: - Personal versions
 
-    private static let versionColumns = """
+    static let versionColumns = """
         v.user_id, v.model, v.version, v.base_version, v.parent_version, v.job_id, v.state_lo,
         v.state_size_bytes, v.loss, v.samples, v.epochs, v.duration_seconds, v.worker, v.job_digest,
         extract(epoch FROM v.created_at)::float8 AS created_at
@@ -221,7 +221,7 @@ public final class ModelRegistry {
         let outcome: CommitOutcome
     }
 
-    private static func versionRecord(_ row: QueryResult.Row) throws -> PersonalVersionRecord {
+    static func versionRecord(_ row: QueryResult.Row) throws -> PersonalVersionRecord {
         PersonalVersionRecord(user: try row.string("user_id"), model: try row.string("model"),
                               version: try row.int("version"), baseVersion: try row.int("base_version"),
                               parentVersion: try row.int("parent_version"), jobId: try row.string("job_id"),

@@ -3,10 +3,13 @@ import Foundation
 
 /// One libpq connection. Not thread-safe: libpq allows one thread at a time per connection, so each
 /// thread (each worker slot) opens its own. Every statement goes through `PQexecParams` with the
-/// values as separate text parameters.
+/// values as separate parameters (text, or binary for `BinaryBytea`).
 public final class PostgresConnection {
     private var handle: OpaquePointer?
     private var savepointDepth = 0
+    /// Requests sent to the server and answered (statements and client-side large-object calls), so
+    /// tests and benchmarks can see what an operation costs in waits for the network.
+    public private(set) var roundTrips = 0
     /// The URL with its password hidden, for logs and errors.
     public let redactedURL: String
 
@@ -67,9 +70,9 @@ public final class PostgresConnection {
     @discardableResult
     public func query(_ sql: String, _ params: [PostgresBindable?] = []) throws -> QueryResult {
         let conn = try open(Self.describe(sql))
-        let texts = params.map { $0?.postgresText }
-        let result = Self.withCStrings(texts) { values in
-            PQexecParams(conn, sql, Int32(values.count), nil, values, nil, nil, 0)
+        roundTrips += 1
+        let result = Self.withParameters(params) { types, values, lengths, formats in
+            PQexecParams(conn, sql, Int32(values.count), types, values, lengths, formats, 0)
         }
         defer { PQclear(result) }
         try check(result, operation: Self.describe(sql))
@@ -80,6 +83,7 @@ public final class PostgresConnection {
     /// files (migrations) may use it, so `query` stays the only way in for anything built at runtime.
     func executeScript(_ sql: String, operation: String) throws {
         let conn = try open(operation)
+        roundTrips += 1
         let result = PQexec(conn, sql)
         defer { PQclear(result) }
         try check(result, operation: operation)
@@ -139,9 +143,9 @@ public final class PostgresConnection {
     /// large-object descriptors live only as long as the transaction that opened them.
     public func createLargeObject(_ data: Data) throws -> UInt32 {
         let conn = try requireTransaction("lo_creat")
-        let oid = lo_creat(conn, INV_READ | INV_WRITE)
+        let oid = counted { lo_creat(conn, INV_READ | INV_WRITE) }
         guard oid != 0 else { throw lastError("lo_creat") }
-        let fd = lo_open(conn, oid, INV_WRITE)
+        let fd = counted { lo_open(conn, oid, INV_WRITE) }
         guard fd >= 0 else { throw lastError("lo_open \(oid) for writing") }
         var failure: DatabaseError?
         data.withUnsafeBytes { (raw: UnsafeRawBufferPointer) in
@@ -149,7 +153,7 @@ public final class PostgresConnection {
             var offset = 0
             while offset < raw.count {
                 let length = min(Self.chunkSize, raw.count - offset)
-                let written = lo_write(conn, fd, base + offset, length)
+                let written = counted { lo_write(conn, fd, base + offset, length) }
                 guard written > 0 else {
                     failure = lastError("lo_write \(oid) at offset \(offset)")
                     return
@@ -158,24 +162,24 @@ public final class PostgresConnection {
             }
         }
         if let failure { throw failure }
-        guard lo_close(conn, fd) == 0 else { throw lastError("lo_close \(oid)") }
+        guard counted({ lo_close(conn, fd) }) == 0 else { throw lastError("lo_close \(oid)") }
         return oid
     }
 
     /// Reads a whole large object. Must run inside `transaction`.
     public func readLargeObject(_ oid: UInt32) throws -> Data {
         let conn = try requireTransaction("lo_open")
-        let fd = lo_open(conn, oid, INV_READ)
+        let fd = counted { lo_open(conn, oid, INV_READ) }
         guard fd >= 0 else { throw lastError("lo_open \(oid) for reading") }
-        let end = lo_lseek64(conn, fd, 0, SEEK_END)
-        guard end >= 0, lo_lseek64(conn, fd, 0, SEEK_SET) == 0 else { throw lastError("lo_lseek64 \(oid)") }
+        let end = counted { lo_lseek64(conn, fd, 0, SEEK_END) }
+        guard end >= 0, counted({ lo_lseek64(conn, fd, 0, SEEK_SET) }) == 0 else { throw lastError("lo_lseek64 \(oid)") }
         var data = Data(count: Int(end))
         var failure: DatabaseError?
         data.withUnsafeMutableBytes { (raw: UnsafeMutableRawBufferPointer) in
             guard let base = raw.baseAddress?.assumingMemoryBound(to: CChar.self) else { return }
             var offset = 0
             while offset < raw.count {
-                let read = lo_read(conn, fd, base + offset, min(Self.chunkSize, raw.count - offset))
+                let read = counted { lo_read(conn, fd, base + offset, min(Self.chunkSize, raw.count - offset)) }
                 guard read > 0 else {
                     failure = read < 0
                         ? lastError("lo_read \(oid) at offset \(offset)")
@@ -187,25 +191,31 @@ public final class PostgresConnection {
             }
         }
         if let failure { throw failure }
-        guard lo_close(conn, fd) == 0 else { throw lastError("lo_close \(oid)") }
+        guard counted({ lo_close(conn, fd) }) == 0 else { throw lastError("lo_close \(oid)") }
         return data
     }
 
     /// Size in bytes of a large object. Must run inside `transaction`.
     public func largeObjectSize(_ oid: UInt32) throws -> Int64 {
         let conn = try requireTransaction("lo_open")
-        let fd = lo_open(conn, oid, INV_READ)
+        let fd = counted { lo_open(conn, oid, INV_READ) }
         guard fd >= 0 else { throw lastError("lo_open \(oid) for reading") }
-        let end = lo_lseek64(conn, fd, 0, SEEK_END)
+        let end = counted { lo_lseek64(conn, fd, 0, SEEK_END) }
         guard end >= 0 else { throw lastError("lo_lseek64 \(oid)") }
-        guard lo_close(conn, fd) == 0 else { throw lastError("lo_close \(oid)") }
+        guard counted({ lo_close(conn, fd) }) == 0 else { throw lastError("lo_close \(oid)") }
         return Int64(end)
     }
 
     /// Deletes a large object. Rows whose `lo` columns have `lo_manage` triggers do this themselves.
     public func unlinkLargeObject(_ oid: UInt32) throws {
         let conn = try requireTransaction("lo_unlink")
-        guard lo_unlink(conn, oid) >= 0 else { throw lastError("lo_unlink \(oid)") }
+        guard counted({ lo_unlink(conn, oid) }) >= 0 else { throw lastError("lo_unlink \(oid)") }
+    }
+
+    /// One client-side large-object call: each is a request and an answer on the wire.
+    private func counted<T>(_ call: () -> T) -> T {
+        roundTrips += 1
+        return call()
     }
 
     // MARK: - Logging
@@ -286,11 +296,32 @@ public final class PostgresConnection {
         return QueryResult(columnNames: names, values: values, affectedRows: affected)
     }
 
-    private static func withCStrings<R>(_ strings: [String?],
-                                        _ body: ([UnsafePointer<CChar>?]) -> R) -> R {
-        let owned = strings.map { $0.map { strdup($0)! } }
-        defer { owned.forEach { free($0) } }
-        return body(owned.map { $0.map { UnsafePointer($0) } })
+    /// The parameters as `PQexecParams` takes them: types (0: let the server infer), values, lengths
+    /// (read for binary values only) and formats (0 text, 1 binary), in buffers that live during `body`.
+    private static func withParameters<R>(
+        _ params: [PostgresBindable?],
+        _ body: ([UInt32], [UnsafePointer<CChar>?], [Int32], [Int32]) -> R
+    ) -> R {
+        var types = [UInt32](), values = [UnsafeMutablePointer<CChar>?](), lengths = [Int32](), formats = [Int32]()
+        for param in params {
+            if let binary = param as? BinaryBytea {
+                let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: max(binary.data.count, 1))
+                binary.data.withUnsafeBytes { raw in
+                    UnsafeMutableRawPointer(buffer).copyMemory(from: raw.baseAddress ?? UnsafeRawPointer(buffer), byteCount: raw.count)
+                }
+                types.append(BinaryBytea.typeOid)
+                values.append(buffer)
+                lengths.append(Int32(binary.data.count))
+                formats.append(1)
+            } else {
+                types.append(0)
+                values.append(param.map { strdup($0.postgresText)! })
+                lengths.append(0)
+                formats.append(0)
+            }
+        }
+        defer { values.forEach { free($0) } }
+        return body(types, values.map { $0.map { UnsafePointer($0) } }, lengths, formats)
     }
 
     /// A short label for errors: the statement's first line, cut at 80 characters.

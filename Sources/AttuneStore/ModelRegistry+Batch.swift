@@ -1,0 +1,149 @@
+import Foundation
+
+/// The store's side of a worker that trains jobs in batches: one round trip to learn what the jobs
+/// start from, one to commit all their versions in one transaction.
+extension ModelRegistry {
+    /// One statement: which job ids were applied, the heads (with state bytes via lo_get) of the given
+    /// users, and the newest base version of each model name. Ids, users and models not found are
+    /// simply absent from the answer.
+    public func lookup(jobIds: [String], heads: [UserModel], models: [String]) throws -> JobLookup {
+        let result = try connection.query(Self.lookupSQL, [
+            PostgresArray(jobIds), PostgresArray(heads.map(\.user)), PostgresArray(heads.map(\.model)),
+            PostgresArray(models),
+        ])
+        var lookup = JobLookup()
+        for row in result.rows {
+            switch try row.string("kind") {
+            case "applied":
+                let record = try Self.versionRecord(row)
+                lookup.applied[record.jobId] = record
+            case "head":
+                let line = UserModel(user: try row.string("user_id"), model: try row.string("model"))
+                let version = try row.int("version")
+                let baseVersion = try row.int("base_version")
+                guard version > 0 else {
+                    lookup.baseOfNewLines[line] = baseVersion
+                    continue
+                }
+                // lo_get's bytes come as base64, which PostgreSQL wraps into lines of 76 characters.
+                guard let encoded = try row.optionalString("state"),
+                      let state = Data(base64Encoded: encoded, options: .ignoreUnknownCharacters) else {
+                    throw DatabaseError(kind: .decoding, operation: "lookup",
+                                        message: "the head of \(line.user)'s \(line.model) at version \(version) has no readable update state")
+                }
+                lookup.heads[line] = HeadSnapshot(version: version, baseVersion: baseVersion, state: state)
+            case "base":
+                lookup.newestBase[try row.string("model")] = try row.int("version")
+            case let kind:
+                throw DatabaseError(kind: .decoding, operation: "lookup", message: "unexpected row kind \"\(kind)\"")
+            }
+        }
+        return lookup
+    }
+
+    /// One statement, one transaction: commits each version as `commitVersion` does today, in array
+    /// order, so an element sees the effects of the elements before it (a chain of one user's jobs
+    /// commits in one call). Each element has its own outcome; one element's failure undoes only its
+    /// own work. Differences from `commitVersion`, which throws where this returns per element:
+    /// a negative parent is `.invalidArgument` (not sent), and a value a table constraint refuses
+    /// (say, a malformed digest) is `.invalidArgument` naming the constraint. A `DatabaseError`
+    /// (connection lost, deadlock) means nothing of the batch was committed.
+    ///
+    /// Keep batches to a few dozen elements: each committed element is a subtransaction, and a
+    /// transaction with more than 64 of them makes every other session's snapshots slower while it runs.
+    public func commitVersions(_ versions: [NewPersonalVersion]) throws -> [Result<CommitOutcome, RegistryError>] {
+        var outcomes = [Result<CommitOutcome, RegistryError>?](repeating: nil, count: versions.count)
+        var sent = [Int]()
+        for (index, version) in versions.enumerated() {
+            if version.parentVersion < 0 {
+                outcomes[index] = .failure(.invalidArgument("parentVersion \(version.parentVersion) is negative"))
+            } else {
+                sent.append(index)
+            }
+        }
+        if !sent.isEmpty {
+            let batch = sent.map { versions[$0] }
+            var states = Data()
+            states.reserveCapacity(batch.reduce(0) { $0 + $1.state.count })
+            for version in batch { states.append(version.state) }
+            let result = try connection.query(Self.commitSQL, [
+                PostgresArray(batch.map(\.user)), PostgresArray(batch.map(\.model)),
+                PostgresArray(batch.map(\.baseVersion)), PostgresArray(batch.map(\.parentVersion)),
+                PostgresArray(batch.map(\.jobId)), BinaryBytea(states), PostgresArray(batch.map(\.state.count)),
+                PostgresArray(batch.map(\.loss)), PostgresArray(batch.map(\.samples)), PostgresArray(batch.map(\.epochs)),
+                PostgresArray(batch.map(\.durationSeconds)), PostgresArray(batch.map(\.worker)),
+                PostgresArray(batch.map(\.jobDigest)),
+            ])
+            for row in result.rows {
+                let ordinal = try row.int("ordinal")
+                guard batch.indices.contains(ordinal - 1) else {
+                    throw DatabaseError(kind: .decoding, operation: "commit versions",
+                                        message: "outcome for element \(ordinal) of a batch of \(batch.count)")
+                }
+                outcomes[sent[ordinal - 1]] = try Self.batchOutcome(row, of: batch[ordinal - 1])
+            }
+        }
+        return try outcomes.enumerated().map { index, outcome in
+            guard let outcome else {
+                throw DatabaseError(kind: .decoding, operation: "commit versions",
+                                    message: "no outcome for element \(index + 1) of \(versions.count)")
+            }
+            return outcome
+        }
+    }
+
+    private static func batchOutcome(_ row: QueryResult.Row, of version: NewPersonalVersion) throws
+        -> Result<CommitOutcome, RegistryError>
+    {
+        switch try row.string("outcome") {
+        case "committed":
+            return .success(.committed(version: try row.int("head_version")))
+        case "duplicate":
+            return .success(.duplicate(existing: try versionRecord(row)))
+        case "head_moved":
+            return .success(.headMoved(current: try row.int("head_version")))
+        case "base_mismatch":
+            return .failure(.baseVersionMismatch(user: version.user, model: version.model,
+                                                 headBaseVersion: try row.int("head_base"),
+                                                 requested: version.baseVersion))
+        case "unknown_model":
+            return .failure(.unknownModel(version.model, version.baseVersion))
+        case "invalid":
+            return .failure(.invalidArgument(try row.optionalString("detail") ?? "refused by a table constraint"))
+        case let outcome:
+            throw DatabaseError(kind: .decoding, operation: "commit versions", message: "unexpected outcome \"\(outcome)\"")
+        }
+    }
+
+    /// The function's `existing_*` columns renamed to what `versionRecord` reads.
+    private static let commitSQL = """
+        SELECT ordinal, outcome, head_version, head_base, detail,
+               existing_user_id AS user_id, existing_model AS model, existing_version AS version,
+               existing_base_version AS base_version, existing_parent_version AS parent_version,
+               existing_job_id AS job_id, existing_state_size_bytes AS state_size_bytes, existing_loss AS loss,
+               existing_samples AS samples, existing_epochs AS epochs,
+               existing_duration_seconds AS duration_seconds, existing_worker AS worker,
+               existing_job_digest AS job_digest, existing_created_at AS created_at
+        FROM attune_commit_versions($1::text[], $2::text[], $3::integer[], $4::integer[], $5::text[], $6,
+                                    $7::integer[], $8::float8[], $9::integer[], $10::integer[], $11::float8[],
+                                    $12::text[], $13::text[])
+        """
+
+    /// Three kinds of rows in one answer, told apart by `kind`; the columns a kind does not use are NULL.
+    private static let lookupSQL = """
+        SELECT 'applied' AS kind, \(versionColumns), NULL::text AS state
+        FROM attune_personal_versions v WHERE v.job_id = ANY ($1::text[])
+        UNION ALL
+        SELECT 'head', h.user_id, h.model, h.version, h.base_version,
+               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+               CASE WHEN h.version > 0 THEN encode(lo_get(v.state_lo), 'base64') END
+        FROM unnest($2::text[], $3::text[]) AS q(user_id, model)
+        JOIN attune_personal_heads h ON h.user_id = q.user_id AND h.model = q.model
+        LEFT JOIN attune_personal_versions v
+          ON v.user_id = h.user_id AND v.model = h.model AND v.version = h.version
+        UNION ALL
+        SELECT 'base', NULL, b.name, max(b.version),
+               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+        FROM attune_base_models b WHERE b.name = ANY ($4::text[]) GROUP BY b.name
+        """
+}

@@ -1,0 +1,54 @@
+import Foundation
+
+/// Bytes sent as a `bytea` parameter in binary format: as they are, where `Data` itself binds as hex
+/// text (twice the size, encoded here and decoded by the server). For large values such as update
+/// states. The parameter's type is bytea, so it needs no cast in SQL.
+public struct BinaryBytea: PostgresBindable, Sendable {
+    public let data: Data
+
+    public init(_ data: Data) {
+        self.data = data
+    }
+
+    /// Only for a caller that reads it as text; `query` sends `data` itself.
+    public var postgresText: String { data.postgresText }
+
+    /// PostgreSQL's oid of the bytea type, named to the server alongside a binary parameter.
+    static let typeOid: UInt32 = 17
+}
+
+/// A one-dimensional array parameter in PostgreSQL's text form, `{"a","b",NULL}`. Every element is
+/// quoted, so any text survives; cast the parameter to the element type in SQL (`$1::text[]`).
+public struct PostgresArray: PostgresBindable {
+    public let elements: [PostgresBindable?]
+
+    public init(_ elements: [PostgresBindable?]) {
+        self.elements = elements
+    }
+
+    public init<Element: PostgresBindable>(_ elements: [Element]) {
+        self.elements = elements.map { $0 }
+    }
+
+    public init<Element: PostgresBindable>(_ elements: [Element?]) {
+        self.elements = elements.map { $0 }
+    }
+
+    public var postgresText: String {
+        var text = "{"
+        for (index, element) in elements.enumerated() {
+            if index > 0 { text += "," }
+            guard let element else {
+                text += "NULL"
+                continue
+            }
+            text += "\""
+            for character in element.postgresText {
+                if character == "\"" || character == "\\" { text += "\\" }
+                text.append(character)
+            }
+            text += "\""
+        }
+        return text + "}"
+    }
+}
