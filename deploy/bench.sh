@@ -1,34 +1,32 @@
 #!/usr/bin/env bash
-# Throughput of the fleet on real servers: queue JOBS jobs of SAMPLES digits each for USERS users, then
-# start WORKERS worker processes (CONCURRENCY slots each) and time how long they take to drain the queue.
-#   deploy/bench.sh [WORKERS] [CONCURRENCY] [JOBS] [SAMPLES] [USERS]
+# The fleet bench: Attune against a Python worker (pika, psycopg, NumPy) doing the same job with the same
+# transaction, on the same throwaway PostgreSQL and RabbitMQ, in one invocation, so every figure is a ratio
+# against a peer measured alongside it. Also pgbench's rate for the commit transaction alone.
+#   deploy/bench.sh [--jobs N] [--quick] [--out FILE] [--attune-routing-key user|attune.jobs] [--attune-prefetch Q]
+# --jobs: jobs per throughput scenario (default 4000, --quick 1500). --out: also write the report (markdown).
+# A full run takes under ~10 minutes, --quick under ~3 (plus the release build the first time).
+# The driver is deploy/bench/fleet_bench.py; the peer deploy/bench/python_worker.py; see the README's "Benchmark".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-workers=${1:-2} concurrency=${2:-1} jobs=${3:-200} samples=${4:-50} users=${5:-20}
+args=()
+while (($#)); do
+  case "$1" in
+    --out) args+=(--out "$(realpath -m "$2")"); shift 2 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+
+# The venv: numpy and coremltools (install-deps.sh --python), then the peer's clients.
+deploy/install-deps.sh --python
+venv=${ATTUNE_VENV:-$PWD/.venv}
+if ! "$venv/bin/python" -c "import pika, psycopg" 2>/dev/null; then
+  echo "installing pika and psycopg into $venv" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check pika "psycopg[binary]" >&2
+fi
+[ -x /usr/lib/postgresql/15/bin/pgbench ] || { echo "pgbench missing: apt-get install postgresql-15" >&2; exit 1; }
+
 source deploy/fleet-session.sh bench
-"$attune" model import Tests/Fixtures/digits-mlp-updatable.mlmodel --name digits >/dev/null
-
-per_user=$(( (jobs + users - 1) / users ))
-queued=0
-for ((u = 0; u < users && queued < jobs; u++)); do
-  n=$(( per_user < jobs - queued ? per_user : jobs - queued ))
-  start_row=$(( (u * per_user * samples) % (1797 - n * samples) ))
-  "$attune" enqueue --model digits --user "user$u" --csv examples/data/digits.csv.gz \
-    --rows "$start_row:$(( start_row + n * samples ))" --chunk "$samples" >/dev/null
-  queued=$(( queued + n ))
-done
-echo "queued $queued jobs of $samples samples (10 epochs each) for $users users"
-
-"$attune" watch --exit-after "$queued" --idle-timeout 300 >/dev/null 2>&1 &
-watcher=$!
-sleep 0.5
-start=$(date +%s.%N)
-for ((w = 1; w <= workers; w++)); do
-  "$attune" worker --no-migrate --concurrency "$concurrency" --name "bench-$w" >"$work/worker-$w.log" 2>&1 &
-  pids+=($!)
-done
-wait "$watcher"
-python3 -c "
-import sys; elapsed = $(date +%s.%N) - $start
-print(f'{$workers} workers x {$concurrency} slots: {$queued} jobs in {elapsed:.2f} s = {$queued / elapsed:.1f} jobs/s, '
-      f'{$queued * $samples * 10 / elapsed:.0f} samples x epochs / s')"
+label="$(git rev-parse --abbrev-ref HEAD 2>/dev/null || echo '?')@$(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+git diff --quiet HEAD -- Sources Package.swift 2>/dev/null || label+=" (with uncommitted changes)"
+"$venv/bin/python" deploy/bench/fleet_bench.py --attune "$attune" --work "$work" --attune-label "$label" "${args[@]}"
