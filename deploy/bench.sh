@@ -26,6 +26,9 @@ if ! "$venv/bin/python" -c "import pika, psycopg" 2>/dev/null; then
 fi
 [ -x /usr/lib/postgresql/15/bin/pgbench ] || { echo "pgbench missing: apt-get install postgresql-15" >&2; exit 1; }
 
+# A durable PostgreSQL (fsync and synchronous commit on), as in production: the commit's fsync is part
+# of what both workers pay per transaction.
+export ATTUNE_PG_DURABLE=1
 source deploy/fleet-session.sh bench
 label="$(git rev-parse --abbrev-ref HEAD 2>/dev/null || echo '?')@$(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 git diff --quiet HEAD -- Sources Package.swift 2>/dev/null || label+=" (with uncommitted changes)"

@@ -66,14 +66,17 @@ start)
         as_pg "$PG_BIN/initdb" -D "$DATA" -U postgres -E UTF8 --no-locale \
             --auth-local=trust --auth-host=scram-sha-256 >>"$LOGFILE" 2>&1 \
             || { log "initdb failed; see $LOGFILE"; exit 1; }
+        # Benchmarks commit the way production does: every commit waits for its fsync.
+        durability=off
+        [ "${ATTUNE_PG_DURABLE:-0}" = 1 ] && durability=on
         cat >>"$DATA/postgresql.conf" <<EOF
 
-# throwaway server written by deploy/postgres.sh: speed over durability
+# throwaway server written by deploy/postgres.sh: speed over durability (ATTUNE_PG_DURABLE=1: durable)
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$SOCK'
-fsync = off
-synchronous_commit = off
-full_page_writes = off
+fsync = $durability
+synchronous_commit = $durability
+full_page_writes = $durability
 shared_buffers = 32MB
 max_connections = 100
 EOF

@@ -35,6 +35,9 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     private var partitions: PartitionConsumers?
     private var leases: PartitionLeases?
     private var lastLeaseLook = Date.distantPast
+    /// How often the worker looks at who is alive and which partitions it should hold: a new worker gets
+    /// its share within about two looks.
+    static let leaseLookInterval: TimeInterval = 0.5
     /// Delivery tags not settled yet, in order, with the partition each came from.
     private var unsettled: [UInt64] = []
     private var partitionOf: [UInt64: Int] = [:]
@@ -155,14 +158,14 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
             let (stop, abandon) = lock.withLock { (stopping, abandoning) }
             if stop {
                 try partitions.cancelAll()
-            } else if Date().timeIntervalSince(lastLeaseLook) >= 1 {
+            } else if Date().timeIntervalSince(lastLeaseLook) >= Self.leaseLookInterval {
                 try lookAtPartitions(partitions)
             }
             if abandon { try handBackWaitingJobs(connection) }
             try carryOut(takeOutbox(), on: connection)
             try handleConfirms(connection)
             // After a cancel, deliveries the broker sent before its cancel-ok are among these; none come later.
-            for delivery in try connection.availableDeliveries() { hand(delivery, partitions) }
+            hand(try connection.availableDeliveries(), partitions)
             if stop {
                 lock.withLock { if !drained { drained = true; lock.broadcast() } }
                 releaseDrainedPartitions()
@@ -188,7 +191,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         guard idle else { return }
         // Wake in time to send a heartbeat and to look at the partitions.
         let heartbeat = connection.heartbeatSeconds > 0 ? Double(connection.heartbeatSeconds) / 2 : 1
-        wakeup.wait(socket: connection.socketDescriptor, timeout: min(heartbeat, 1))
+        wakeup.wait(socket: connection.socketDescriptor, timeout: min(heartbeat, Self.leaseLookInterval))
         wakeup.reset()
         lock.withLock { ioWaiting = false }
     }
@@ -215,20 +218,24 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
 
     // MARK: Deliveries
 
-    private func hand(_ delivery: Delivery, _ partitions: PartitionConsumers) {
-        let partition = partitions.partition(ofConsumer: delivery.consumerTag)
-        insertUnsettled(delivery.deliveryTag)
-        partitionOf[delivery.deliveryTag] = partition
-        let job = IncomingJob(receipt: .init(generation: generation, tag: delivery.deliveryTag), body: delivery.body,
-                              contentType: delivery.contentType, messageId: delivery.messageId,
-                              previousAttempts: Int(delivery.headers[Topology.attemptHeader] ?? "") ?? 0)
-        // By routing key, so one user's jobs (one key) go to one slot in order and never race each other.
-        let slot = Int(Self.fnv1a(delivery.routingKey) % UInt64(slotCount))
+    /// Hands what arrived to the slots in one go, so a burst becomes one batch rather than a job at a time.
+    private func hand(_ arrived: [Delivery], _ partitions: PartitionConsumers) {
+        guard !arrived.isEmpty else { return }
+        var jobs: [(slot: Int, job: IncomingJob)] = []
+        for delivery in arrived {
+            insertUnsettled(delivery.deliveryTag)
+            partitionOf[delivery.deliveryTag] = partitions.partition(ofConsumer: delivery.consumerTag)
+            deliveries[delivery.deliveryTag] = delivery
+            let job = IncomingJob(receipt: .init(generation: generation, tag: delivery.deliveryTag), body: delivery.body,
+                                  contentType: delivery.contentType, messageId: delivery.messageId,
+                                  previousAttempts: Int(delivery.headers[Topology.attemptHeader] ?? "") ?? 0)
+            // By routing key, so one user's jobs (one key) go to one slot in order and never race each other.
+            jobs.append((Int(Self.fnv1a(delivery.routingKey) % UInt64(slotCount)), job))
+        }
         lock.withLock {
-            inboxes[slot].append(job)
+            for (slot, job) in jobs { inboxes[slot].append(job) }
             lock.broadcast()
         }
-        deliveries[delivery.deliveryTag] = delivery
     }
 
     /// The deliveries not settled yet, for the copies a dead letter or retry publishes.

@@ -100,6 +100,66 @@ final class ShutdownTests: XCTestCase {
         XCTAssertEqual(try fleet.registry.history(user: "greedy", model: job.model).count, 0)
     }
 
+    /// A worker killed while its commit of several jobs waits inside the transaction: nothing of the batch
+    /// is committed, no large object is left behind, and the next worker applies every job exactly once,
+    /// in publish order.
+    func testKillDuringAMultiJobCommitLosesNothingAndAppliesNothingTwice() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let audit = FleetAudit(registry: fleet.registry, model: fleet.model)
+        let orphansBefore = try audit.orphanedLargeObjects()
+        let user = "mid_commit"
+        let jobs = (0..<4).map { Digits.job(user: user, model: fleet.model, rows: ($0 * 20)..<($0 * 20 + 20), epochs: 1) }
+        for job in jobs { try fleet.publish(job) }
+        // An uncommitted head row for the user: the batch's commit waits on it, inside its transaction.
+        let blocker = try PostgresConnection(url: fleet.databaseURL)
+        try blocker.query("BEGIN")
+        try blocker.query("INSERT INTO attune_personal_heads (user_id, model, base_version, version) VALUES ($1, $2, 1, 0)",
+                          [user, fleet.model])
+
+        let victim = try WorkerProcess(fleet: fleet, name: "victim", options: [])
+        defer { victim.kill() }
+        // A later job of the user trains only after the earlier one is committed unless they share a batch:
+        // all four trained while the commit waits means one transaction holds all four.
+        var begun = Set<String>()
+        _ = try Self.events(fleet, timeout: 60) { event in
+            if event.kind == .trainingBegin { begun.insert(event.jobID) }
+            return begun.count == jobs.count
+        }
+        var waiting = 0
+        for _ in 0..<100 where waiting == 0 {
+            waiting = try fleet.registry.connection.query("""
+                SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%attune_commit_versions%'
+                """).int(0, 0)
+            if waiting == 0 { Thread.sleep(forTimeInterval: 0.1) }
+        }
+        XCTAssertEqual(waiting, 1, "the batch's commit should be waiting on the blocked row")
+        victim.kill()
+        // A backend whose client died runs its statement on to the end (and would commit the batch whole:
+        // the redeliveries are then duplicates). Ending the backend too, as a crash of the whole host
+        // would, rolls the batch back.
+        try fleet.registry.connection.query("""
+            SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+            WHERE wait_event_type = 'Lock' AND query LIKE '%attune_commit_versions%'
+            """)
+        try blocker.query("ROLLBACK")
+        blocker.close()
+        XCTAssertEqual(try fleet.registry.history(user: user, model: fleet.model).count, 0, "nothing of the batch committed")
+
+        let heir = try WorkerProcess(fleet: fleet, name: "heir", options: [])
+        defer { heir.kill() }
+        var completed: [Attune_V1_Event] = []
+        _ = try Self.events(fleet, timeout: 60) { event in
+            if event.kind == .completed { completed.append(event) }
+            return completed.count == jobs.count
+        }
+        XCTAssertEqual(completed.map(\.duplicate), [false, false, false, false])
+        XCTAssertEqual(Set(completed.map(\.worker)), ["heir"])
+        let history = try fleet.registry.history(user: user, model: fleet.model)
+        XCTAssertEqual(history.map(\.jobId), jobs.map(\.jobID), "each job once, in publish order")
+        XCTAssertEqual(try audit.orphanedLargeObjects(), orphansBefore, "the killed transaction left no large object")
+    }
+
     // MARK: Helpers
 
     /// The harness's digits model with epochs allowed up to 100 000, imported under another name: a job

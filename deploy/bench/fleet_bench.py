@@ -402,7 +402,8 @@ def reset(args, admin):
             conn.execute("VACUUM")
     except psycopg.Error as error:
         log(f"VACUUM skipped: {error}")
-    for queue in ("attune.jobs", PEER_QUEUE):
+    # Attune's jobs wait in partition queues attune.jobs.p00..p15 (the code before them had one queue).
+    for queue in ("attune.jobs", *(f"attune.jobs.p{i:02d}" for i in range(16)), PEER_QUEUE):
         channel = admin.channel()
         try:
             channel.queue_purge(queue)
