@@ -49,6 +49,46 @@ final class ThroughputBenchmarks: XCTestCase {
         }
     }
 
+    /// The two dense nets deploy/bench-training.sh races against NumPy and PyTorch (deploy/bench/training_peers.py
+    /// trains the same files on the same rows): each net of ATTUNE_BENCH_NETS ("file:epochs file:epochs") at
+    /// mini-batch 8, 32 and 256, no shuffle, best of three tasks. The rows are the peers' formula:
+    /// x[i][j] = ((7919·i + 104729·j) mod 1009) / 1009, label i mod 10, for i < ATTUNE_BENCH_SAMPLES.
+    func testDenseNetworksForPeers() throws {
+        let environment = ProcessInfo.processInfo.environment
+        let count = Int(environment["ATTUNE_BENCH_SAMPLES"] ?? "") ?? 4000
+        let nets = (environment["ATTUNE_BENCH_NETS"] ?? "mlp-64-32-10.mlmodel:10 mlp-784-128-10.mlmodel:3")
+            .split(separator: " ").map { $0.split(separator: ":").map(String.init) }
+        for net in nets {
+            let (file, epochs) = (net[0], Int(net[1]) ?? 3)
+            let model = try UpdatableModel(spec: CoremlFixtures.spec(file))
+            guard case .neuralNetwork(let network) = model else { return XCTFail("\(file) is not a neural network") }
+            let width = network.inputShape.reduce(1, *)
+            let samples = (0..<count).map { i in
+                sample((0..<width).map { j in Double((7919 * i + 104729 * j) % 1009) / 1009 }, label: String(i % 10),
+                       inputName: "pixels", labelName: "digit")
+            }
+            let batch = try model.prepareBatch(samples, maxSamples: count)
+            for miniBatch in [8, 32, 256] {
+                var overrides = Attune_V1_UpdateParameters()
+                overrides.epochs = Int64(epochs)
+                overrides.miniBatchSize = Int64(miniBatch)
+                overrides.shuffle = false
+                let parameters = try model.resolveParameters(overrides)
+                var best: UpdateResult?
+                for _ in 0..<3 {
+                    let result = try UpdateTask(model: model, state: nil, batch: batch, parameters: parameters).run { _ in }
+                    if best.map({ result.durationSeconds < $0.durationSeconds }) ?? true { best = result }
+                }
+                let result = try XCTUnwrap(best)
+                print(String(format: "peer attune net=%@ batch=%d samples=%d epochs=%d seconds=%.6f loss=%.6f",
+                             file.replacingOccurrences(of: ".mlmodel", with: ""), miniBatch, result.samples,
+                             result.epochs, result.durationSeconds, result.finalLoss))
+            }
+        }
+        // After the tasks, so the thread count is the one they ran with.
+        print("peer attune blas: libblas.so.3 is \(BLASRuntime.summary)")
+    }
+
     /// The coremltools fixtures of every other kind, each updated with 1,000 digits rows (random inputs of
     /// the right shape where the input is not 64 pixels).
     func testEachModelKindThroughput() throws {

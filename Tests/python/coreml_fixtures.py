@@ -72,12 +72,13 @@ def user_blocks(n_rows):
 # Dense digits classifiers (a is the existing pair; d, h reuse the shape)
 
 def mlp_builder(weights, input_name="pixels", labels=DIGIT_LABELS):
-    """64 -> dense -> ReLU -> dense(10) -> softmax with the given (W1, b1, W2, b2), both dense updatable."""
+    """in -> dense -> ReLU -> dense(10) -> softmax with the given (W1, b1, W2, b2), both dense updatable;
+    the input width is W1's (64 for the digits)."""
     w1, b1, w2, b2 = (np.asarray(a, dtype=np.float32) for a in weights)
-    hidden = w1.shape[0]
-    builder = NeuralNetworkBuilder([(input_name, datatypes.Array(64))], [("probs", datatypes.Array(10))],
+    hidden, inputs = w1.shape
+    builder = NeuralNetworkBuilder([(input_name, datatypes.Array(inputs))], [("probs", datatypes.Array(10))],
                                    mode="classifier")
-    builder.add_inner_product("hidden", w1, b1, 64, hidden, has_bias=True,
+    builder.add_inner_product("hidden", w1, b1, inputs, hidden, has_bias=True,
                               input_name=input_name, output_name="hidden_out")
     builder.add_activation("hidden_relu", "RELU", "hidden_out", "hidden_act")
     builder.add_inner_product("classes", w2, b2, hidden, 10, has_bias=True,
@@ -103,6 +104,23 @@ def digits_mlp(path, hidden=32, seed=11, int64_labels=False):
     builder.set_shuffle(seed=7)
     widen_batch_sizes(builder.spec.neuralNetworkClassifier.updateParams.optimizer.sgdOptimizer, (4, 8, 32))
     utils.save_spec(builder.spec, path)
+
+
+def bench_mlp(out, inputs, hidden):
+    """inputs -> dense(hidden) -> ReLU -> dense(10) -> softmax, random weights; SGD lr 0.01 momentum 0.9,
+    mini-batch 8, 32 or 256, no shuffle: the nets deploy/bench-training.sh races against NumPy and PyTorch."""
+    rng = np.random.default_rng(inputs + hidden)
+    weights = (rng.normal(0, (2 / inputs) ** 0.5, (hidden, inputs)), np.zeros(hidden),
+               rng.normal(0, (2 / hidden) ** 0.5, (10, hidden)), np.zeros(10))
+    builder = mlp_builder(weights)
+    builder.set_sgd_optimizer(SgdParams(lr=0.01, batch=32, momentum=0.9))
+    builder.set_epochs(3, allowed_set=[1, 2, 3, 5, 10, 20])
+    widen_batch_sizes(builder.spec.neuralNetworkClassifier.updateParams.optimizer.sgdOptimizer, (8, 256))
+    name = f"mlp-{inputs}-{hidden}-10.mlmodel"
+    save(builder.spec, out, name)
+    record(name, "neuralNetworkClassifier", "pixels", [inputs], "double", "digit", ["hidden", "classes"],
+           f"benchmark MLP {inputs}-{hidden}-10, random weights, CE, SGD lr 0.01 momentum 0.9 batch 8/32/256, "
+           "no shuffle")
 
 
 def digits_adam(out):
@@ -470,6 +488,8 @@ def build_all(out):
     digits_pipeline(out)
     digits_image(out)
     digits_pretrained(out, pixels, digits)
+    bench_mlp(out, 64, 32)
+    bench_mlp(out, 784, 128)
     with open(os.path.join(out, "fixtures.json"), "w") as f:
         json.dump(MANIFEST, f, indent=1)
 

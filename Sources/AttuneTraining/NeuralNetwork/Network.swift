@@ -93,6 +93,8 @@ final class Workspace {
     let scratch: FloatBuffer
 
     init(plan: NetworkPlan, maxBatch: Int, parameters: [Float], training: Bool) {
+        // Every product of a task goes through a workspace: settle BLAS threading before the first one.
+        _ = BLASRuntime.threadPolicy
         self.plan = plan
         self.maxBatch = maxBatch
         activations = plan.widths.map { FloatBuffer(count: $0 * maxBatch) }
