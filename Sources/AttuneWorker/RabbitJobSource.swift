@@ -162,8 +162,10 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
                 try lookAtPartitions(partitions)
             }
             if abandon { try handBackWaitingJobs(connection) }
-            try carryOut(takeOutbox(), on: connection)
-            try handleConfirms(connection)
+            try connection.corked {
+                try carryOut(takeOutbox(), on: connection)
+                try handleConfirms(connection)
+            }
             // After a cancel, deliveries the broker sent before its cancel-ok are among these; none come later.
             hand(try connection.availableDeliveries(), partitions)
             if stop {
