@@ -44,4 +44,6 @@ public protocol JobSource: AnyObject, Sendable {
     func settle(_ jobs: [SettledJob])
     /// True once jobs in hand should be given up (shutdown past its deadline).
     var isAbandoning: Bool { get }
+    /// Waits `seconds`, or less once the source is stopping: a slot backing off must not hold up shutdown.
+    func pause(_ seconds: TimeInterval)
 }

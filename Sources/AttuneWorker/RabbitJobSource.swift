@@ -202,7 +202,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         lock.withLock { inboxes.contains { !$0.isEmpty } } || !unsettled.isEmpty
     }
 
-    private func pause(_ seconds: TimeInterval) {
+    func pause(_ seconds: TimeInterval) {
         let deadline = Date().addingTimeInterval(seconds)
         lock.withLock { while !stopping && lock.wait(until: deadline) {} }
     }

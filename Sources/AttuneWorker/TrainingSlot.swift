@@ -40,7 +40,7 @@ final class TrainingSlot {
             log(finished)
             if finished.contains(where: { if case .outcome(.transient) = $0.result { true } else { false } }) {
                 steps = nil
-                Thread.sleep(forTimeInterval: source.isAbandoning ? 0 : transientBackoff.next())
+                source.pause(transientBackoff.next())
             } else {
                 transientBackoff.reset()
             }

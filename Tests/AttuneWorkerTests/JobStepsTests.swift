@@ -1,0 +1,139 @@
+import AttuneQueue
+import AttuneSpec
+@testable import AttuneStore
+import Foundation
+import XCTest
+
+@testable import AttuneWorker
+
+/// The steps of a batch against an in-memory store: no servers, only the worker's decisions.
+final class JobStepsTests: XCTestCase {
+    /// Heads and versions in memory, with a hook to move a head behind the worker's back once.
+    class MemoryStore: JobStore {
+        let modelBytes: Data
+        var heads: [UserModel: (version: Int, base: Int, state: Data)] = [:]
+        var applied: [String: PersonalVersionRecord] = [:]
+        var committed: [NewPersonalVersion] = []
+        var lookups = 0
+        var commits = 0
+        /// Runs before the next commit: another worker committing meanwhile.
+        var beforeCommit: ((MemoryStore) -> Void)?
+
+        init(modelBytes: Data) { self.modelBytes = modelBytes }
+
+        func lookup(jobIds: [String], heads keys: [UserModel], models: [String]) throws -> JobLookup {
+            lookups += 1
+            var result = JobLookup()
+            for id in jobIds { result.applied[id] = applied[id] }
+            for key in keys { if let head = heads[key] { result.heads[key] = HeadSnapshot(version: head.version, baseVersion: head.base, state: head.state) } }
+            for model in models { result.newestBase[model] = 1 }
+            return result
+        }
+
+        func commitVersions(_ versions: [NewPersonalVersion]) throws -> [Result<CommitOutcome, RegistryError>] {
+            commits += 1
+            beforeCommit?(self)
+            beforeCommit = nil
+            return versions.map { version in
+                let key = UserModel(user: version.user, model: version.model)
+                if let existing = applied[version.jobId] { return .success(.duplicate(existing: existing)) }
+                let head = heads[key]?.version ?? 0
+                guard head == version.parentVersion else { return .success(.headMoved(current: head)) }
+                heads[key] = (head + 1, version.baseVersion, version.state)
+                applied[version.jobId] = record(version, number: head + 1)
+                committed.append(version)
+                return .success(.committed(version: head + 1))
+            }
+        }
+
+        func baseModelBytes(name: String, version: Int) throws -> Data { modelBytes }
+
+        func record(_ v: NewPersonalVersion, number: Int) -> PersonalVersionRecord {
+            PersonalVersionRecord(user: v.user, model: v.model, version: number, baseVersion: v.baseVersion,
+                                  parentVersion: number - 1, jobId: v.jobId, stateSizeBytes: Int64(v.state.count),
+                                  loss: v.loss, samples: v.samples, epochs: v.epochs, durationSeconds: v.durationSeconds,
+                                  worker: v.worker, createdAt: Date(), jobDigest: v.jobDigest)
+        }
+    }
+
+    private func incoming(_ jobs: [Attune_V1_TrainingJob]) throws -> [IncomingJob] {
+        try jobs.enumerated().map { index, job in
+            let (body, contentType) = try JobCodec.encode(job, as: .protobuf)
+            return IncomingJob(receipt: .init(generation: 1, tag: UInt64(index + 1)), body: body,
+                               contentType: contentType, messageId: job.jobID)
+        }
+    }
+
+    private func steps(_ store: MemoryStore) -> JobSteps {
+        JobSteps(store: store, configuration: WorkerConfiguration(databaseURL: "", amqpURL: "", workerName: "w"))
+    }
+
+    private func run(_ steps: JobSteps, _ jobs: [Attune_V1_TrainingJob]) throws -> [JobResult] {
+        steps.run(try incoming(jobs), report: { _ in }, isAbandoning: { false }).map(\.result)
+    }
+
+    private func makeStore() throws -> MemoryStore {
+        MemoryStore(modelBytes: try Data(contentsOf: Paths.digitsModel))
+    }
+
+    func testABatchIsLookedUpAndCommittedOnceAndAUsersJobsChain() throws {
+        let store = try makeStore()
+        let jobs = [Digits.job(user: "ann", model: "d", rows: 0..<10), Digits.job(user: "bob", model: "d", rows: 10..<20),
+                    Digits.job(user: "ann", model: "d", rows: 20..<30)]
+        let results = try run(steps(store), jobs)
+        XCTAssertEqual(store.lookups, 1)
+        XCTAssertEqual(store.commits, 1)
+        XCTAssertEqual(results.compactMap { if case .outcome(.committed(let v, _, _)) = $0 { v } else { nil } }, [1, 1, 2])
+        XCTAssertEqual(store.committed.map(\.parentVersion), [0, 0, 1])
+        // Ann's second job trained from her first job's weights, not from the base.
+        let alone = try makeStore()
+        _ = try run(steps(alone), [jobs[2]])
+        XCTAssertNotEqual(store.heads[UserModel(user: "ann", model: "d")]?.state,
+                          alone.heads[UserModel(user: "ann", model: "d")]?.state)
+    }
+
+    func testAMovedHeadRetrainsFromTheNewHeadAndCountsIt() throws {
+        let store = try makeStore()
+        let first = Digits.job(user: "cat", model: "d", rows: 0..<10)
+        let second = Digits.job(user: "cat", model: "d", rows: 10..<20)
+        let steps = steps(store)
+        _ = try run(steps, [first])
+        let firstState = store.heads[UserModel(user: "cat", model: "d")]!.state
+        // Another worker commits version 2 for cat while this batch trains.
+        store.beforeCommit = { store in
+            store.heads[UserModel(user: "cat", model: "d")] = (2, 1, firstState)
+        }
+        let results = try run(steps, [second])
+        guard case .outcome(.committed(version: 3, _, _)) = results[0] else { return XCTFail("\(results)") }
+        XCTAssertEqual(steps.retrains, 1)
+        XCTAssertEqual(store.committed.last?.parentVersion, 2)
+    }
+
+    func testAppliedIdsAreNotTrainedAndBadJobsDoNotStopTheBatch() throws {
+        let store = try makeStore()
+        let steps = steps(store)
+        let done = Digits.job(user: "dan", model: "d", rows: 0..<10)
+        _ = try run(steps, [done])
+        var badLabel = Digits.job(user: "eve", model: "d", rows: 10..<20)
+        badLabel.samples[0].features["digit"]?.stringValue = "not-a-class"
+        let good = Digits.job(user: "fay", model: "d", rows: 20..<30)
+        let results = try run(steps, [done, badLabel, good])
+        XCTAssertEqual(results[0], .outcome(.alreadyApplied(version: 1)))
+        guard case .outcome(.rejected(let reason)) = results[1] else { return XCTFail("\(results[1])") }
+        XCTAssertTrue(reason.contains("not-a-class"), reason)
+        guard case .outcome(.committed(version: 1, _, _)) = results[2] else { return XCTFail("\(results[2])") }
+        XCTAssertEqual(store.committed.count, 2, "the applied job was not committed again")
+    }
+
+    func testALookupFailureRetriesTheWholeBatch() throws {
+        final class DownStore: MemoryStore {
+            override func lookup(jobIds: [String], heads: [UserModel], models: [String]) throws -> JobLookup {
+                throw DatabaseError(kind: .connection, operation: "lookup", message: "server closed the connection")
+            }
+        }
+        let store = DownStore(modelBytes: try Data(contentsOf: Paths.digitsModel))
+        let results = try run(steps(store), [Digits.job(user: "gus", model: "d", rows: 0..<10)])
+        guard case .outcome(.transient) = results[0] else { return XCTFail("\(results[0])") }
+        XCTAssertEqual(store.commits, 0)
+    }
+}
