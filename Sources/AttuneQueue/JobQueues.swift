@@ -17,6 +17,7 @@ public struct JobQueues {
         try connection.declareExchange(Topology.jobsExchange, type: "x-consistent-hash")
         try connection.declareExchange(Topology.deadExchange, type: "direct")
         try connection.declareExchange(Topology.retryExchange, type: "headers")
+        try connection.declareExchange(Topology.partitionsExchange, type: "direct")
         try connection.declareExchange(Topology.eventsExchange, type: "topic")
 
         try connection.declareQueue(Topology.deadQueue, arguments: [])
@@ -29,21 +30,31 @@ public struct JobQueues {
                 ("x-delivery-limit", .int(Int64(Topology.deliveryLimit))),
                 ("x-dead-letter-exchange", .string(Topology.deadExchange)),
                 ("x-dead-letter-routing-key", .string(Topology.deadRoutingKey)),
-            ])
+            ] + Self.atLeastOnceDeadLettering)
             // The binding key of a consistent-hash exchange is the queue's weight: all equal.
             try connection.bind(queue: queue, exchange: Topology.jobsExchange, key: "1")
+            try connection.bind(queue: queue, exchange: Topology.partitionsExchange, key: queue)
         }
         for delay in Topology.retryDelaysMs { try declareRetryQueue(delayMs: delay) }
     }
 
+    /// RabbitMQ dead-letters at most once by default: a message that expires or hits the delivery limit
+    /// while its target queue is unavailable (a broker restarting) is dropped. A quorum queue can keep it
+    /// until the target confirms it instead (RabbitMQ 3.10+), which requires refusing publishes when full
+    /// rather than dropping the oldest (no length limit is set, so it is never full).
+    static var atLeastOnceDeadLettering: [(String, FieldValue)] {
+        [("x-dead-letter-strategy", FieldValue.string("at-least-once")), ("x-overflow", FieldValue.string("reject-publish"))]
+    }
+
     private func declareRetryQueue(delayMs: Int) throws {
         let name = Topology.retryQueue(delayMs: delayMs)
-        // No dead-letter routing key: an expired copy keeps the routing key it was published with (its
-        // user's), so the jobs exchange hashes it back onto the same partition.
+        // No dead-letter routing key: an expired copy keeps the routing key it was published with, the
+        // name of its partition queue. A quorum queue, so the move back is at least once (below).
         try connection.declareQueue(name, arguments: [
+            ("x-queue-type", .string("quorum")),
             ("x-message-ttl", .int(Int64(delayMs))),
-            ("x-dead-letter-exchange", .string(Topology.jobsExchange)),
-        ])
+            ("x-dead-letter-exchange", .string(Topology.partitionsExchange)),
+        ] + Self.atLeastOnceDeadLettering)
         try connection.bind(queue: name, exchange: Topology.retryExchange, key: "",
                             arguments: [("x-match", .string("all")), (Topology.retryDelayHeader, .string(String(delayMs)))])
     }
@@ -70,10 +81,10 @@ public struct JobQueues {
         try connection.ack(delivery.deliveryTag)
     }
 
-    /// Sends a job back to its partition after `delayMs` through the retry queue for that delay, with
-    /// `x-attune-attempt: attempt`; then acks the original.
-    public func retryLater(_ delivery: Delivery, delayMs: Int, attempt: Int) throws {
-        let copy = try retryCopy(of: delivery, delayMs: delayMs, attempt: attempt)
+    /// Sends a job back to `partitionQueue` (the queue it was consumed from) after `delayMs` through the
+    /// retry queue for that delay, with `x-attune-attempt: attempt`; then acks the original.
+    public func retryLater(_ delivery: Delivery, from partitionQueue: String, delayMs: Int, attempt: Int) throws {
+        let copy = try retryCopy(of: delivery, from: partitionQueue, delayMs: delayMs, attempt: attempt)
         try connection.publish(exchange: copy.exchange, routingKey: copy.routingKey, body: delivery.body,
                                contentType: delivery.contentType ?? "", headers: copy.headers,
                                messageId: delivery.messageId, mandatory: true)
@@ -99,8 +110,9 @@ public struct JobQueues {
         return Copy(exchange: Topology.deadExchange, routingKey: Topology.deadRoutingKey, headers: headers)
     }
 
-    /// The retry copy of a delivery. Declares the retry queue for an unusual delay first.
-    public func retryCopy(of delivery: Delivery, delayMs: Int, attempt: Int) throws -> Copy {
+    /// The retry copy of a delivery consumed from `partitionQueue`. Declares the retry queue for an unusual
+    /// delay first.
+    public func retryCopy(of delivery: Delivery, from partitionQueue: String, delayMs: Int, attempt: Int) throws -> Copy {
         guard delayMs > 0 else {
             throw AMQPError(kind: .invalidArgument, operation: "retry delivery \(delivery.deliveryTag)",
                             detail: "delayMs must be positive, got \(delayMs)", endpoint: connection.endpoint)
@@ -109,6 +121,9 @@ public struct JobQueues {
         var headers = delivery.headers
         headers[Topology.attemptHeader] = String(attempt)
         headers[Topology.retryDelayHeader] = String(delayMs)
-        return Copy(exchange: Topology.retryExchange, routingKey: delivery.routingKey, headers: headers)
+        if headers[Topology.routingKeyHeader] == nil, !delivery.routingKey.isEmpty {
+            headers[Topology.routingKeyHeader] = delivery.routingKey
+        }
+        return Copy(exchange: Topology.retryExchange, routingKey: partitionQueue, headers: headers)
     }
 }

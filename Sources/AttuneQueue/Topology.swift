@@ -17,6 +17,12 @@ public enum Topology {
     }
     /// Every partition queue, in partition order.
     public static let jobsQueues: [String] = (0..<partitionCount).map(jobsPartition)
+    /// Durable direct exchange with each partition queue bound under its own name: how a retried job
+    /// finds its way back to the partition it came from. Dead-lettering (which a retry queue's expiry is)
+    /// publishes without `mandatory`, so it must go through bindings that are always there: a direct
+    /// exchange's are, while a consistent-hash exchange's ring is rebuilt after a broker restart, and a
+    /// job expiring from a retry queue while the broker starts could otherwise be dropped unrouted.
+    public static let partitionsExchange = "attune.partitions"
     /// The routing key a producer gives a job: its user id.
     public static func routingKey(forUser user: String) -> String { user }
 
@@ -28,7 +34,8 @@ public enum Topology {
     public static let deadRoutingKey = "attune.jobs"
 
     /// Durable headers exchange in front of the retry queues: a retry copy carries `retryDelayHeader`
-    /// and keeps its job's routing key, so when its delay has passed it goes back to its user's partition.
+    /// and the name of its partition queue as routing key, which its retry queue's expiry keeps, so the
+    /// job goes back to the partition it came from through `partitionsExchange`.
     public static let retryExchange = "attune.retry"
     /// Delays for which `JobQueues.declare()` declares a retry queue up front. A retry with another
     /// delay declares its queue first.

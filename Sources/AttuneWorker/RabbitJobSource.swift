@@ -288,7 +288,13 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
                 case .deadLetter(let reason):
                     try sendCopy(JobQueues.deadLetterCopy(of: delivery, reason: reason), of: delivery, job, connection)
                 case .retry(let delayMs, let attempt):
-                    let copy = try JobQueues(connection).retryCopy(of: delivery, delayMs: delayMs, attempt: attempt)
+                    guard let partition = partitionOf[delivery.deliveryTag], partition >= 0 else {
+                        try connection.reject(delivery.deliveryTag, requeue: true)
+                        markSettled(delivery.deliveryTag)
+                        continue
+                    }
+                    let copy = try JobQueues(connection).retryCopy(of: delivery, from: Topology.jobsPartition(partition),
+                                                                   delayMs: delayMs, attempt: attempt)
                     try sendCopy(copy, of: delivery, job, connection)
                 }
             }

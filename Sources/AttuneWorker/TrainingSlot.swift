@@ -29,7 +29,7 @@ final class TrainingSlot {
 
     func run() {
         while let batch = source.take(slot: index, max: configuration.batchSize) {
-            let finished = process(batch)
+            let finished = processRetryingOnce(batch)
             source.settle(zip(batch, finished).map { incoming, finished in
                 SettledJob(receipt: incoming.receipt, decision: Settlement.decide(
                     finished.result, previousAttempts: incoming.previousAttempts, retry: configuration.retry,
@@ -45,6 +45,17 @@ final class TrainingSlot {
                 transientBackoff.reset()
             }
         }
+    }
+
+    /// A connection PostgreSQL dropped (a restart) is found broken only when used: the jobs that failed
+    /// transiently get one more try at once on a new connection before going to the retry queues.
+    private func processRetryingOnce(_ batch: [IncomingJob]) -> [(job: Attune_V1_TrainingJob, result: JobResult)] {
+        var finished = process(batch)
+        let failed = finished.indices.filter { if case .outcome(.transient) = finished[$0].result { true } else { false } }
+        guard !failed.isEmpty, !source.isAbandoning else { return finished }
+        steps = nil
+        for (index, again) in zip(failed, process(failed.map { batch[$0] })) { finished[index] = again }
+        return finished
     }
 
     private func process(_ batch: [IncomingJob]) -> [(job: Attune_V1_TrainingJob, result: JobResult)] {

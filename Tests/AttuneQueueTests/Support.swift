@@ -52,8 +52,12 @@ func waitForDelivery(_ connection: AMQPConnection, seconds: TimeInterval) throws
 /// The jobs queue is partitioned: tests that stand in for a worker consume every partition and count
 /// over all of them.
 extension AMQPConnection {
-    func consumeEveryPartition() throws {
-        for queue in Topology.jobsQueues { try consume(queue: queue) }
+    /// Returns each consumer tag's queue.
+    @discardableResult
+    func consumeEveryPartition() throws -> [String: String] {
+        var queues: [String: String] = [:]
+        for queue in Topology.jobsQueues { queues[try consume(queue: queue)] = queue }
+        return queues
     }
 
     func jobsWaiting() throws -> Int {
