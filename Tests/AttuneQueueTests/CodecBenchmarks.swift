@@ -39,6 +39,13 @@ final class CodecBenchmarks: XCTestCase {
         let before = try microseconds(calls: 2000) { sink &+= try JobDigest.referenceDigest(job).utf8.count }
         let after = try microseconds(calls: 2000) { sink &+= try JobDigest.of(job).utf8.count }
         report("JobDigest.of, 20 samples × 64 doubles", before: before, after: after)
+
+        // The serialization alone, without SHA-256 (which now dominates) and the hex.
+        let serializeBefore = try microseconds(calls: 2000) { sink &+= try JobDigest.referenceBytes(job).count }
+        let serializeAfter = microseconds(calls: 2000) {
+            sink &+= JobBinaryEncoder.deterministicBytes(job, omittingJobID: true)?.count ?? 0
+        }
+        report("  of which serialization", before: serializeBefore, after: serializeAfter)
         XCTAssertGreaterThan(sink, 0)
     }
 
