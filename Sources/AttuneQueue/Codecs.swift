@@ -147,7 +147,9 @@ public enum EventCodec {
 
     public static func encode(_ event: Attune_V1_Event, as encoding: MessageEncoding = .json) throws
         -> (body: Data, contentType: String) {
-        try ProtoCodec.encode(event, as: encoding)
+        // Events are published a dozen times per job; the hand-written JSON writer matches jsonUTF8Data().
+        if encoding == .json { return (EventJSON.encode(event), encoding.contentType) }
+        return try ProtoCodec.encode(event, as: encoding)
     }
 }
 
