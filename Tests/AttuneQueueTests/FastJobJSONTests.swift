@@ -42,11 +42,13 @@ final class FastJobJSONTests: XCTestCase {
         for round in 0..<count {
             let job = RandomJobs.job(&rng)
             var formatter = JobFormatter(rng: SplitMix64(state: UInt64(round)), snakeCase: round % 3 == 0,
-                                         spaced: round % 2 == 0)
+                                         spaced: round % 2 == 0, deferredForms: round % 4 == 0)
             if assertFastAgrees(Data(formatter.json(job).utf8)) { accepted += 1 }
         }
         print("FastJobJSON took \(accepted) of \(count) hand-formatted random jobs")
-        XCTAssertGreaterThan(accepted, 0)
+        // A quarter of the rounds use deferred spellings, and one anywhere sends the whole job to
+        // SwiftProtobuf; the rest must mostly stay on the fast path, or it is not being tested.
+        XCTAssertGreaterThan(accepted, count / 2)
     }
 
     func testNumberSpellings() {
