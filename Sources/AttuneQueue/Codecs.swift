@@ -93,6 +93,10 @@ enum ProtoCodec {
                 options.messageDepthLimit = maxMessageDepth
                 return .success(try M(serializedBytes: body, options: options))
             case .json:
+                // Training jobs try the hand-written reader first; nil means "not sure", never "bad".
+                if M.self == Attune_V1_TrainingJob.self, let job = FastJobJSON.decode(body) as? M {
+                    return .success(job)
+                }
                 return .success(try M(jsonUTF8Data: body, options: jsonOptions))
             }
         } catch {
