@@ -4,18 +4,6 @@ import Foundation
 import SwiftProtobuf
 import XCTest
 
-/// Reproducible randomness, so a failure seen once is seen again.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 /// The oracle: SwiftProtobuf with the options JobCodec uses.
 func protobufDecode(_ body: Data) -> Attune_V1_TrainingJob? {
     var options = JSONDecodingOptions()
@@ -117,7 +105,7 @@ enum RandomJobs {
 
     /// The job shape from the profile: 20 samples of 64 pixels and a digit label.
     static func typical(fractions: Bool) -> Attune_V1_TrainingJob {
-        var rng = SplitMix64(state: 7)
+        var rng = SplitMix64(seed: 7)
         var job = Attune_V1_TrainingJob()
         job.jobID = "job-0001"
         job.userID = "user-42"

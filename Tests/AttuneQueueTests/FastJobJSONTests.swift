@@ -12,7 +12,7 @@ final class FastJobJSONTests: XCTestCase {
             let body = try job.jsonUTF8Data()
             XCTAssertEqual(FastJobJSON.decode(body), job)
             XCTAssertTrue(assertFastAgrees(body))
-            var pretty = JobFormatter(rng: SplitMix64(state: 1), snakeCase: true, spaced: true)
+            var pretty = JobFormatter(rng: SplitMix64(seed: 1), snakeCase: true, spaced: true)
             assertFastAgrees(Data(pretty.json(job).utf8))
         }
         let producer = #"{"job_id":"abc","userId":"u","model":"digits","parameters":{"epochs":"3","miniBatchSize":8}}"#
@@ -21,7 +21,7 @@ final class FastJobJSONTests: XCTestCase {
     }
 
     func testRandomJobsInSwiftProtobufsOwnEncoding() throws {
-        var rng = SplitMix64(state: 2024)
+        var rng = SplitMix64(seed: 2024)
         var accepted = 0
         let count = 1500
         for _ in 0..<count {
@@ -36,12 +36,12 @@ final class FastJobJSONTests: XCTestCase {
     }
 
     func testRandomJobsHandFormatted() {
-        var rng = SplitMix64(state: 99)
+        var rng = SplitMix64(seed: 99)
         var accepted = 0
         let count = 3000
         for round in 0..<count {
             let job = RandomJobs.job(&rng)
-            var formatter = JobFormatter(rng: SplitMix64(state: UInt64(round)), snakeCase: round % 3 == 0,
+            var formatter = JobFormatter(rng: SplitMix64(seed: UInt64(round)), snakeCase: round % 3 == 0,
                                          spaced: round % 2 == 0, deferredForms: round % 4 == 0)
             if assertFastAgrees(Data(formatter.json(job).utf8)) { accepted += 1 }
         }
@@ -71,7 +71,7 @@ final class FastJobJSONTests: XCTestCase {
 
     func testHostileInputsNeverCrashAndNeverDisagree() throws {
         let body = try RandomJobs.typical(fractions: true).jsonUTF8Data()
-        var rng = SplitMix64(state: 5)
+        var rng = SplitMix64(seed: 5)
         // Every truncation of the start of the body.
         for end in stride(from: 0, to: body.count, by: 7) { XCTAssertFalse(assertFastAgrees(body.prefix(end))) }
         // Random byte damage.
