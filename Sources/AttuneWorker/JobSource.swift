@@ -38,8 +38,8 @@ public protocol JobSource: AnyObject, Sendable {
     /// The next jobs for `slot`, oldest first, at most `max`; blocks until there is at least one. Nil
     /// once the source is stopping and has nothing more for this slot.
     func take(slot: Int, max: Int) -> [IncomingJob]?
-    /// A progress event, published as soon as the source can, without waiting for the broker.
-    func publish(_ event: Attune_V1_Event)
+    /// Progress events, published as soon as the source can, in order, without waiting for the broker.
+    func publish(_ events: [Attune_V1_Event])
     /// Carries out each decision (in order) and publishes its event once the action took effect.
     func settle(_ jobs: [SettledJob])
     /// True once jobs in hand should be given up (shutdown past its deadline).

@@ -77,7 +77,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         }
     }
 
-    func publish(_ event: Attune_V1_Event) { post([.event(event)]) }
+    func publish(_ events: [Attune_V1_Event]) { post(events.map { .event($0) }) }
 
     func settle(_ jobs: [SettledJob]) { post(jobs.map { .settle($0) }) }
 

@@ -16,6 +16,7 @@ final class TrainingSlot {
     /// Pause after a batch that failed transiently (PostgreSQL away, typically), so a slot does not sweep
     /// its whole queue into the retry queues in a second.
     private var transientBackoff = Backoff(initial: 0.25, maximum: 5)
+    private lazy var progress = ProgressBuffer(source: source)
     private(set) var jobs = 0
     private(set) var retrains = 0
 
@@ -30,6 +31,7 @@ final class TrainingSlot {
     func run() {
         while let batch = source.take(slot: index, max: configuration.batchSize) {
             let finished = processRetryingOnce(batch)
+            progress.flush()
             source.settle(zip(batch, finished).map { incoming, finished in
                 SettledJob(receipt: incoming.receipt, decision: Settlement.decide(
                     finished.result, previousAttempts: incoming.previousAttempts, retry: configuration.retry,
@@ -63,7 +65,7 @@ final class TrainingSlot {
             let steps = try connectedSteps()
             let before = steps.retrains
             defer { retrains += steps.retrains - before }
-            return steps.run(batch, report: source.publish, isAbandoning: { [source] in source.isAbandoning })
+            return steps.run(batch, report: progress.add, isAbandoning: { [source] in source.isAbandoning })
         } catch {
             return batch.map { job in
                 var unread = Attune_V1_TrainingJob()
@@ -96,5 +98,33 @@ final class TrainingSlot {
                 logger.info("job \(job.jobID) handed back uncommitted: the worker is shutting down")
             }
         }
+    }
+}
+
+/// Progress events of a slot's tasks, handed to the source a few at a time: every hand-over may wake the
+/// broker thread, and a batch of small jobs makes a dozen events each. A task that trains for long still
+/// streams its events, at most `delay` late; the rest go with the batch's settlement.
+final class ProgressBuffer {
+    private let source: JobSource
+    private let delay: TimeInterval
+    private var events: [Attune_V1_Event] = []
+    private var oldest: Date?
+
+    init(source: JobSource, delay: TimeInterval = 0.05) {
+        self.source = source
+        self.delay = delay
+    }
+
+    func add(_ event: Attune_V1_Event) {
+        events.append(event)
+        let now = Date()
+        if let oldest, now.timeIntervalSince(oldest) >= delay { flush() } else if oldest == nil { oldest = now }
+    }
+
+    func flush() {
+        guard !events.isEmpty else { return }
+        source.publish(events)
+        events.removeAll(keepingCapacity: true)
+        oldest = nil
     }
 }
