@@ -642,9 +642,9 @@ def main():
     best_key = max(("a11", "a12", "a21"), key=lambda k: results[k]["rate"] or 0)
     bw, bs = {"a11": (1, 1), "a12": (1, 2), "a21": (2, 1)}[best_key]
     # Slot scaling where the database is not the limit: jobs whose training outweighs their commit
-    # (500 samples x 10 epochs each: the model allows 10 epochs only), so a worker's own CPU decides the rate.
-    heavy_n = 150 if quick else 400
-    heavy = lambda tag: make_jobs(rows, tag, heavy_n, "uniform", seed=3, samples=500, epochs=10)  # noqa: E731
+    # (1,000 samples x 10 epochs each: the model allows 10 epochs only), so a worker's own CPU decides the rate.
+    heavy_n = 200 if quick else 400
+    heavy = lambda tag: make_jobs(rows, tag, heavy_n, "uniform", seed=3, samples=1000, epochs=10)  # noqa: E731
     results["a11t"] = throughput(ctx, AttuneFleet(args, 1, 1), attune_target, heavy("a11t"), "a11t")
     results["a11t"]["label"] += ", training-bound jobs"
     results["a12t"] = throughput(ctx, AttuneFleet(args, 1, 2), attune_target, heavy("a12t"), "a12t")
