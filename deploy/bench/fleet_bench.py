@@ -662,6 +662,9 @@ def main():
                        if a_peak else None)
     results["pylat"] = (latency(ctx, PythonFleet(args, best_p, best_q), peer_target, p_peak / 2, rows, "pylat", seconds)
                         if p_peak else None)
+    # Where the latency curve bends: the same at a quarter of Attune's peak.
+    results["alat4"] = (latency(ctx, AttuneFleet(args, bw, bs), attune_target, a_peak / 4, rows, "alat4", seconds)
+                        if a_peak else None)
 
     ctx.listener.stop = True
     report = render(args, results, best_key, sweep, (best_p, best_q), pgbench)
@@ -692,7 +695,7 @@ def render(args, r, best_key, sweep, best_peer, pgbench):
         "| scenario | jobs/s | vs Python | p50 ms | p99 ms | worker CPU s/job | broker CPU s/job | db CPU s/job | retrains | others' load |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for key in ("a11", "a12", "a21", "ahot", "alat", "a11t", "a12t", "py", "pyhot", "pylat"):
+    for key in ("a11", "a12", "a21", "ahot", "alat", "alat4", "a11t", "a12t", "py", "pyhot", "pylat"):
         x = r.get(key)
         if not x:
             continue
