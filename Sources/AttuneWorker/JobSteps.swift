@@ -49,8 +49,11 @@ final class JobSteps {
     }
 
     /// - Returns: one result per job, in the order given, with the job as decoded (or as far as it was).
+    /// - Parameter beforeCommit: called before each commit, which may wait (a lock, a flush): progress
+    ///   reported so far should reach its listeners first.
     func run(_ incoming: [IncomingJob], report: @escaping (Attune_V1_Event) -> Void,
-             isAbandoning: @escaping () -> Bool) -> [(job: Attune_V1_TrainingJob, result: JobResult)] {
+             isAbandoning: @escaping () -> Bool,
+             beforeCommit: () -> Void = {}) -> [(job: Attune_V1_TrainingJob, result: JobResult)] {
         var jobs = incoming.map { unreadable($0) }
         var results = [JobResult?](repeating: nil, count: incoming.count)
         var pending: [Candidate] = []
@@ -69,7 +72,8 @@ final class JobSteps {
         }
         for race in 0..<maxHeadRaces where !pending.isEmpty {
             if race > 0 { retrains += pending.count }
-            pending = attempt(pending, results: &results, report: report, isAbandoning: isAbandoning)
+            pending = attempt(pending, results: &results, report: report, isAbandoning: isAbandoning,
+                              beforeCommit: beforeCommit)
         }
         for candidate in pending {
             results[candidate.index] = .outcome(.transient(
@@ -81,7 +85,7 @@ final class JobSteps {
     /// One round of look up, train, commit. Returns the candidates whose head moved, to train again.
     private func attempt(_ candidates: [Candidate], results: inout [JobResult?],
                          report: @escaping (Attune_V1_Event) -> Void,
-                         isAbandoning: @escaping () -> Bool) -> [Candidate] {
+                         isAbandoning: @escaping () -> Bool, beforeCommit: () -> Void) -> [Candidate] {
         let lookup: JobLookup
         do {
             lookup = try store.lookup(jobIds: candidates.map(\.job.jobID), heads: unique(candidates.map(\.key)),
@@ -115,6 +119,7 @@ final class JobSteps {
                 results[candidate.index] = .outcome(FailureClassifier.outcome(for: error))
             }
         }
+        beforeCommit()
         return commit(staged, results: &results)
     }
 

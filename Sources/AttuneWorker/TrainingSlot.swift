@@ -65,7 +65,8 @@ final class TrainingSlot {
             let steps = try connectedSteps()
             let before = steps.retrains
             defer { retrains += steps.retrains - before }
-            return steps.run(batch, report: progress.add, isAbandoning: { [source] in source.isAbandoning })
+            return steps.run(batch, report: progress.add, isAbandoning: { [source] in source.isAbandoning },
+                             beforeCommit: progress.flush)
         } catch {
             return batch.map { job in
                 var unread = Attune_V1_TrainingJob()
