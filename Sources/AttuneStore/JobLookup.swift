@@ -36,6 +36,14 @@ public struct JobLookup: Sendable {
     public var baseOfNewLines: [UserModel: Int]
     /// model name -> newest imported base version (absent: no such model)
     public var newestBase: [String: Int]
+    /// (user, model) whose head is still the version the caller said it knows: no state was sent
+    public var unchangedHeads: [UserModel: HeadVersion] = [:]
+
+    /// A head's version and base, without its state.
+    public struct HeadVersion: Sendable, Equatable {
+        public let version: Int
+        public let baseVersion: Int
+    }
 
     public init(applied: [String: PersonalVersionRecord] = [:], heads: [UserModel: HeadSnapshot] = [:],
                 baseOfNewLines: [UserModel: Int] = [:], newestBase: [String: Int] = [:]) {

@@ -6,10 +6,13 @@ extension ModelRegistry {
     /// One statement: which job ids were applied, the heads (with state bytes via lo_get) of the given
     /// users, and the newest base version of each model name. Ids, users and models not found are
     /// simply absent from the answer.
-    public func lookup(jobIds: [String], heads: [UserModel], models: [String]) throws -> JobLookup {
+    /// `known`: head versions whose state the caller holds already (it wrote them); a head still at that
+    /// version comes back in `unchangedHeads`, without its state, which saves reading and sending it.
+    public func lookup(jobIds: [String], heads: [UserModel], models: [String],
+                       known: [UserModel: Int] = [:]) throws -> JobLookup {
         let result = try connection.query(Self.lookupSQL, [
             PostgresArray(jobIds), PostgresArray(heads.map(\.user)), PostgresArray(heads.map(\.model)),
-            PostgresArray(models),
+            PostgresArray(models), PostgresArray(heads.map { known[$0] ?? 0 }),
         ])
         var lookup = JobLookup()
         for row in result.rows {
@@ -23,6 +26,10 @@ extension ModelRegistry {
                 let baseVersion = try row.int("base_version")
                 guard version > 0 else {
                     lookup.baseOfNewLines[line] = baseVersion
+                    continue
+                }
+                if known[line] == version {
+                    lookup.unchangedHeads[line] = JobLookup.HeadVersion(version: version, baseVersion: baseVersion)
                     continue
                 }
                 // lo_get's bytes come as base64, which PostgreSQL wraps into lines of 76 characters.
@@ -136,8 +143,8 @@ extension ModelRegistry {
         UNION ALL
         SELECT 'head', h.user_id, h.model, h.version, h.base_version,
                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               CASE WHEN h.version > 0 THEN encode(lo_get(v.state_lo), 'base64') END
-        FROM unnest($2::text[], $3::text[]) AS q(user_id, model)
+               CASE WHEN h.version > 0 AND h.version <> q.known THEN encode(lo_get(v.state_lo), 'base64') END
+        FROM unnest($2::text[], $3::text[], $5::int[]) AS q(user_id, model, known)
         JOIN attune_personal_heads h ON h.user_id = q.user_id AND h.model = q.model
         LEFT JOIN attune_personal_versions v
           ON v.user_id = h.user_id AND v.model = h.model AND v.version = h.version

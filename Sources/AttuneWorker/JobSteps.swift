@@ -19,6 +19,10 @@ final class JobSteps {
     private let maxHeadRaces = 20
     /// Jobs trained again because another worker moved their user's head between lookup and commit.
     private(set) var retrains = 0
+    /// The heads this slot committed last, with their states: a user's next job usually comes to the same
+    /// slot, and then the lookup need not read and send the state again.
+    private var written: [UserModel: Head] = [:]
+    private let maxWritten = 10_000
 
     init(store: JobStore, configuration: WorkerConfiguration) {
         self.store = store
@@ -88,8 +92,11 @@ final class JobSteps {
                          isAbandoning: @escaping () -> Bool, beforeCommit: () -> Void) -> [Candidate] {
         let lookup: JobLookup
         do {
-            lookup = try store.lookup(jobIds: candidates.map(\.job.jobID), heads: unique(candidates.map(\.key)),
-                                      models: unique(candidates.map(\.job.model)))
+            let keys = unique(candidates.map(\.key))
+            var known: [UserModel: Int] = [:]
+            for key in keys { if let head = written[key] { known[key] = head.version } }
+            lookup = try store.lookup(jobIds: candidates.map(\.job.jobID), heads: keys,
+                                      models: unique(candidates.map(\.job.model)), known: known)
         } catch {
             for candidate in candidates { results[candidate.index] = .outcome(FailureClassifier.outcome(for: error)) }
             return []
@@ -124,6 +131,9 @@ final class JobSteps {
     }
 
     private func storedHead(_ key: UserModel, _ lookup: JobLookup) throws -> Head {
+        if let unchanged = lookup.unchangedHeads[key], let head = written[key], head.version == unchanged.version {
+            return head
+        }
         guard let stored = lookup.heads[key] else {
             return Head(version: 0, baseVersion: lookup.baseOfNewLines[key], state: nil)
         }
@@ -205,6 +215,9 @@ final class JobSteps {
             case .success(.committed(let version)):
                 results[candidate.index] = .outcome(.committed(version: version, loss: entry.result.finalLoss,
                                                                durationSeconds: entry.result.durationSeconds))
+                if written.count >= maxWritten { written.removeAll(keepingCapacity: true) }
+                written[candidate.key] = Head(version: version, baseVersion: entry.version.baseVersion,
+                                              state: entry.result.state)
             case .success(.duplicate(let existing)):
                 results[candidate.index] = .outcome(RepeatedJob.outcome(jobId: candidate.job.jobID,
                                                                         digest: candidate.digest, applied: existing))

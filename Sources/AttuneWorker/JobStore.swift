@@ -4,9 +4,9 @@ import Foundation
 /// What the worker needs from the model registry: heads and applied job ids for a batch of jobs, the
 /// base models, and one commit for many versions. The PostgreSQL implementation is `ModelRegistry`.
 public protocol JobStore: AnyObject {
-    /// Which of `jobIds` were applied, the heads of `heads` with their update states, and each model
-    /// name's newest base version: one round trip.
-    func lookup(jobIds: [String], heads: [UserModel], models: [String]) throws -> JobLookup
+    /// Which of `jobIds` were applied, the heads of `heads` with their update states (not for a head
+    /// still at the version `known` gives), and each model name's newest base version: one round trip.
+    func lookup(jobIds: [String], heads: [UserModel], models: [String], known: [UserModel: Int]) throws -> JobLookup
     /// Commits each version (one transaction for all), each with its own outcome.
     func commitVersions(_ versions: [NewPersonalVersion]) throws -> [Result<CommitOutcome, RegistryError>]
     /// The bytes of one imported base model.

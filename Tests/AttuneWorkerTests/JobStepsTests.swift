@@ -21,11 +21,21 @@ final class JobStepsTests: XCTestCase {
 
         init(modelBytes: Data) { self.modelBytes = modelBytes }
 
-        func lookup(jobIds: [String], heads keys: [UserModel], models: [String]) throws -> JobLookup {
+        var statesSent = 0
+
+        func lookup(jobIds: [String], heads keys: [UserModel], models: [String], known: [UserModel: Int]) throws -> JobLookup {
             lookups += 1
             var result = JobLookup()
             for id in jobIds { result.applied[id] = applied[id] }
-            for key in keys { if let head = heads[key] { result.heads[key] = HeadSnapshot(version: head.version, baseVersion: head.base, state: head.state) } }
+            for key in keys {
+                guard let head = heads[key] else { continue }
+                if known[key] == head.version {
+                    result.unchangedHeads[key] = JobLookup.HeadVersion(version: head.version, baseVersion: head.base)
+                } else {
+                    statesSent += 1
+                    result.heads[key] = HeadSnapshot(version: head.version, baseVersion: head.base, state: head.state)
+                }
+            }
             for model in models { result.newestBase[model] = 1 }
             return result
         }
@@ -92,6 +102,25 @@ final class JobStepsTests: XCTestCase {
                           alone.heads[UserModel(user: "ann", model: "d")]?.state)
     }
 
+    func testAHeadThisSlotWroteIsNotReadAgainAndTrainsTheSame() throws {
+        let first = Digits.job(user: "hal", model: "d", rows: 0..<10)
+        let second = Digits.job(user: "hal", model: "d", rows: 10..<20)
+        let key = UserModel(user: "hal", model: "d")
+        let cached = try makeStore()
+        let slot = steps(cached)
+        _ = try run(slot, [first])
+        let sentBefore = cached.statesSent
+        _ = try run(slot, [second])
+        XCTAssertEqual(cached.statesSent, sentBefore, "the slot knew hal's head: no state should be sent")
+        // The same two jobs where the second finds no slot memory: the state comes from the store.
+        let fresh = try makeStore()
+        _ = try run(steps(fresh), [first])
+        _ = try run(steps(fresh), [second])
+        XCTAssertEqual(fresh.statesSent, 1)
+        XCTAssertEqual(cached.heads[key]?.state, fresh.heads[key]?.state, "both ways train the same weights")
+        XCTAssertEqual(cached.heads[key]?.version, 2)
+    }
+
     func testAMovedHeadRetrainsFromTheNewHeadAndCountsIt() throws {
         let store = try makeStore()
         let first = Digits.job(user: "cat", model: "d", rows: 0..<10)
@@ -127,7 +156,8 @@ final class JobStepsTests: XCTestCase {
 
     func testALookupFailureRetriesTheWholeBatch() throws {
         final class DownStore: MemoryStore {
-            override func lookup(jobIds: [String], heads: [UserModel], models: [String]) throws -> JobLookup {
+            override func lookup(jobIds: [String], heads: [UserModel], models: [String],
+                                 known: [UserModel: Int]) throws -> JobLookup {
                 throw DatabaseError(kind: .connection, operation: "lookup", message: "server closed the connection")
             }
         }
