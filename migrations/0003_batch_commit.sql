@@ -54,6 +54,11 @@ DECLARE
     -- The head rows this call inserted, as parallel arrays of user ids and models.
     created_users  text[] := '{}';
     created_models text[] := '{}';
+    -- Elements that did not commit, as parallel arrays of their line and the version they would have
+    -- made: a later element of the line whose parent is that version was trained from them.
+    broken_users    text[] := '{}';
+    broken_models   text[] := '{}';
+    broken_versions integer[] := '{}';
     state_from integer := 1;     -- where element i's state starts in job_states
     hv         integer;
     hb         integer;
@@ -122,6 +127,13 @@ BEGIN
                 FROM attune_personal_heads h WHERE h.user_id = job_users[i] AND h.model = job_models[i] FOR UPDATE;
             END IF;
 
+            -- A user's later job in a batch was trained from the earlier one's result. If the earlier one
+            -- did not commit, the later one must not land on whatever head is there now, even one with the
+            -- version number it expects: the worker trains it again from the real head.
+            IF EXISTS (SELECT 1 FROM unnest(broken_users, broken_models, broken_versions) AS b(u, m, v)
+                       WHERE b.u = job_users[i] AND b.m = job_models[i] AND b.v = job_parents[i]) THEN
+                RAISE EXCEPTION 'an earlier element of this line did not commit' USING ERRCODE = 'AT409';
+            END IF;
             SELECT * INTO existing FROM attune_personal_versions v WHERE v.job_id = job_ids[i];
             IF FOUND THEN
                 outcome := 'duplicate';
@@ -169,6 +181,11 @@ BEGIN
                 outcome := 'invalid';
                 detail := SQLERRM;
         END;
+        IF outcome IS DISTINCT FROM 'committed' THEN
+            broken_users := broken_users || job_users[i];
+            broken_models := broken_models || job_models[i];
+            broken_versions := broken_versions || (job_parents[i] + 1);
+        END IF;
         state_from := state_from + job_state_lengths[i];
 
         ordinal := i;

@@ -104,6 +104,22 @@ final class BatchCommitTests: XCTestCase {
         XCTAssertEqual(try headRowCount(registry.connection), 3)
     }
 
+    /// The chain's second job expects version 1 as its parent, and another worker's version 1 is there:
+    /// it was trained from the first job's result, not from that version, so it must not land on it.
+    func testAChainWhoseFirstJobDidNotCommitDoesNotLandOnAnotherVersionOfTheSameNumber() throws {
+        let schema = try makeSchema()
+        let registry = try registry(schema)
+        XCTAssertEqual(try registry.commitVersion(version("alice", parent: 0, job: "elsewhere-1")), .committed(version: 1))
+        let outcomes = try registry.commitVersions([
+            version("alice", parent: 0, job: "a1"),
+            version("alice", parent: 1, job: "a2"),
+            version("bob", parent: 0, job: "b1"),
+        ])
+        XCTAssertEqual(outcomes.map { try? $0.get() },
+                       [.headMoved(current: 1), .headMoved(current: 1), .committed(version: 1)])
+        XCTAssertEqual(try registry.history(user: "alice", model: "digits").map(\.jobId), ["elsewhere-1"])
+    }
+
     func testDuplicateJobIdsAppliedBeforeOrEarlierInTheBatch() throws {
         let schema = try makeSchema()
         let registry = try registry(schema)
