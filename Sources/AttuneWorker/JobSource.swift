@@ -17,6 +17,14 @@ public struct IncomingJob: Sendable {
         public init(generation: Int, tag: UInt64) { self.generation = generation; self.tag = tag }
     }
 
+    /// The job as far as it is known before its body is read: the message id as its job id, for the event
+    /// and the log of a job that cannot be read (or tried).
+    var placeholder: Attune_V1_TrainingJob {
+        var job = Attune_V1_TrainingJob()
+        job.jobID = messageId ?? ""
+        return job
+    }
+
     public init(receipt: Receipt, body: Data, contentType: String?, messageId: String?, previousAttempts: Int = 0) {
         self.receipt = receipt
         self.body = body

@@ -58,7 +58,7 @@ final class JobSteps {
     func run(_ incoming: [IncomingJob], report: @escaping (Attune_V1_Event) -> Void,
              isAbandoning: @escaping () -> Bool,
              beforeCommit: () -> Void = {}) -> [(job: Attune_V1_TrainingJob, result: JobResult)] {
-        var jobs = incoming.map { unreadable($0) }
+        var jobs = incoming.map(\.placeholder)
         var results = [JobResult?](repeating: nil, count: incoming.count)
         var pending: [Candidate] = []
         for (index, delivery) in incoming.enumerated() {
@@ -257,13 +257,6 @@ final class JobSteps {
         let model = try UpdatableModel(spec: ModelFile.decode(store.baseModelBytes(name: name, version: version)))
         baseModels[key] = model
         return model
-    }
-
-    /// A job as far as it could be read: its id from the message, for the event and the log.
-    private func unreadable(_ delivery: IncomingJob) -> Attune_V1_TrainingJob {
-        var job = Attune_V1_TrainingJob()
-        job.jobID = delivery.messageId ?? ""
-        return job
     }
 
     private func unique<T: Hashable>(_ values: [T]) -> [T] {

@@ -38,12 +38,14 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     /// How often the worker looks at who is alive and which partitions it should hold: a new worker gets
     /// its share within about two looks.
     static let leaseLookInterval: TimeInterval = 0.5
-    /// Delivery tags not settled yet, in order, with the partition each came from.
+    /// Delivery tags not settled yet, in order; and each one's delivery (for the copies a dead letter or
+    /// retry publishes) with the partition it came from.
     private var unsettled: [UInt64] = []
-    private var partitionOf: [UInt64: Int] = [:]
+    private var held: [UInt64: (delivery: Delivery, partition: Int)] = [:]
     /// What to do when the broker confirms a dead-letter or retry copy.
     private var onConfirm: [UInt64: CopyConfirmed] = [:]
-    private(set) var nackedEvents = 0
+    /// Events the broker refused (basic.nack): reported when the worker stops, not resent.
+    private var nackedEvents = 0
 
     private enum Outgoing {
         case event(Attune_V1_Event)
@@ -130,6 +132,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         disconnect()
         leases?.close()
         leases = nil
+        if nackedEvents > 0 { logger.warning("the broker refused \(nackedEvents) progress event(s); they were not resent") }
         lock.withLock { drained = true; lock.broadcast() }
     }
 
@@ -212,7 +215,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         connection = nil
         partitions = nil
         unsettled.removeAll()
-        partitionOf.removeAll()
+        held.removeAll()
         onConfirm.removeAll()
         // The broker puts back whatever the connection held; jobs still waiting for a slot are void.
         lock.withLock { for slot in inboxes.indices { inboxes[slot].removeAll() } }
@@ -226,8 +229,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         var jobs: [(slot: Int, job: IncomingJob)] = []
         for delivery in arrived {
             insertUnsettled(delivery.deliveryTag)
-            partitionOf[delivery.deliveryTag] = partitions.partition(ofConsumer: delivery.consumerTag)
-            deliveries[delivery.deliveryTag] = delivery
+            held[delivery.deliveryTag] = (delivery, partitions.partition(ofConsumer: delivery.consumerTag))
             let job = IncomingJob(receipt: .init(generation: generation, tag: delivery.deliveryTag), body: delivery.body,
                                   contentType: delivery.contentType, messageId: delivery.messageId,
                                   previousAttempts: Int(delivery.headers[Topology.attemptHeader] ?? "") ?? 0)
@@ -239,9 +241,6 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
             lock.broadcast()
         }
     }
-
-    /// The deliveries not settled yet, for the copies a dead letter or retry publishes.
-    private var deliveries: [UInt64: Delivery] = [:]
 
     static func fnv1a(_ text: String) -> UInt64 {
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
@@ -259,8 +258,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
 
     private func markSettled(_ tag: UInt64) {
         if let index = unsettled.firstIndex(of: tag) { unsettled.remove(at: index) }
-        partitionOf.removeValue(forKey: tag)
-        deliveries.removeValue(forKey: tag)
+        held.removeValue(forKey: tag)
     }
 
     // MARK: Settling
@@ -276,7 +274,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
                 events.append(event)
             case .settle(let job):
                 // A settlement for a delivery of a lost connection: the broker has put that delivery back.
-                guard job.receipt.generation == generation, let delivery = deliveries[job.receipt.tag] else { continue }
+                guard job.receipt.generation == generation, let (delivery, partition) = held[job.receipt.tag] else { continue }
                 switch job.decision.action {
                 case .ack:
                     acks.append(delivery.deliveryTag)
@@ -288,7 +286,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
                 case .deadLetter(let reason):
                     try sendCopy(JobQueues.deadLetterCopy(of: delivery, reason: reason), of: delivery, job, connection)
                 case .retry(let delayMs, let attempt):
-                    guard let partition = partitionOf[delivery.deliveryTag], partition >= 0 else {
+                    guard partition >= 0 else {
                         try connection.reject(delivery.deliveryTag, requeue: true)
                         markSettled(delivery.deliveryTag)
                         continue
@@ -412,7 +410,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     /// never races this worker for a user.
     private func releaseDrainedPartitions() {
         guard let leases, let partitions else { return }
-        let inHand = Set(partitionOf.values)
+        let inHand = Set(held.values.map(\.partition))
         for partition in leases.held where !partitions.consuming.contains(partition) && !inHand.contains(partition) {
             do { try leases.release(partition) } catch {
                 logger.warning("cannot release partition \(partition): \(error)")

@@ -68,11 +68,7 @@ final class TrainingSlot {
             return steps.run(batch, report: progress.add, isAbandoning: { [source] in source.isAbandoning },
                              beforeCommit: progress.flush)
         } catch {
-            return batch.map { job in
-                var unread = Attune_V1_TrainingJob()
-                unread.jobID = job.messageId ?? ""
-                return (unread, .outcome(.transient(reason: "cannot connect to PostgreSQL: \(error)")))
-            }
+            return batch.map { ($0.placeholder, .outcome(.transient(reason: "cannot connect to PostgreSQL: \(error)"))) }
         }
     }
 
@@ -94,7 +90,8 @@ final class TrainingSlot {
             case .outcome(.rejected(let reason)):
                 logger.debug("job \(job.jobID) refused: \(reason)")
             case .outcome(.transient(let reason)):
-                logger.warning("job \(job.jobID) failed transiently: \(reason)")
+                // The broker thread logs it once it is settled: retried later or given up.
+                logger.debug("job \(job.jobID) failed transiently: \(reason)")
             case .handedBack:
                 logger.info("job \(job.jobID) handed back uncommitted: the worker is shutting down")
             }
