@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 args=()
 while (($#)); do
   case "$1" in
-    --out) args+=(--out "$(realpath -m "$2")"); shift 2 ;;
+    --out|--timelines) args+=("$1" "$(realpath -m "$2")"); shift 2 ;;
     -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac

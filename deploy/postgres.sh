@@ -67,8 +67,8 @@ start)
             --auth-local=trust --auth-host=scram-sha-256 >>"$LOGFILE" 2>&1 \
             || { log "initdb failed; see $LOGFILE"; exit 1; }
         # Benchmarks commit the way production does: every commit waits for its fsync.
-        durability=off
-        [ "${ATTUNE_PG_DURABLE:-0}" = 1 ] && durability=on
+        durability=off buffers=32MB
+        [ "${ATTUNE_PG_DURABLE:-0}" = 1 ] && durability=on buffers=${ATTUNE_PG_SHARED_BUFFERS:-256MB}
         cat >>"$DATA/postgresql.conf" <<EOF
 
 # throwaway server written by deploy/postgres.sh: speed over durability (ATTUNE_PG_DURABLE=1: durable)
@@ -77,7 +77,7 @@ unix_socket_directories = '$SOCK'
 fsync = $durability
 synchronous_commit = $durability
 full_page_writes = $durability
-shared_buffers = 32MB
+shared_buffers = $buffers
 max_connections = 100
 EOF
     fi

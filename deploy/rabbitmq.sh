@@ -6,6 +6,8 @@
 #                                         export ATTUNE_TEST_AMQP_URL=amqp://attune:attune@127.0.0.1:PORT/%2f
 #   deploy/rabbitmq.sh stop DIR           stop the node started in DIR
 #
+# ATTUNE_RABBITMQ_ERL_ARGS, when set, is passed to the Erlang VM (e.g. "+sbwt none" for a host whose cores
+# the broker shares).
 # Progress and errors go to stderr, so `eval "$(deploy/rabbitmq.sh start /tmp/rmq)"` works.
 set -euo pipefail
 
@@ -93,6 +95,9 @@ start() {
     echo "$node" >"$dir/nodename"
     echo "$port" >"$dir/port"
     : >"$dir/rabbitmq-env.conf"
+    if [ -n "${ATTUNE_RABBITMQ_ERL_ARGS:-}" ]; then
+        echo "SERVER_ADDITIONAL_ERL_ARGS=\"$ATTUNE_RABBITMQ_ERL_ARGS\"" >>"$dir/rabbitmq-env.conf"
+    fi
     # Management and other plugins off: the node starts in seconds and opens no extra ports.
     # Jobs are partitioned by user through the consistent-hash exchange (shipped with RabbitMQ, off by default).
     echo '[rabbitmq_consistent_hash_exchange].' >"$dir/enabled_plugins"

@@ -43,6 +43,11 @@ public struct JobLookup: Sendable {
     public struct HeadVersion: Sendable, Equatable {
         public let version: Int
         public let baseVersion: Int
+
+        public init(version: Int, baseVersion: Int) {
+            self.version = version
+            self.baseVersion = baseVersion
+        }
     }
 
     public init(applied: [String: PersonalVersionRecord] = [:], heads: [UserModel: HeadSnapshot] = [:],

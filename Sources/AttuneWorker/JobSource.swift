@@ -54,4 +54,11 @@ public protocol JobSource: AnyObject, Sendable {
     var isAbandoning: Bool { get }
     /// Waits `seconds`, or less once the source is stopping: a slot backing off must not hold up shutdown.
     func pause(_ seconds: TimeInterval)
+    /// Grows whenever some users' jobs may have gone to another worker meanwhile (a partition let go, a
+    /// connection lost): heads a slot remembers writing may have moved since.
+    var handovers: Int { get }
+}
+
+extension JobSource {
+    public var handovers: Int { 0 }
 }

@@ -76,8 +76,8 @@ final class JobSteps {
         }
         for race in 0..<maxHeadRaces where !pending.isEmpty {
             if race > 0 { retrains += pending.count }
-            pending = attempt(pending, results: &results, report: report, isAbandoning: isAbandoning,
-                              beforeCommit: beforeCommit)
+            pending = attempt(pending, trustMemory: race == 0, results: &results, report: report,
+                              isAbandoning: isAbandoning, beforeCommit: beforeCommit)
         }
         for candidate in pending {
             results[candidate.index] = .outcome(.transient(
@@ -87,16 +87,27 @@ final class JobSteps {
     }
 
     /// One round of look up, train, commit. Returns the candidates whose head moved, to train again.
-    private func attempt(_ candidates: [Candidate], results: inout [JobResult?],
+    /// `trustMemory`: a batch whose every user's head this slot wrote itself skips the lookup. The commit
+    /// checks each job's id and parent again under the head's lock, so a head moved meanwhile (or a job
+    /// applied already) costs a retrain round, never a wrong version; a retrain round always looks up.
+    /// This, like `known` in the lookup, rests on a line's version numbers never being reused: a rollback
+    /// that let a number be written twice would have to make slots forget their heads.
+    private func attempt(_ candidates: [Candidate], trustMemory: Bool, results: inout [JobResult?],
                          report: @escaping (Attune_V1_Event) -> Void,
                          isAbandoning: @escaping () -> Bool, beforeCommit: () -> Void) -> [Candidate] {
         let lookup: JobLookup
+        let keys = unique(candidates.map(\.key))
         do {
-            let keys = unique(candidates.map(\.key))
-            var known: [UserModel: Int] = [:]
-            for key in keys { if let head = written[key] { known[key] = head.version } }
-            lookup = try store.lookup(jobIds: candidates.map(\.job.jobID), heads: keys,
-                                      models: unique(candidates.map(\.job.model)), known: known)
+            if trustMemory, let remembered = rememberedLookup(keys) {
+                lookup = remembered
+            } else {
+                var known: [UserModel: Int] = [:]
+                for key in keys { if let head = written[key] { known[key] = head.version } }
+                lookup = try store.lookup(jobIds: candidates.map(\.job.jobID), heads: keys,
+                                          models: unique(candidates.map(\.job.model)), known: known)
+                // A head that moved past what this slot wrote is no longer the slot's to trust.
+                for key in keys where lookup.unchangedHeads[key] == nil { written.removeValue(forKey: key) }
+            }
         } catch {
             for candidate in candidates { results[candidate.index] = .outcome(FailureClassifier.outcome(for: error)) }
             return []
@@ -128,6 +139,21 @@ final class JobSteps {
         }
         beforeCommit()
         return commit(staged, results: &results)
+    }
+
+    /// The lookup's answer from the slot's memory alone, when it holds every head of the batch.
+    private func rememberedLookup(_ keys: [UserModel]) -> JobLookup? {
+        var lookup = JobLookup()
+        for key in keys {
+            guard let head = written[key], let base = head.baseVersion else { return nil }
+            lookup.unchangedHeads[key] = JobLookup.HeadVersion(version: head.version, baseVersion: base)
+        }
+        return lookup
+    }
+
+    /// Heads this slot wrote may have been moved by another worker once a partition changed hands.
+    func forgetWrittenHeads() {
+        written.removeAll(keepingCapacity: true)
     }
 
     private func storedHead(_ key: UserModel, _ lookup: JobLookup) throws -> Head {
@@ -205,7 +231,10 @@ final class JobSteps {
         do {
             outcomes = try store.commitVersions(staged.map(\.version))
         } catch {
-            for entry in staged { results[entry.candidate.index] = .outcome(FailureClassifier.outcome(for: error)) }
+            for entry in staged {
+                written.removeValue(forKey: entry.candidate.key)
+                results[entry.candidate.index] = .outcome(FailureClassifier.outcome(for: error))
+            }
             return []
         }
         var again: [Candidate] = []
@@ -219,11 +248,14 @@ final class JobSteps {
                 written[candidate.key] = Head(version: version, baseVersion: entry.version.baseVersion,
                                               state: entry.result.state)
             case .success(.duplicate(let existing)):
+                written.removeValue(forKey: candidate.key)
                 results[candidate.index] = .outcome(RepeatedJob.outcome(jobId: candidate.job.jobID,
                                                                         digest: candidate.digest, applied: existing))
             case .success(.headMoved):
+                written.removeValue(forKey: candidate.key)
                 again.append(candidate)
             case .failure(let error):
+                written.removeValue(forKey: candidate.key)
                 results[candidate.index] = .outcome(FailureClassifier.outcome(for: error))
             }
         }

@@ -27,6 +27,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     /// Set once no delivery can arrive any more: the slots finish their inboxes and return.
     private var drained = false
     private var ioWaiting = false
+    private var handoverCount = 0
     private let wakeup = Wakeup()
 
     // The broker thread's own.
@@ -84,6 +85,10 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     func settle(_ jobs: [SettledJob]) { post(jobs.map { .settle($0) }) }
 
     var isAbandoning: Bool { lock.withLock { abandoning } }
+
+    var handovers: Int { lock.withLock { handoverCount } }
+
+    private func noteHandover() { lock.withLock { handoverCount += 1 } }
 
     private func post(_ items: [Outgoing]) {
         let wake = lock.withLock {
@@ -211,6 +216,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     }
 
     private func disconnect() {
+        noteHandover()
         connection?.close()
         connection = nil
         partitions = nil
@@ -226,6 +232,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     /// Hands what arrived to the slots in one go, so a burst becomes one batch rather than a job at a time.
     private func hand(_ arrived: [Delivery], _ partitions: PartitionConsumers) {
         guard !arrived.isEmpty else { return }
+        JobTimeline.shared?.record(.arrived, arrived.map { $0.messageId ?? "" })
         var jobs: [(slot: Int, job: IncomingJob)] = []
         for delivery in arrived {
             insertUnsettled(delivery.deliveryTag)
@@ -299,6 +306,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         }
         try ack(acks, on: connection)
         for event in events { try send(event, on: connection) }
+        JobTimeline.shared?.record(.settled, events.filter { $0.kind == .completed || $0.kind == .failed }.map(\.jobID))
     }
 
     private func sendCopy(_ copy: JobQueues.Copy, of delivery: Delivery, _ job: SettledJob,
@@ -390,14 +398,21 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
             let target = try leases.target()
             for partition in partitions.consuming where !target.contains(partition) {
                 try partitions.cancel(partition)
+                noteHandover()
             }
             releaseDrainedPartitions()
             for partition in target where !partitions.consuming.contains(partition) {
-                if try leases.tryAcquire(partition) { try partitions.consume(partition) }
+                if try leases.tryAcquire(partition) {
+                    try partitions.consume(partition)
+                    noteHandover()
+                }
             }
             // After a lost session: keep a partition only if its lock could be taken again.
             for partition in partitions.consuming where !leases.held.contains(partition) {
-                if try !leases.tryAcquire(partition) { try partitions.cancel(partition) }
+                if try !leases.tryAcquire(partition) {
+                    try partitions.cancel(partition)
+                    noteHandover()
+                }
             }
         } catch let error as DatabaseError {
             logger.warning("cannot look at partition leases (PostgreSQL): \(error); keeping the partitions consumed")

@@ -29,8 +29,16 @@ final class TrainingSlot {
     }
 
     func run() {
+        var handovers = source.handovers
         while let batch = source.take(slot: index, max: configuration.batchSize) {
+            if source.handovers != handovers {
+                handovers = source.handovers
+                steps?.forgetWrittenHeads()
+            }
+            let ids = JobTimeline.shared.map { _ in batch.map { $0.messageId ?? "" } } ?? []
+            JobTimeline.shared?.record(.started, ids)
             let finished = processRetryingOnce(batch)
+            JobTimeline.shared?.record(.committed, ids)
             progress.flush()
             source.settle(zip(batch, finished).map { incoming, finished in
                 SettledJob(receipt: incoming.receipt, decision: Settlement.decide(
@@ -66,7 +74,10 @@ final class TrainingSlot {
             let before = steps.retrains
             defer { retrains += steps.retrains - before }
             return steps.run(batch, report: progress.add, isAbandoning: { [source] in source.isAbandoning },
-                             beforeCommit: progress.flush)
+                             beforeCommit: { [progress] in
+                                 progress.flush()
+                                 JobTimeline.shared?.record(.committing, batch.map { $0.messageId ?? "" })
+                             })
         } catch {
             return batch.map { ($0.placeholder, .outcome(.transient(reason: "cannot connect to PostgreSQL: \(error)"))) }
         }

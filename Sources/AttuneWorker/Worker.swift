@@ -40,6 +40,7 @@ public final class Worker: @unchecked Sendable {
         }
         source.run()
         group.wait()
+        JobTimeline.shared?.flush()
         let jobs = slots.map(\.jobs).reduce(0, +), retrains = slots.map(\.retrains).reduce(0, +)
         logger.info("worker \(configuration.workerName) stopped: \(jobs) jobs, \(retrains) retrains")
     }

@@ -112,6 +112,7 @@ final class JobStepsTests: XCTestCase {
         let sentBefore = cached.statesSent
         _ = try run(slot, [second])
         XCTAssertEqual(cached.statesSent, sentBefore, "the slot knew hal's head: no state should be sent")
+        XCTAssertEqual(cached.lookups, 1, "every head of the second batch was the slot's own: no lookup")
         // The same two jobs where the second finds no slot memory: the state comes from the store.
         let fresh = try makeStore()
         _ = try run(steps(fresh), [first])
@@ -136,6 +137,26 @@ final class JobStepsTests: XCTestCase {
         guard case .outcome(.committed(version: 3, _, _)) = results[0] else { return XCTFail("\(results)") }
         XCTAssertEqual(steps.retrains, 1)
         XCTAssertEqual(store.committed.last?.parentVersion, 2)
+    }
+
+    func testAHandoverMakesTheSlotLookUpAgainAndADuplicateItTrainedBlindIsStillAppliedOnce() throws {
+        let store = try makeStore()
+        let steps = steps(store)
+        let first = Digits.job(user: "ivy", model: "d", rows: 0..<10)
+        _ = try run(steps, [first])
+        // Redelivered after a crash: the slot trusts its memory, trains it again, and the commit finds
+        // the id applied; the chained job after it is refused there and retrained from the real head.
+        let second = Digits.job(user: "ivy", model: "d", rows: 10..<20)
+        let results = try run(steps, [first, second])
+        XCTAssertEqual(store.lookups, 2, "the first batch's lookup, and the retrain round's")
+        XCTAssertEqual(results[0], .outcome(.alreadyApplied(version: 1)))
+        guard case .outcome(.committed(version: 2, _, _)) = results[1] else { return XCTFail("\(results[1])") }
+        XCTAssertEqual(store.committed.map(\.jobId), [first.jobID, second.jobID])
+        // After a partition changed hands the slot forgets what it wrote and looks up.
+        steps.forgetWrittenHeads()
+        _ = try run(steps, [Digits.job(user: "ivy", model: "d", rows: 20..<30)])
+        XCTAssertEqual(store.lookups, 3)
+        XCTAssertEqual(store.heads[UserModel(user: "ivy", model: "d")]?.version, 3)
     }
 
     func testAppliedIdsAreNotTrainedAndBadJobsDoNotStopTheBatch() throws {

@@ -61,6 +61,11 @@ def parse_args():
     p.add_argument("--csv", default=str(ROOT / "examples/data/digits.csv.gz"))
     p.add_argument("--pgbench", default="/usr/lib/postgresql/15/bin/pgbench")
     p.add_argument("--out", help="also write the report (markdown) to this file")
+    p.add_argument("--timelines", help="keep each latency run's job timeline (the workers' moments, and the "
+                                       "driver's publish and receive times as `published`/`ended` lines) in this folder")
+    p.add_argument("--only", choices=["latency"],
+                   help="latency: just Attune 1 worker x 2 slots' peak and its latency at half and a quarter "
+                        "of it (no peer, no pgbench): for trying a change to the latency path")
     args = p.parse_args()
     args.jobs = args.jobs or (1500 if args.quick else 4000)
     args.database_url = os.environ["ATTUNE_DATABASE_URL"]
@@ -296,8 +301,10 @@ class AttuneFleet:
         self.args, self.workers, self.slots = args, workers, slots
         self.label = f"Attune {workers} worker{'s' if workers > 1 else ''} x {slots} slot{'s' if slots > 1 else ''}"
         self.procs, self.logs = [], []
+        self.timeline = None  # a file for the workers' job timelines (ATTUNE_JOB_TIMELINE), when set
 
     def start(self, tag):
+        env = dict(os.environ, ATTUNE_JOB_TIMELINE=str(self.timeline)) if self.timeline else None
         extra = []
         if self.args.attune_prefetch and self.args.attune_has_prefetch:
             extra = ["--prefetch", str(self.args.attune_prefetch)]
@@ -307,7 +314,7 @@ class AttuneFleet:
             with open(path, "wb") as out:
                 self.procs.append(subprocess.Popen(
                     [self.args.attune, "worker", "--no-migrate", "--name", f"bench-{tag}-{w}",
-                     "--concurrency", str(self.slots), *extra], stdout=out, stderr=subprocess.STDOUT))
+                     "--concurrency", str(self.slots), *extra], stdout=out, stderr=subprocess.STDOUT, env=env))
         STARTED.extend(self.procs)
 
     def roots(self):
@@ -400,6 +407,8 @@ def reset(args, admin):
         with psycopg.connect(host=str(args.servers.pg_socket), port=port, user="postgres", dbname="attune",
                              autocommit=True) as conn:
             conn.execute("VACUUM")
+            # Write out what the deletes and the vacuum dirtied now, not in a checkpoint during the next run.
+            conn.execute("CHECKPOINT")
     except psycopg.Error as error:
         log(f"VACUUM skipped: {error}")
     # Attune's jobs wait in partition queues attune.jobs.p00..p15 (the code before them had one queue).
@@ -477,6 +486,8 @@ def latency(ctx, fleet, target, rate, rows, tag, seconds):
     count = max(int(rate * seconds), 300 if args.quick else 1000)
     warm = make_jobs(rows, f"{tag}-warm", 20, "uniform", seed=7)
     jobs = make_jobs(rows, tag, count, "uniform", seed=8)
+    if isinstance(fleet, AttuneFleet):
+        fleet.timeline = Path(args.work) / f"timeline-{tag}.txt"
     fleet.start(tag)
     # Warm-up: every worker has connected and loaded the model before the clock starts.
     ctx.listener.track([j[0] for j in warm])
@@ -503,9 +514,51 @@ def latency(ctx, fleet, target, rate, rows, tag, seconds):
     pct = lambda q: lat[min(len(lat) - 1, math.ceil(q * len(lat)) - 1)] if lat else None  # noqa: E731 (nearest rank)
     result = {"label": f"{fleet.label} at {rate:.0f} jobs/s paced", "rate": count / published_in,
               "p50": pct(0.50), "p99": pct(0.99), "done": len(lat), "jobs": count, "retrains": retrains}
+    if getattr(fleet, "timeline", None):
+        result["stages"] = stage_breakdown(fleet.timeline, sent, ended)
+        if args.timelines:
+            Path(args.timelines).mkdir(parents=True, exist_ok=True)
+            with open(Path(args.timelines) / fleet.timeline.name, "w") as out:
+                out.write(fleet.timeline.read_text() if fleet.timeline.exists() else "")
+                out.writelines(f"published {j} {t:.9f}\n" for j, t in sent.items())
+                out.writelines(f"ended {j} {ended[j]:.9f}\n" for j in sent if j in ended)
+        log(f"{result['label']}: {format_stages(result['stages'])}")
     log(f"{result['label']}: {len(lat)}/{count} completed, p50 {fmt(result['p50'], '.1f')} ms, "
         f"p99 {fmt(result['p99'], '.1f')} ms")
     return result
+
+
+# A job's way from publish to its `completed` event, cut at the moments the worker's job timeline records.
+STAGES = [("publish", "arrived", "to the worker"), ("arrived", "started", "waiting for its slot"),
+          ("started", "committing", "lookup and training"), ("committing", "committed", "commit"),
+          ("committed", "settled", "ack and event sent"), ("settled", "ended", "event to the driver")]
+
+
+def stage_breakdown(timeline, sent, ended):
+    """Per stage: p50 and p99 over the jobs, and the mean over the slowest 1% of jobs (ms)."""
+    moments = {}
+    with contextlib.suppress(FileNotFoundError), open(timeline) as lines:
+        for line in lines:
+            stage, job_id, seconds = line.split()
+            moments.setdefault(job_id, {})[stage] = float(seconds)  # the last try of a job counts
+    jobs = [j for j in sent if j in ended and all(k in moments.get(j, {}) for _, k, _ in STAGES[:-1])]
+    if not jobs:
+        return None
+    def at(j, stage):  # noqa: E306
+        return sent[j] if stage == "publish" else ended[j] if stage == "ended" else moments[j][stage]
+    slowest = sorted(jobs, key=lambda j: ended[j] - sent[j])[-max(1, len(jobs) // 100):]
+    out = []
+    for start, end, name in STAGES:
+        spans = sorted((at(j, end) - at(j, start)) * 1000 for j in jobs)
+        worst = sum((at(j, end) - at(j, start)) * 1000 for j in slowest) / len(slowest)
+        out.append((name, spans[len(spans) // 2], spans[min(len(spans) - 1, math.ceil(0.99 * len(spans)) - 1)], worst))
+    return out
+
+
+def format_stages(stages):
+    if not stages:
+        return "no job timeline"
+    return "; ".join(f"{name} {p50:.1f} / {p99:.1f} (slowest 1%: {worst:.1f})" for name, p50, p99, worst in stages)
 
 
 def run_pgbench(args, clients, seconds):
@@ -618,6 +671,10 @@ def main():
     uniform = lambda tag, count=n: make_jobs(rows, tag, count, "uniform", seed=1)  # noqa: E731
     hot = lambda tag: make_jobs(rows, tag, n, "hot", seed=2)  # noqa: E731
 
+    if args.only == "latency":
+        latency_only(ctx, rows, n)
+        return
+
     log("pgbench: the commit transaction alone")
     pg_seconds = 3 if quick else 5
     pgbench = {c: run_pgbench(args, c, pg_seconds) for c in (1, 2, 8)}
@@ -672,6 +729,15 @@ def main():
     if args.out:
         Path(args.out).write_text(report)
         log(f"report written to {args.out}")
+
+
+def latency_only(ctx, rows, n):
+    args = ctx.args
+    seconds = 5 if args.quick else 10
+    peak = throughput(ctx, AttuneFleet(args, 1, 2), attune_target,
+                      make_jobs(rows, "a12", n, "uniform", seed=1), "a12")["rate"] or 0
+    for share in (2, 4):
+        latency(ctx, AttuneFleet(args, 1, 2), attune_target, peak / share, rows, f"alat{share}", seconds)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -742,6 +808,10 @@ def render(args, r, best_key, sweep, best_peer, pgbench):
     lines += ["", "The Python peer's configurations tried (" + ", ".join(
         f"{p} proc x prefetch {q}: {fmt(rate, '.0f')}" for p, q, rate in sweep) +
         f" jobs/s); best: {best_peer[0]} processes, prefetch {best_peer[1]}."]
+    for key in ("alat", "alat4"):
+        if r.get(key) and r[key].get("stages"):
+            lines += ["", f"Where a job's time went, {r[key]['label']} (ms, p50 / p99 of each stage over the jobs; "
+                      "the stages of one job need not be its slowest together): " + format_stages(r[key]["stages"]) + "."]
     incomplete = [x["label"] for x in r.values() if x and x.get("done", 0) < x.get("jobs", 0)]
     failed = [f"{x['label']}: {x['failed']}" for x in r.values() if x and x.get("failed")]
     if incomplete:

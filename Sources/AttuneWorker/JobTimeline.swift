@@ -1,0 +1,40 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where a job's time goes inside a worker, for finding latency: the moments its delivery arrived, a slot
+/// started its batch, the batch's commit began and ended, and its settlement and final event went to the
+/// broker. Off unless `ATTUNE_JOB_TIMELINE` names a file; then each moment is one line `STAGE JOB_ID
+/// SECONDS` appended to it, in CLOCK_MONOTONIC seconds, so a load generator on the same host can set its
+/// own publish and receive times beside them (Python's `time.monotonic()` reads the same clock).
+final class JobTimeline: @unchecked Sendable {
+    enum Stage: String {
+        case arrived, started, committing, committed, settled
+    }
+
+    static let shared: JobTimeline? = ProcessInfo.processInfo.environment["ATTUNE_JOB_TIMELINE"]
+        .flatMap { $0.isEmpty ? nil : JobTimeline(path: $0) }
+
+    private let lock = NSLock()
+    private let file: UnsafeMutablePointer<FILE>
+
+    private init?(path: String) {
+        guard let file = fopen(path, "a") else { return nil }
+        self.file = file
+    }
+
+    func record(_ stage: Stage, _ jobIds: [String]) {
+        guard !jobIds.isEmpty else { return }
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        let seconds = String(format: "%ld.%09ld", time.tv_sec, time.tv_nsec)
+        let lines = jobIds.map { "\(stage.rawValue) \($0) \(seconds)\n" }.joined()
+        lock.withLock { _ = fputs(lines, file) }
+    }
+
+    /// Stdio buffers the lines; the worker flushes when it stops.
+    func flush() {
+        lock.withLock { _ = fflush(file) }
+    }
+}
