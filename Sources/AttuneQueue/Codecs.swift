@@ -168,6 +168,7 @@ public enum EventRouting {
         case .miniBatchEnd: return "mini_batch_end"
         case .completed: return "completed"
         case .failed: return "failed"
+        case .cancelled: return "cancelled"
         case .unspecified, .UNRECOGNIZED: return "unspecified"
         }
     }

@@ -33,6 +33,7 @@ enum EventJSON {
         if !event.worker.isEmpty { out.field(#""worker":"#); out.string(event.worker) }
         if event.timestampMs != 0 { out.field(#""timestampMs":"#); out.quoted(event.timestampMs) }
         if event.duplicate { out.field(#""duplicate":"#); out.literal("true") }
+        if !event.cancelStage.isEmpty { out.field(#""cancelStage":"#); out.string(event.cancelStage) }
         return out.finish()
     }
 }
@@ -73,6 +74,7 @@ struct JSONWriter {
         case 3: literal(#""MINI_BATCH_END""#)
         case 4: literal(#""COMPLETED""#)
         case 5: literal(#""FAILED""#)
+        case 6: literal(#""CANCELLED""#)
         case let other: integer(Int64(other))
         }
     }

@@ -33,7 +33,8 @@ enum JobBinaryEncoder {
         }
         var parametersSize: Int?
         if job.hasParameters {
-            guard job.parameters.unknownFields.data.isEmpty else { return nil }
+            // A learning-rate schedule is rare enough to leave to SwiftProtobuf.
+            guard job.parameters.unknownFields.data.isEmpty, !job.parameters.hasLearningRateSchedule else { return nil }
             parametersSize = Self.parametersSize(job.parameters)
         }
 

@@ -117,7 +117,7 @@ struct RandomMessages {
     mutating func event() -> Attune_V1_Event {
         var event = Attune_V1_Event()
         let kinds: [Attune_V1_EventKind] = [.unspecified, .trainingBegin, .epochEnd, .miniBatchEnd, .completed,
-                                            .failed, .UNRECOGNIZED(7), .UNRECOGNIZED(-3), .UNRECOGNIZED(2)]
+                                            .failed, .cancelled, .UNRECOGNIZED(7), .UNRECOGNIZED(-3), .UNRECOGNIZED(2)]
         if bool() { event.kind = kinds[int(0...kinds.count - 1)] }
         if bool() { event.jobID = string() }
         if bool() { event.userID = string() }
@@ -134,6 +134,7 @@ struct RandomMessages {
         if bool() { event.worker = string() }
         if bool() { event.timestampMs = int64() }
         if bool() { event.duplicate = bool() }
+        if bool() { event.cancelStage = string(maxLength: 12) }
         return event
     }
 }

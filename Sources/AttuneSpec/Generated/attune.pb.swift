@@ -38,6 +38,9 @@ public nonisolated enum Attune_V1_EventKind: SwiftProtobuf.Enum, Swift.CaseItera
   case miniBatchEnd // = 3
   case completed // = 4
   case failed // = 5
+
+  /// The job was cancelled (see CancelRequest); cancel_stage says where it was stopped.
+  case cancelled // = 6
   case UNRECOGNIZED(Int)
 
   public init() {
@@ -52,6 +55,7 @@ public nonisolated enum Attune_V1_EventKind: SwiftProtobuf.Enum, Swift.CaseItera
     case 3: self = .miniBatchEnd
     case 4: self = .completed
     case 5: self = .failed
+    case 6: self = .cancelled
     default: self = .UNRECOGNIZED(rawValue)
     }
   }
@@ -64,6 +68,7 @@ public nonisolated enum Attune_V1_EventKind: SwiftProtobuf.Enum, Swift.CaseItera
     case .miniBatchEnd: return 3
     case .completed: return 4
     case .failed: return 5
+    case .cancelled: return 6
     case .UNRECOGNIZED(let i): return i
     }
   }
@@ -76,6 +81,7 @@ public nonisolated enum Attune_V1_EventKind: SwiftProtobuf.Enum, Swift.CaseItera
     .miniBatchEnd,
     .completed,
     .failed,
+    .cancelled,
   ]
 
 }
@@ -269,6 +275,17 @@ public nonisolated struct Attune_V1_UpdateParameters: Sendable {
   /// Clears the value of `k`. Subsequent reads from it will return its default value.
   public mutating func clearK() {self._k = nil}
 
+  /// A learning rate for each epoch instead of one for the whole task, as an app changes it between
+  /// epochs with MLUpdateTask's resume(withParameters:). Every rate must lie in the model's allowed range.
+  public var learningRateSchedule: Attune_V1_LearningRateSchedule {
+    get {_learningRateSchedule ?? Attune_V1_LearningRateSchedule()}
+    set {_learningRateSchedule = newValue}
+  }
+  /// Returns true if `learningRateSchedule` has been explicitly set.
+  public var hasLearningRateSchedule: Bool {self._learningRateSchedule != nil}
+  /// Clears the value of `learningRateSchedule`. Subsequent reads from it will return its default value.
+  public mutating func clearLearningRateSchedule() {self._learningRateSchedule = nil}
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
@@ -283,82 +300,196 @@ public nonisolated struct Attune_V1_UpdateParameters: Sendable {
   fileprivate var _shuffle: Bool? = nil
   fileprivate var _seed: Int64? = nil
   fileprivate var _k: Int64? = nil
+  fileprivate var _learningRateSchedule: Attune_V1_LearningRateSchedule? = nil
 }
 
-public nonisolated struct Attune_V1_TrainingJob: Sendable {
+/// Exactly one rule: explicit rates, step decay or exponential decay. The decays start from the job's
+/// learning_rate (or the model's default).
+public nonisolated struct Attune_V1_LearningRateSchedule: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  /// Epoch 1's rate first, one per epoch of the task.
+  public var values: [Double] = []
+
+  /// Step decay: the rate is multiplied by step_factor after every step_epochs epochs.
+  public var stepFactor: Double = 0
+
+  public var stepEpochs: Int64 = 0
+
+  /// Exponential decay: the rate is multiplied by exponential_decay after each epoch.
+  public var exponentialDecay: Double = 0
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
+public nonisolated struct Attune_V1_TrainingJob: @unchecked Sendable {
   // SwiftProtobuf.Message conformance is added in an extension below. See the
   // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
   // methods supported on all messages.
 
   /// Chosen by the producer; a job id is applied at most once.
-  public var jobID: String = String()
+  public var jobID: String {
+    get {_storage._jobID}
+    set {_uniqueStorage()._jobID = newValue}
+  }
 
   /// [A-Za-z0-9_-]{1,128}
-  public var userID: String = String()
+  public var userID: String {
+    get {_storage._userID}
+    set {_uniqueStorage()._userID = newValue}
+  }
 
   /// Base model name, [A-Za-z0-9_-]{1,128}.
-  public var model: String = String()
+  public var model: String {
+    get {_storage._model}
+    set {_uniqueStorage()._model = newValue}
+  }
 
   /// Base model version; 0 means the newest imported.
-  public var baseVersion: Int64 = 0
+  public var baseVersion: Int64 {
+    get {_storage._baseVersion}
+    set {_uniqueStorage()._baseVersion = newValue}
+  }
 
-  public var samples: [Attune_V1_Sample] = []
+  public var samples: [Attune_V1_Sample] {
+    get {_storage._samples}
+    set {_uniqueStorage()._samples = newValue}
+  }
 
   public var parameters: Attune_V1_UpdateParameters {
-    get {_parameters ?? Attune_V1_UpdateParameters()}
-    set {_parameters = newValue}
+    get {_storage._parameters ?? Attune_V1_UpdateParameters()}
+    set {_uniqueStorage()._parameters = newValue}
   }
   /// Returns true if `parameters` has been explicitly set.
-  public var hasParameters: Bool {self._parameters != nil}
+  public var hasParameters: Bool {_storage._parameters != nil}
   /// Clears the value of `parameters`. Subsequent reads from it will return its default value.
-  public mutating func clearParameters() {self._parameters = nil}
+  public mutating func clearParameters() {_uniqueStorage()._parameters = nil}
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
 
-  fileprivate var _parameters: Attune_V1_UpdateParameters? = nil
+  fileprivate var _storage = _StorageClass.defaultInstance
 }
 
-public nonisolated struct Attune_V1_Event: Sendable {
+public nonisolated struct Attune_V1_Event: @unchecked Sendable {
   // SwiftProtobuf.Message conformance is added in an extension below. See the
   // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
   // methods supported on all messages.
 
-  public var kind: Attune_V1_EventKind = .unspecified
+  public var kind: Attune_V1_EventKind {
+    get {_storage._kind}
+    set {_uniqueStorage()._kind = newValue}
+  }
+
+  public var jobID: String {
+    get {_storage._jobID}
+    set {_uniqueStorage()._jobID = newValue}
+  }
+
+  public var userID: String {
+    get {_storage._userID}
+    set {_uniqueStorage()._userID = newValue}
+  }
+
+  public var model: String {
+    get {_storage._model}
+    set {_uniqueStorage()._model = newValue}
+  }
+
+  /// Personal version the task started from (training_begin) or produced (completed).
+  public var version: Int64 {
+    get {_storage._version}
+    set {_uniqueStorage()._version = newValue}
+  }
+
+  public var epoch: Int64 {
+    get {_storage._epoch}
+    set {_uniqueStorage()._epoch = newValue}
+  }
+
+  public var epochs: Int64 {
+    get {_storage._epochs}
+    set {_uniqueStorage()._epochs = newValue}
+  }
+
+  public var miniBatch: Int64 {
+    get {_storage._miniBatch}
+    set {_uniqueStorage()._miniBatch = newValue}
+  }
+
+  public var loss: Double {
+    get {_storage._loss}
+    set {_uniqueStorage()._loss = newValue}
+  }
+
+  public var samples: Int64 {
+    get {_storage._samples}
+    set {_uniqueStorage()._samples = newValue}
+  }
+
+  public var durationSeconds: Double {
+    get {_storage._durationSeconds}
+    set {_uniqueStorage()._durationSeconds = newValue}
+  }
+
+  public var reason: String {
+    get {_storage._reason}
+    set {_uniqueStorage()._reason = newValue}
+  }
+
+  public var willRetry: Bool {
+    get {_storage._willRetry}
+    set {_uniqueStorage()._willRetry = newValue}
+  }
+
+  public var worker: String {
+    get {_storage._worker}
+    set {_uniqueStorage()._worker = newValue}
+  }
+
+  /// Milliseconds since the Unix epoch when the worker emitted the event.
+  public var timestampMs: Int64 {
+    get {_storage._timestampMs}
+    set {_uniqueStorage()._timestampMs = newValue}
+  }
+
+  /// True when the job id had already been applied and nothing was trained.
+  public var duplicate: Bool {
+    get {_storage._duplicate}
+    set {_uniqueStorage()._duplicate = newValue}
+  }
+
+  /// CANCELLED events: "queued" (settled without training), "training" (stopped after the mini-batch in
+  /// epoch/mini_batch), "commit" (trained, refused at the commit), or "too_late" (the job was committed
+  /// before the cancel arrived, as `version`; nothing changed).
+  public var cancelStage: String {
+    get {_storage._cancelStage}
+    set {_uniqueStorage()._cancelStage = newValue}
+  }
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+
+  fileprivate var _storage = _StorageClass.defaultInstance
+}
+
+/// Published by a producer to the attune.cancel exchange (JSON or binary, like a job) to cancel a job by
+/// its id, whether it is queued, training, or not yet published: a later copy of it is not trained either.
+public nonisolated struct Attune_V1_CancelRequest: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
 
   public var jobID: String = String()
 
-  public var userID: String = String()
-
-  public var model: String = String()
-
-  /// Personal version the task started from (training_begin) or produced (completed).
-  public var version: Int64 = 0
-
-  public var epoch: Int64 = 0
-
-  public var epochs: Int64 = 0
-
-  public var miniBatch: Int64 = 0
-
-  public var loss: Double = 0
-
-  public var samples: Int64 = 0
-
-  public var durationSeconds: Double = 0
-
+  /// Kept with the cancellation and repeated in the CANCELLED event.
   public var reason: String = String()
-
-  public var willRetry: Bool = false
-
-  public var worker: String = String()
-
-  /// Milliseconds since the Unix epoch when the worker emitted the event.
-  public var timestampMs: Int64 = 0
-
-  /// True when the job id had already been applied and nothing was trained.
-  public var duplicate: Bool = false
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
@@ -407,7 +538,7 @@ public nonisolated struct Attune_V1_UpdateState: Sendable {
 fileprivate nonisolated let _protobuf_package = "attune.v1"
 
 nonisolated extension Attune_V1_EventKind: SwiftProtobuf._ProtoNameProviding {
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0EVENT_KIND_UNSPECIFIED\0\u{1}TRAINING_BEGIN\0\u{1}EPOCH_END\0\u{1}MINI_BATCH_END\0\u{1}COMPLETED\0\u{1}FAILED\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0EVENT_KIND_UNSPECIFIED\0\u{1}TRAINING_BEGIN\0\u{1}EPOCH_END\0\u{1}MINI_BATCH_END\0\u{1}COMPLETED\0\u{1}FAILED\0\u{1}CANCELLED\0")
 }
 
 nonisolated extension Attune_V1_FeatureValue: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
@@ -575,7 +706,7 @@ nonisolated extension Attune_V1_Sample: SwiftProtobuf.Message, SwiftProtobuf._Me
 
 nonisolated extension Attune_V1_UpdateParameters: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".UpdateParameters"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}epochs\0\u{3}learning_rate\0\u{3}mini_batch_size\0\u{1}momentum\0\u{1}beta1\0\u{1}beta2\0\u{1}eps\0\u{1}shuffle\0\u{1}seed\0\u{1}k\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}epochs\0\u{3}learning_rate\0\u{3}mini_batch_size\0\u{1}momentum\0\u{1}beta1\0\u{1}beta2\0\u{1}eps\0\u{1}shuffle\0\u{1}seed\0\u{1}k\0\u{3}learning_rate_schedule\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -593,6 +724,7 @@ nonisolated extension Attune_V1_UpdateParameters: SwiftProtobuf.Message, SwiftPr
       case 8: try { try decoder.decodeSingularBoolField(value: &self._shuffle) }()
       case 9: try { try decoder.decodeSingularInt64Field(value: &self._seed) }()
       case 10: try { try decoder.decodeSingularInt64Field(value: &self._k) }()
+      case 11: try { try decoder.decodeSingularMessageField(value: &self._learningRateSchedule) }()
       default: break
       }
     }
@@ -633,6 +765,9 @@ nonisolated extension Attune_V1_UpdateParameters: SwiftProtobuf.Message, SwiftPr
     try { if let v = self._k {
       try visitor.visitSingularInt64Field(value: v, fieldNumber: 10)
     } }()
+    try { if let v = self._learningRateSchedule {
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 11)
+    } }()
     try unknownFields.traverse(visitor: &visitor)
   }
 
@@ -647,6 +782,52 @@ nonisolated extension Attune_V1_UpdateParameters: SwiftProtobuf.Message, SwiftPr
     if lhs._shuffle != rhs._shuffle {return false}
     if lhs._seed != rhs._seed {return false}
     if lhs._k != rhs._k {return false}
+    if lhs._learningRateSchedule != rhs._learningRateSchedule {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension Attune_V1_LearningRateSchedule: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".LearningRateSchedule"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}values\0\u{3}step_factor\0\u{3}step_epochs\0\u{3}exponential_decay\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeRepeatedDoubleField(value: &self.values) }()
+      case 2: try { try decoder.decodeSingularDoubleField(value: &self.stepFactor) }()
+      case 3: try { try decoder.decodeSingularInt64Field(value: &self.stepEpochs) }()
+      case 4: try { try decoder.decodeSingularDoubleField(value: &self.exponentialDecay) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if !self.values.isEmpty {
+      try visitor.visitPackedDoubleField(value: self.values, fieldNumber: 1)
+    }
+    if self.stepFactor.bitPattern != 0 {
+      try visitor.visitSingularDoubleField(value: self.stepFactor, fieldNumber: 2)
+    }
+    if self.stepEpochs != 0 {
+      try visitor.visitSingularInt64Field(value: self.stepEpochs, fieldNumber: 3)
+    }
+    if self.exponentialDecay.bitPattern != 0 {
+      try visitor.visitSingularDoubleField(value: self.exponentialDecay, fieldNumber: 4)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: Attune_V1_LearningRateSchedule, rhs: Attune_V1_LearningRateSchedule) -> Bool {
+    if lhs.values != rhs.values {return false}
+    if lhs.stepFactor != rhs.stepFactor {return false}
+    if lhs.stepEpochs != rhs.stepEpochs {return false}
+    if lhs.exponentialDecay != rhs.exponentialDecay {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }
@@ -656,56 +837,102 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
   public static let protoMessageName: String = _protobuf_package + ".TrainingJob"
   public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{3}base_version\0\u{1}samples\0\u{1}parameters\0")
 
+  fileprivate class _StorageClass {
+    var _jobID: String = String()
+    var _userID: String = String()
+    var _model: String = String()
+    var _baseVersion: Int64 = 0
+    var _samples: [Attune_V1_Sample] = []
+    var _parameters: Attune_V1_UpdateParameters? = nil
+
+      // This property is used as the initial default value for new instances of the type.
+      // The type itself is protecting the reference to its storage via CoW semantics.
+      // This will force a copy to be made of this reference when the first mutation occurs;
+      // hence, it is safe to mark this as `nonisolated(unsafe)`.
+      static nonisolated(unsafe) let defaultInstance = _StorageClass()
+
+    private init() {}
+
+    init(copying source: _StorageClass) {
+      _jobID = source._jobID
+      _userID = source._userID
+      _model = source._model
+      _baseVersion = source._baseVersion
+      _samples = source._samples
+      _parameters = source._parameters
+    }
+  }
+
+  fileprivate mutating func _uniqueStorage() -> _StorageClass {
+    if !isKnownUniquelyReferenced(&_storage) {
+      _storage = _StorageClass(copying: _storage)
+    }
+    return _storage
+  }
+
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
-    while let fieldNumber = try decoder.nextFieldNumber() {
-      // The use of inline closures is to circumvent an issue where the compiler
-      // allocates stack space for every case branch when no optimizations are
-      // enabled. https://github.com/apple/swift-protobuf/issues/1034
-      switch fieldNumber {
-      case 1: try { try decoder.decodeSingularStringField(value: &self.jobID) }()
-      case 2: try { try decoder.decodeSingularStringField(value: &self.userID) }()
-      case 3: try { try decoder.decodeSingularStringField(value: &self.model) }()
-      case 4: try { try decoder.decodeSingularInt64Field(value: &self.baseVersion) }()
-      case 5: try { try decoder.decodeRepeatedMessageField(value: &self.samples) }()
-      case 6: try { try decoder.decodeSingularMessageField(value: &self._parameters) }()
-      default: break
+    _ = _uniqueStorage()
+    try withExtendedLifetime(_storage) { (_storage: _StorageClass) in
+      while let fieldNumber = try decoder.nextFieldNumber() {
+        // The use of inline closures is to circumvent an issue where the compiler
+        // allocates stack space for every case branch when no optimizations are
+        // enabled. https://github.com/apple/swift-protobuf/issues/1034
+        switch fieldNumber {
+        case 1: try { try decoder.decodeSingularStringField(value: &_storage._jobID) }()
+        case 2: try { try decoder.decodeSingularStringField(value: &_storage._userID) }()
+        case 3: try { try decoder.decodeSingularStringField(value: &_storage._model) }()
+        case 4: try { try decoder.decodeSingularInt64Field(value: &_storage._baseVersion) }()
+        case 5: try { try decoder.decodeRepeatedMessageField(value: &_storage._samples) }()
+        case 6: try { try decoder.decodeSingularMessageField(value: &_storage._parameters) }()
+        default: break
+        }
       }
     }
   }
 
   public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
-    // The use of inline closures is to circumvent an issue where the compiler
-    // allocates stack space for every if/case branch local when no optimizations
-    // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
-    // https://github.com/apple/swift-protobuf/issues/1182
-    if !self.jobID.isEmpty {
-      try visitor.visitSingularStringField(value: self.jobID, fieldNumber: 1)
+    try withExtendedLifetime(_storage) { (_storage: _StorageClass) in
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every if/case branch local when no optimizations
+      // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
+      // https://github.com/apple/swift-protobuf/issues/1182
+      if !_storage._jobID.isEmpty {
+        try visitor.visitSingularStringField(value: _storage._jobID, fieldNumber: 1)
+      }
+      if !_storage._userID.isEmpty {
+        try visitor.visitSingularStringField(value: _storage._userID, fieldNumber: 2)
+      }
+      if !_storage._model.isEmpty {
+        try visitor.visitSingularStringField(value: _storage._model, fieldNumber: 3)
+      }
+      if _storage._baseVersion != 0 {
+        try visitor.visitSingularInt64Field(value: _storage._baseVersion, fieldNumber: 4)
+      }
+      if !_storage._samples.isEmpty {
+        try visitor.visitRepeatedMessageField(value: _storage._samples, fieldNumber: 5)
+      }
+      try { if let v = _storage._parameters {
+        try visitor.visitSingularMessageField(value: v, fieldNumber: 6)
+      } }()
     }
-    if !self.userID.isEmpty {
-      try visitor.visitSingularStringField(value: self.userID, fieldNumber: 2)
-    }
-    if !self.model.isEmpty {
-      try visitor.visitSingularStringField(value: self.model, fieldNumber: 3)
-    }
-    if self.baseVersion != 0 {
-      try visitor.visitSingularInt64Field(value: self.baseVersion, fieldNumber: 4)
-    }
-    if !self.samples.isEmpty {
-      try visitor.visitRepeatedMessageField(value: self.samples, fieldNumber: 5)
-    }
-    try { if let v = self._parameters {
-      try visitor.visitSingularMessageField(value: v, fieldNumber: 6)
-    } }()
     try unknownFields.traverse(visitor: &visitor)
   }
 
   public static func ==(lhs: Attune_V1_TrainingJob, rhs: Attune_V1_TrainingJob) -> Bool {
-    if lhs.jobID != rhs.jobID {return false}
-    if lhs.userID != rhs.userID {return false}
-    if lhs.model != rhs.model {return false}
-    if lhs.baseVersion != rhs.baseVersion {return false}
-    if lhs.samples != rhs.samples {return false}
-    if lhs._parameters != rhs._parameters {return false}
+    if lhs._storage !== rhs._storage {
+      let storagesAreEqual: Bool = withExtendedLifetime((lhs._storage, rhs._storage)) { (_args: (_StorageClass, _StorageClass)) in
+        let _storage = _args.0
+        let rhs_storage = _args.1
+        if _storage._jobID != rhs_storage._jobID {return false}
+        if _storage._userID != rhs_storage._userID {return false}
+        if _storage._model != rhs_storage._model {return false}
+        if _storage._baseVersion != rhs_storage._baseVersion {return false}
+        if _storage._samples != rhs_storage._samples {return false}
+        if _storage._parameters != rhs_storage._parameters {return false}
+        return true
+      }
+      if !storagesAreEqual {return false}
+    }
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }
@@ -713,7 +940,185 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
 
 nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Event"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}kind\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{1}version\0\u{1}epoch\0\u{1}epochs\0\u{3}mini_batch\0\u{1}loss\0\u{1}samples\0\u{3}duration_seconds\0\u{1}reason\0\u{3}will_retry\0\u{1}worker\0\u{3}timestamp_ms\0\u{1}duplicate\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}kind\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{1}version\0\u{1}epoch\0\u{1}epochs\0\u{3}mini_batch\0\u{1}loss\0\u{1}samples\0\u{3}duration_seconds\0\u{1}reason\0\u{3}will_retry\0\u{1}worker\0\u{3}timestamp_ms\0\u{1}duplicate\0\u{3}cancel_stage\0")
+
+  fileprivate class _StorageClass {
+    var _kind: Attune_V1_EventKind = .unspecified
+    var _jobID: String = String()
+    var _userID: String = String()
+    var _model: String = String()
+    var _version: Int64 = 0
+    var _epoch: Int64 = 0
+    var _epochs: Int64 = 0
+    var _miniBatch: Int64 = 0
+    var _loss: Double = 0
+    var _samples: Int64 = 0
+    var _durationSeconds: Double = 0
+    var _reason: String = String()
+    var _willRetry: Bool = false
+    var _worker: String = String()
+    var _timestampMs: Int64 = 0
+    var _duplicate: Bool = false
+    var _cancelStage: String = String()
+
+      // This property is used as the initial default value for new instances of the type.
+      // The type itself is protecting the reference to its storage via CoW semantics.
+      // This will force a copy to be made of this reference when the first mutation occurs;
+      // hence, it is safe to mark this as `nonisolated(unsafe)`.
+      static nonisolated(unsafe) let defaultInstance = _StorageClass()
+
+    private init() {}
+
+    init(copying source: _StorageClass) {
+      _kind = source._kind
+      _jobID = source._jobID
+      _userID = source._userID
+      _model = source._model
+      _version = source._version
+      _epoch = source._epoch
+      _epochs = source._epochs
+      _miniBatch = source._miniBatch
+      _loss = source._loss
+      _samples = source._samples
+      _durationSeconds = source._durationSeconds
+      _reason = source._reason
+      _willRetry = source._willRetry
+      _worker = source._worker
+      _timestampMs = source._timestampMs
+      _duplicate = source._duplicate
+      _cancelStage = source._cancelStage
+    }
+  }
+
+  fileprivate mutating func _uniqueStorage() -> _StorageClass {
+    if !isKnownUniquelyReferenced(&_storage) {
+      _storage = _StorageClass(copying: _storage)
+    }
+    return _storage
+  }
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    _ = _uniqueStorage()
+    try withExtendedLifetime(_storage) { (_storage: _StorageClass) in
+      while let fieldNumber = try decoder.nextFieldNumber() {
+        // The use of inline closures is to circumvent an issue where the compiler
+        // allocates stack space for every case branch when no optimizations are
+        // enabled. https://github.com/apple/swift-protobuf/issues/1034
+        switch fieldNumber {
+        case 1: try { try decoder.decodeSingularEnumField(value: &_storage._kind) }()
+        case 2: try { try decoder.decodeSingularStringField(value: &_storage._jobID) }()
+        case 3: try { try decoder.decodeSingularStringField(value: &_storage._userID) }()
+        case 4: try { try decoder.decodeSingularStringField(value: &_storage._model) }()
+        case 5: try { try decoder.decodeSingularInt64Field(value: &_storage._version) }()
+        case 6: try { try decoder.decodeSingularInt64Field(value: &_storage._epoch) }()
+        case 7: try { try decoder.decodeSingularInt64Field(value: &_storage._epochs) }()
+        case 8: try { try decoder.decodeSingularInt64Field(value: &_storage._miniBatch) }()
+        case 9: try { try decoder.decodeSingularDoubleField(value: &_storage._loss) }()
+        case 10: try { try decoder.decodeSingularInt64Field(value: &_storage._samples) }()
+        case 11: try { try decoder.decodeSingularDoubleField(value: &_storage._durationSeconds) }()
+        case 12: try { try decoder.decodeSingularStringField(value: &_storage._reason) }()
+        case 13: try { try decoder.decodeSingularBoolField(value: &_storage._willRetry) }()
+        case 14: try { try decoder.decodeSingularStringField(value: &_storage._worker) }()
+        case 15: try { try decoder.decodeSingularInt64Field(value: &_storage._timestampMs) }()
+        case 16: try { try decoder.decodeSingularBoolField(value: &_storage._duplicate) }()
+        case 17: try { try decoder.decodeSingularStringField(value: &_storage._cancelStage) }()
+        default: break
+        }
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    try withExtendedLifetime(_storage) { (_storage: _StorageClass) in
+      if _storage._kind != .unspecified {
+        try visitor.visitSingularEnumField(value: _storage._kind, fieldNumber: 1)
+      }
+      if !_storage._jobID.isEmpty {
+        try visitor.visitSingularStringField(value: _storage._jobID, fieldNumber: 2)
+      }
+      if !_storage._userID.isEmpty {
+        try visitor.visitSingularStringField(value: _storage._userID, fieldNumber: 3)
+      }
+      if !_storage._model.isEmpty {
+        try visitor.visitSingularStringField(value: _storage._model, fieldNumber: 4)
+      }
+      if _storage._version != 0 {
+        try visitor.visitSingularInt64Field(value: _storage._version, fieldNumber: 5)
+      }
+      if _storage._epoch != 0 {
+        try visitor.visitSingularInt64Field(value: _storage._epoch, fieldNumber: 6)
+      }
+      if _storage._epochs != 0 {
+        try visitor.visitSingularInt64Field(value: _storage._epochs, fieldNumber: 7)
+      }
+      if _storage._miniBatch != 0 {
+        try visitor.visitSingularInt64Field(value: _storage._miniBatch, fieldNumber: 8)
+      }
+      if _storage._loss.bitPattern != 0 {
+        try visitor.visitSingularDoubleField(value: _storage._loss, fieldNumber: 9)
+      }
+      if _storage._samples != 0 {
+        try visitor.visitSingularInt64Field(value: _storage._samples, fieldNumber: 10)
+      }
+      if _storage._durationSeconds.bitPattern != 0 {
+        try visitor.visitSingularDoubleField(value: _storage._durationSeconds, fieldNumber: 11)
+      }
+      if !_storage._reason.isEmpty {
+        try visitor.visitSingularStringField(value: _storage._reason, fieldNumber: 12)
+      }
+      if _storage._willRetry != false {
+        try visitor.visitSingularBoolField(value: _storage._willRetry, fieldNumber: 13)
+      }
+      if !_storage._worker.isEmpty {
+        try visitor.visitSingularStringField(value: _storage._worker, fieldNumber: 14)
+      }
+      if _storage._timestampMs != 0 {
+        try visitor.visitSingularInt64Field(value: _storage._timestampMs, fieldNumber: 15)
+      }
+      if _storage._duplicate != false {
+        try visitor.visitSingularBoolField(value: _storage._duplicate, fieldNumber: 16)
+      }
+      if !_storage._cancelStage.isEmpty {
+        try visitor.visitSingularStringField(value: _storage._cancelStage, fieldNumber: 17)
+      }
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: Attune_V1_Event, rhs: Attune_V1_Event) -> Bool {
+    if lhs._storage !== rhs._storage {
+      let storagesAreEqual: Bool = withExtendedLifetime((lhs._storage, rhs._storage)) { (_args: (_StorageClass, _StorageClass)) in
+        let _storage = _args.0
+        let rhs_storage = _args.1
+        if _storage._kind != rhs_storage._kind {return false}
+        if _storage._jobID != rhs_storage._jobID {return false}
+        if _storage._userID != rhs_storage._userID {return false}
+        if _storage._model != rhs_storage._model {return false}
+        if _storage._version != rhs_storage._version {return false}
+        if _storage._epoch != rhs_storage._epoch {return false}
+        if _storage._epochs != rhs_storage._epochs {return false}
+        if _storage._miniBatch != rhs_storage._miniBatch {return false}
+        if _storage._loss != rhs_storage._loss {return false}
+        if _storage._samples != rhs_storage._samples {return false}
+        if _storage._durationSeconds != rhs_storage._durationSeconds {return false}
+        if _storage._reason != rhs_storage._reason {return false}
+        if _storage._willRetry != rhs_storage._willRetry {return false}
+        if _storage._worker != rhs_storage._worker {return false}
+        if _storage._timestampMs != rhs_storage._timestampMs {return false}
+        if _storage._duplicate != rhs_storage._duplicate {return false}
+        if _storage._cancelStage != rhs_storage._cancelStage {return false}
+        return true
+      }
+      if !storagesAreEqual {return false}
+    }
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension Attune_V1_CancelRequest: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".CancelRequest"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}job_id\0\u{1}reason\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -721,96 +1126,26 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
       // allocates stack space for every case branch when no optimizations are
       // enabled. https://github.com/apple/swift-protobuf/issues/1034
       switch fieldNumber {
-      case 1: try { try decoder.decodeSingularEnumField(value: &self.kind) }()
-      case 2: try { try decoder.decodeSingularStringField(value: &self.jobID) }()
-      case 3: try { try decoder.decodeSingularStringField(value: &self.userID) }()
-      case 4: try { try decoder.decodeSingularStringField(value: &self.model) }()
-      case 5: try { try decoder.decodeSingularInt64Field(value: &self.version) }()
-      case 6: try { try decoder.decodeSingularInt64Field(value: &self.epoch) }()
-      case 7: try { try decoder.decodeSingularInt64Field(value: &self.epochs) }()
-      case 8: try { try decoder.decodeSingularInt64Field(value: &self.miniBatch) }()
-      case 9: try { try decoder.decodeSingularDoubleField(value: &self.loss) }()
-      case 10: try { try decoder.decodeSingularInt64Field(value: &self.samples) }()
-      case 11: try { try decoder.decodeSingularDoubleField(value: &self.durationSeconds) }()
-      case 12: try { try decoder.decodeSingularStringField(value: &self.reason) }()
-      case 13: try { try decoder.decodeSingularBoolField(value: &self.willRetry) }()
-      case 14: try { try decoder.decodeSingularStringField(value: &self.worker) }()
-      case 15: try { try decoder.decodeSingularInt64Field(value: &self.timestampMs) }()
-      case 16: try { try decoder.decodeSingularBoolField(value: &self.duplicate) }()
+      case 1: try { try decoder.decodeSingularStringField(value: &self.jobID) }()
+      case 2: try { try decoder.decodeSingularStringField(value: &self.reason) }()
       default: break
       }
     }
   }
 
   public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
-    if self.kind != .unspecified {
-      try visitor.visitSingularEnumField(value: self.kind, fieldNumber: 1)
-    }
     if !self.jobID.isEmpty {
-      try visitor.visitSingularStringField(value: self.jobID, fieldNumber: 2)
-    }
-    if !self.userID.isEmpty {
-      try visitor.visitSingularStringField(value: self.userID, fieldNumber: 3)
-    }
-    if !self.model.isEmpty {
-      try visitor.visitSingularStringField(value: self.model, fieldNumber: 4)
-    }
-    if self.version != 0 {
-      try visitor.visitSingularInt64Field(value: self.version, fieldNumber: 5)
-    }
-    if self.epoch != 0 {
-      try visitor.visitSingularInt64Field(value: self.epoch, fieldNumber: 6)
-    }
-    if self.epochs != 0 {
-      try visitor.visitSingularInt64Field(value: self.epochs, fieldNumber: 7)
-    }
-    if self.miniBatch != 0 {
-      try visitor.visitSingularInt64Field(value: self.miniBatch, fieldNumber: 8)
-    }
-    if self.loss.bitPattern != 0 {
-      try visitor.visitSingularDoubleField(value: self.loss, fieldNumber: 9)
-    }
-    if self.samples != 0 {
-      try visitor.visitSingularInt64Field(value: self.samples, fieldNumber: 10)
-    }
-    if self.durationSeconds.bitPattern != 0 {
-      try visitor.visitSingularDoubleField(value: self.durationSeconds, fieldNumber: 11)
+      try visitor.visitSingularStringField(value: self.jobID, fieldNumber: 1)
     }
     if !self.reason.isEmpty {
-      try visitor.visitSingularStringField(value: self.reason, fieldNumber: 12)
-    }
-    if self.willRetry != false {
-      try visitor.visitSingularBoolField(value: self.willRetry, fieldNumber: 13)
-    }
-    if !self.worker.isEmpty {
-      try visitor.visitSingularStringField(value: self.worker, fieldNumber: 14)
-    }
-    if self.timestampMs != 0 {
-      try visitor.visitSingularInt64Field(value: self.timestampMs, fieldNumber: 15)
-    }
-    if self.duplicate != false {
-      try visitor.visitSingularBoolField(value: self.duplicate, fieldNumber: 16)
+      try visitor.visitSingularStringField(value: self.reason, fieldNumber: 2)
     }
     try unknownFields.traverse(visitor: &visitor)
   }
 
-  public static func ==(lhs: Attune_V1_Event, rhs: Attune_V1_Event) -> Bool {
-    if lhs.kind != rhs.kind {return false}
+  public static func ==(lhs: Attune_V1_CancelRequest, rhs: Attune_V1_CancelRequest) -> Bool {
     if lhs.jobID != rhs.jobID {return false}
-    if lhs.userID != rhs.userID {return false}
-    if lhs.model != rhs.model {return false}
-    if lhs.version != rhs.version {return false}
-    if lhs.epoch != rhs.epoch {return false}
-    if lhs.epochs != rhs.epochs {return false}
-    if lhs.miniBatch != rhs.miniBatch {return false}
-    if lhs.loss != rhs.loss {return false}
-    if lhs.samples != rhs.samples {return false}
-    if lhs.durationSeconds != rhs.durationSeconds {return false}
     if lhs.reason != rhs.reason {return false}
-    if lhs.willRetry != rhs.willRetry {return false}
-    if lhs.worker != rhs.worker {return false}
-    if lhs.timestampMs != rhs.timestampMs {return false}
-    if lhs.duplicate != rhs.duplicate {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }
