@@ -179,15 +179,21 @@ public final class AMQPConnection {
     /// `bindingKeys` (see `EventRouting.bindingKey`) and returns its name; then `consume(queue:)` it.
     /// The queue disappears with this connection.
     public func declareEventQueue(bindingKeys: [String]) throws -> String {
+        try declarePrivateQueue(boundTo: Topology.eventsExchange, keys: bindingKeys)
+    }
+
+    /// Declares a server-named, exclusive, auto-delete queue bound to `exchange` with each of `keys` and
+    /// returns its name. The queue disappears with this connection.
+    public func declarePrivateQueue(boundTo exchange: String, keys: [String]) throws -> String {
         let state = try adminReady()
         let arena = CArena()
         let ok = amqp_queue_declare(state, adminChannel, amqp_bytes_t(len: 0, bytes: nil), 0, 0, 1, 1, amqp_empty_table)
         let name = ok?.pointee.queue.string ?? ""
-        try checkReply(on: adminChannel, "declare event queue")
-        for key in bindingKeys {
-            _ = amqp_queue_bind(state, adminChannel, arena.bytes(name), arena.bytes(Topology.eventsExchange),
+        try checkReply(on: adminChannel, "declare a queue of this connection's own on \(exchange)")
+        for key in keys {
+            _ = amqp_queue_bind(state, adminChannel, arena.bytes(name), arena.bytes(exchange),
                                 arena.bytes(key), amqp_empty_table)
-            try checkReply(on: adminChannel, "bind event queue with key \(key)")
+            try checkReply(on: adminChannel, "bind queue \(name) to \(exchange) with key \(key)")
         }
         return name
     }

@@ -137,6 +137,24 @@ public enum JobCodec {
     }
 }
 
+/// Cancel requests (`CancelRequest`, JSON or binary like jobs) to and from message bodies.
+public enum CancelCodec {
+    public static let maxBytes = 64 << 10
+
+    /// The request in `body`, or a `JobDecodingError` saying why there is none.
+    public static func decode(_ body: Data, contentType: String?) throws -> Attune_V1_CancelRequest {
+        switch ProtoCodec.decode(Attune_V1_CancelRequest.self, body, contentType: contentType, maxBytes: maxBytes) {
+        case .success(let request): return request
+        case .failure(let failure): throw JobDecodingError(failure)
+        }
+    }
+
+    public static func encode(_ request: Attune_V1_CancelRequest, as encoding: MessageEncoding = .json) throws
+        -> (body: Data, contentType: String) {
+        try ProtoCodec.encode(request, as: encoding)
+    }
+}
+
 /// Progress events to and from message bodies. Pure: no broker involved.
 public enum EventCodec {
     public static let defaultMaxBytes = 1 << 20

@@ -1,3 +1,4 @@
+import AttuneSpec
 import Foundation
 
 /// Attune's queues on one connection: the topology every worker and producer declares, and the two ways
@@ -36,6 +37,32 @@ public struct JobQueues {
             try connection.bind(queue: queue, exchange: Topology.partitionsExchange, key: queue)
         }
         for delay in Topology.retryDelaysMs { try declareRetryQueue(delayMs: delay) }
+
+        try connection.declareExchange(Topology.cancelExchange, type: "fanout")
+        try connection.declareExchange(Topology.cancelledExchange, type: "fanout")
+        try connection.declareQueue(Topology.cancelQueue, arguments: [
+            ("x-queue-type", .string("quorum")),
+            ("x-delivery-limit", .int(Int64(Topology.deliveryLimit))),
+            ("x-dead-letter-exchange", .string(Topology.deadExchange)),
+            ("x-dead-letter-routing-key", .string(Topology.deadRoutingKey)),
+        ] + Self.atLeastOnceDeadLettering)
+        try connection.bind(queue: Topology.cancelQueue, exchange: Topology.cancelExchange, key: "")
+    }
+
+    /// A queue of this connection's own on `cancelledExchange` (server-named, gone with the connection).
+    public func declareCancelAnnouncements() throws -> String {
+        try connection.declarePrivateQueue(boundTo: Topology.cancelledExchange, keys: [""])
+    }
+
+    /// Tells every running worker that `jobId` was cancelled (best effort: a worker that misses it still
+    /// finds the cancel in PostgreSQL before training the job, and at its commit).
+    public func announceCancel(jobId: String, reason: String) throws {
+        var request = Attune_V1_CancelRequest()
+        request.jobID = jobId
+        request.reason = reason
+        let (body, contentType) = try CancelCodec.encode(request)
+        try connection.send(exchange: Topology.cancelledExchange, routingKey: "", body: body, contentType: contentType,
+                            messageId: jobId)
     }
 
     /// RabbitMQ dead-letters at most once by default: a message that expires or hits the delivery limit

@@ -43,6 +43,16 @@ public enum Topology {
     /// Header the retry exchange routes on (headers starting with `x-` are ignored by its matching).
     public static let retryDelayHeader = "attune-retry-delay-ms"
 
+    /// Durable fanout exchange producers publish `CancelRequest`s to (any routing key).
+    public static let cancelExchange = "attune.cancel"
+    /// Durable quorum queue of cancel requests: one worker takes each, records it in PostgreSQL (where it
+    /// outlives every worker) and announces it on `cancelledExchange`. A request that cannot be read is
+    /// rejected into the dead-letter queue.
+    public static let cancelQueue = "attune.cancel.requests"
+    /// Durable fanout exchange announcing recorded cancels (the job id as message id) to every running
+    /// worker, each through a queue of its own, so a task in training stops at its next mini-batch.
+    public static let cancelledExchange = "attune.cancelled"
+
     /// Durable topic exchange for progress events, routing key `<model>.<user>.<event>`.
     public static let eventsExchange = "attune.events"
 

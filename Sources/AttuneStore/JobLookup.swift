@@ -38,6 +38,8 @@ public struct JobLookup: Sendable {
     public var newestBase: [String: Int]
     /// (user, model) whose head is still the version the caller said it knows: no state was sent
     public var unchangedHeads: [UserModel: HeadVersion] = [:]
+    /// job id -> the reason given, for ids that were cancelled
+    public var cancelled: [String: String] = [:]
 
     /// A head's version and base, without its state.
     public struct HeadVersion: Sendable, Equatable {

@@ -41,6 +41,8 @@ extension ModelRegistry {
                 lookup.heads[line] = HeadSnapshot(version: version, baseVersion: baseVersion, state: state)
             case "base":
                 lookup.newestBase[try row.string("model")] = try row.int("version")
+            case "cancelled":
+                lookup.cancelled[try row.string("job_id")] = try row.optionalString("state") ?? ""
             case let kind:
                 throw DatabaseError(kind: .decoding, operation: "lookup", message: "unexpected row kind \"\(kind)\"")
             }
@@ -113,6 +115,8 @@ extension ModelRegistry {
             return .failure(.baseVersionMismatch(user: version.user, model: version.model,
                                                  headBaseVersion: try row.int("head_base"),
                                                  requested: version.baseVersion))
+        case "cancelled":
+            return .success(.cancelled)
         case "unknown_model":
             return .failure(.unknownModel(version.model, version.baseVersion))
         case "invalid":
@@ -137,6 +141,27 @@ extension ModelRegistry {
         """
 
     /// Three kinds of rows in one answer, told apart by `kind`; the columns a kind does not use are NULL.
+    /// Records that `jobId` must not be committed, unless it already was. Takes turns with the commit of
+    /// the same id, so the answer is final: a cancelled job is never committed afterwards.
+    public func cancelJob(jobId: String, reason: String) throws -> CancelOutcome {
+        let row = try connection.query("SELECT * FROM attune_cancel_job($1, $2)", [jobId, reason])[0]
+        switch try row.string("outcome") {
+        case "cancelled": return .cancelled
+        case "already_cancelled": return .alreadyCancelled
+        case "committed":
+            return .tooLate(user: try row.string("applied_user"), model: try row.string("applied_model"),
+                            version: try row.int("applied_version"))
+        case let outcome:
+            throw DatabaseError(kind: .decoding, operation: "cancel job", message: "unexpected outcome \"\(outcome)\"")
+        }
+    }
+
+    /// The reason `jobId` was cancelled for, or nil if it was not.
+    public func cancellation(jobId: String) throws -> String? {
+        try connection.query("SELECT reason FROM attune_cancelled_jobs WHERE job_id = $1", [jobId]).rows.first
+            .map { try $0.string("reason") }
+    }
+
     private static let lookupSQL = """
         SELECT 'applied' AS kind, \(versionColumns), NULL::text AS state
         FROM attune_personal_versions v WHERE v.job_id = ANY ($1::text[])
@@ -152,5 +177,9 @@ extension ModelRegistry {
         SELECT 'base', NULL, b.name, max(b.version),
                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
         FROM attune_base_models b WHERE b.name = ANY ($4::text[]) GROUP BY b.name
+        UNION ALL
+        SELECT 'cancelled', NULL, NULL, NULL, NULL, NULL, c.job_id,
+               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, c.reason
+        FROM attune_cancelled_jobs c WHERE c.job_id = ANY ($1::text[])
         """
 }

@@ -161,6 +161,11 @@ public final class ModelRegistry {
                 if let existing = try versionApplied(jobId: v.jobId) {
                     throw EarlyExit(outcome: .duplicate(existing: existing))
                 }
+                // The lock a cancel of this id takes too (migration 0004).
+                try conn.query("SELECT pg_advisory_xact_lock(417003, hashtext($1))", [v.jobId])
+                if try !conn.query("SELECT 1 FROM attune_cancelled_jobs WHERE job_id = $1", [v.jobId]).rows.isEmpty {
+                    throw EarlyExit(outcome: .cancelled)
+                }
                 if headBase != v.baseVersion {
                     guard headVersion == 0 else {
                         throw RegistryError.baseVersionMismatch(user: v.user, model: v.model,

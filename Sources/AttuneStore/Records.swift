@@ -89,6 +89,18 @@ public enum CommitOutcome: Sendable, Equatable {
     /// Another job moved the head since the task started; nothing was written. Retrain from
     /// `current` (training is deterministic, so nothing is lost) and commit again.
     case headMoved(current: Int)
+    /// The job id was cancelled before this commit; nothing was written. Ack it without a version.
+    case cancelled
+}
+
+/// What a cancel did (`ModelRegistry.cancelJob`).
+public enum CancelOutcome: Sendable, Equatable {
+    /// Recorded now: no worker will commit the job.
+    case cancelled
+    /// Recorded before.
+    case alreadyCancelled
+    /// The job was committed before the cancel arrived; nothing changed.
+    case tooLate(user: String, model: String, version: Int)
 }
 
 /// Requests the registry cannot satisfy however often they are retried: dead-letter the job.

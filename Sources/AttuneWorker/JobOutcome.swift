@@ -13,6 +13,26 @@ public enum JobOutcome: Sendable, Equatable {
     case rejected(reason: String)
     /// Something outside the job failed (a server restarting): retry it later.
     case transient(reason: String)
+    /// The job was cancelled (`attune cancel`, or a `CancelRequest`): ack it, commit nothing.
+    case cancelled(stage: CancelStage, reason: String)
+}
+
+/// Where a cancelled job was stopped; the CANCELLED event's `cancel_stage`.
+public enum CancelStage: Sendable, Equatable {
+    /// Before any training: settled as it was taken.
+    case queued
+    /// Its update task stopped after this mini-batch (1-based epoch and mini-batch).
+    case training(epoch: Int, miniBatch: Int)
+    /// Trained, and refused at the commit.
+    case commit
+
+    public var name: String {
+        switch self {
+        case .queued: "queued"
+        case .training: "training"
+        case .commit: "commit"
+        }
+    }
 }
 
 /// Sorts an error into "the job is at fault" (dead-letter now) or "the world is" (retry later).

@@ -57,8 +57,12 @@ public protocol JobSource: AnyObject, Sendable {
     /// Grows whenever some users' jobs may have gone to another worker meanwhile (a partition let go, a
     /// connection lost): heads a slot remembers writing may have moved since.
     var handovers: Int { get }
+    /// The reason `jobId` was cancelled for, if this source has heard of its cancel; asked before a job
+    /// trains and at every mini-batch (the store has the last word, at the lookup and the commit).
+    func cancellation(of jobId: String) -> String?
 }
 
 extension JobSource {
     public var handovers: Int { 0 }
+    public func cancellation(of jobId: String) -> String? { nil }
 }

@@ -23,6 +23,7 @@ final class JobSteps {
     /// slot, and then the lookup need not read and send the state again.
     private var written: [UserModel: Head] = [:]
     private let maxWritten = 10_000
+    private var cancellation: (String) -> String? = { _ in nil }
 
     init(store: JobStore, configuration: WorkerConfiguration) {
         self.store = store
@@ -55,9 +56,14 @@ final class JobSteps {
     /// - Returns: one result per job, in the order given, with the job as decoded (or as far as it was).
     /// - Parameter beforeCommit: called before each commit, which may wait (a lock, a flush): progress
     ///   reported so far should reach its listeners first.
+    /// - Parameter cancellation: the reason a job id was cancelled for, as far as the caller has heard
+    ///   (asked before a job trains and at each of its mini-batches); the store also knows, at the lookup
+    ///   and at the commit.
     func run(_ incoming: [IncomingJob], report: @escaping (Attune_V1_Event) -> Void,
              isAbandoning: @escaping () -> Bool,
+             cancellation: @escaping (String) -> String? = { _ in nil },
              beforeCommit: () -> Void = {}) -> [(job: Attune_V1_TrainingJob, result: JobResult)] {
+        self.cancellation = cancellation
         var jobs = incoming.map(\.placeholder)
         var results = [JobResult?](repeating: nil, count: incoming.count)
         var pending: [Candidate] = []
@@ -118,6 +124,10 @@ final class JobSteps {
             if let applied = lookup.applied[candidate.job.jobID] {
                 results[candidate.index] = .outcome(RepeatedJob.outcome(jobId: candidate.job.jobID,
                                                                         digest: candidate.digest, applied: applied))
+                continue
+            }
+            if let reason = lookup.cancelled[candidate.job.jobID] ?? cancellation(candidate.job.jobID) {
+                results[candidate.index] = .outcome(.cancelled(stage: .queued, reason: reason))
                 continue
             }
             if isAbandoning() {
@@ -184,9 +194,12 @@ final class JobSteps {
         let budget = configuration.maxTaskSeconds
         let started = Date()
         var overBudget = false
-        let isCancelled = {
+        var cancelReason: String?
+        var position = (epoch: 0, miniBatch: 0)
+        let isCancelled = { [cancellation] in
             if isAbandoning() { return true }
             if let budget, Date().timeIntervalSince(started) > budget { overBudget = true; return true }
+            if let reason = cancellation(job.jobID) { cancelReason = reason; return true }
             return false
         }
         let throttle = Throttle(interval: configuration.miniBatchEventInterval)
@@ -200,6 +213,7 @@ final class JobSteps {
                             $0.version = Int64(head.version); $0.samples = Int64(samples); $0.epochs = Int64(epochs)
                         })
                     case .miniBatchEnd(let epoch, let batch, let loss):
+                        position = (epoch, batch)
                         guard throttle.allow() else { return }
                         report(events.make(.miniBatchEnd) {
                             $0.epoch = Int64(epoch); $0.miniBatch = Int64(batch); $0.loss = loss
@@ -211,6 +225,10 @@ final class JobSteps {
                     }
                 }, isCancelled: isCancelled)
         } catch UpdateTaskError.cancelled {
+            if let cancelReason {
+                throw TaskCancellation(result: .outcome(.cancelled(
+                    stage: .training(epoch: position.epoch, miniBatch: position.miniBatch), reason: cancelReason)))
+            }
             if overBudget, let budget {
                 throw TaskCancellation(result: .outcome(.rejected(reason: Self.overBudgetReason(budget))))
             }
@@ -254,6 +272,10 @@ final class JobSteps {
             case .success(.headMoved):
                 written.removeValue(forKey: candidate.key)
                 again.append(candidate)
+            case .success(.cancelled):
+                written.removeValue(forKey: candidate.key)
+                results[candidate.index] = .outcome(.cancelled(stage: .commit,
+                                                               reason: cancellation(candidate.job.jobID) ?? ""))
             case .failure(let error):
                 written.removeValue(forKey: candidate.key)
                 results[candidate.index] = .outcome(FailureClassifier.outcome(for: error))

@@ -28,12 +28,18 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     private var drained = false
     private var ioWaiting = false
     private var handoverCount = 0
+    /// Job ids whose cancel this worker heard of (announced by whichever worker recorded it), with their
+    /// reasons; the oldest are forgotten past `maxRemembered` (the store still refuses them).
+    private var cancels: [String: String] = [:]
+    private var cancelOrder: [String] = []
+    private static let maxRememberedCancels = 100_000
     private let wakeup = Wakeup()
 
     // The broker thread's own.
     private var generation = 0
     private var connection: AMQPConnection?
     private var partitions: PartitionConsumers?
+    private var cancelRequests: CancelRequests?
     private var leases: PartitionLeases?
     private var lastLeaseLook = Date.distantPast
     /// How often the worker looks at who is alive and which partitions it should hold: a new worker gets
@@ -87,6 +93,20 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     var isAbandoning: Bool { lock.withLock { abandoning } }
 
     var handovers: Int { lock.withLock { handoverCount } }
+
+    func cancellation(of jobId: String) -> String? { lock.withLock { cancels[jobId] } }
+
+    private func remember(cancelOf jobId: String, reason: String) {
+        lock.withLock {
+            guard cancels.updateValue(reason, forKey: jobId) == nil else { return }
+            cancelOrder.append(jobId)
+            if cancelOrder.count > Self.maxRememberedCancels {
+                let forgotten = cancelOrder.prefix(cancelOrder.count / 2)
+                for id in forgotten { cancels.removeValue(forKey: id) }
+                cancelOrder.removeFirst(forgotten.count)
+            }
+        }
+    }
 
     private func noteHandover() { lock.withLock { handoverCount += 1 } }
 
@@ -155,6 +175,13 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         generation += 1
         self.connection = connection
         partitions = PartitionConsumers(connection: connection)
+        do {
+            cancelRequests = try CancelRequests(connection: connection, databaseURL: configuration.databaseURL,
+                                                workerName: configuration.workerName, logger: logger)
+        } catch {
+            connection.close()
+            throw error
+        }
         lastLeaseLook = .distantPast
     }
 
@@ -175,7 +202,16 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
                 try handleConfirms(connection)
             }
             // After a cancel, deliveries the broker sent before its cancel-ok are among these; none come later.
-            hand(try connection.availableDeliveries(), partitions)
+            let arrived = try connection.availableDeliveries()
+            if let cancelRequests {
+                let (jobs, held) = try cancelRequests.take(arrived, remember: remember)
+                for tag in held { insertUnsettled(tag) }
+                hand(jobs, partitions)
+                let settled = stop ? try cancelRequests.handBackHeld() : try cancelRequests.retryHeld(remember: remember)
+                for tag in settled { markSettled(tag) }
+            } else {
+                hand(arrived, partitions)
+            }
             if stop {
                 lock.withLock { if !drained { drained = true; lock.broadcast() } }
                 releaseDrainedPartitions()
@@ -220,6 +256,8 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         connection?.close()
         connection = nil
         partitions = nil
+        cancelRequests?.close()
+        cancelRequests = nil
         unsettled.removeAll()
         held.removeAll()
         onConfirm.removeAll()
@@ -365,10 +403,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     }
 
     private func send(_ event: Attune_V1_Event, on connection: AMQPConnection) throws {
-        let (body, contentType) = try EventCodec.encode(event, as: .json)
-        try connection.send(exchange: Topology.eventsExchange,
-                            routingKey: EventRouting.key(model: event.model, user: event.userID, kind: event.kind),
-                            body: body, contentType: contentType, messageId: event.jobID)
+        try connection.sendEvent(event)
     }
 
     /// Past the shutdown deadline: jobs no slot has started go back to their queues at once.

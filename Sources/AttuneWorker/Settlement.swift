@@ -54,6 +54,14 @@ public enum Settlement {
             return SettlementDecision(action: .ack, event: events.make(.completed) {
                 $0.version = Int64(version); $0.duplicate = true
             })
+        case .outcome(.cancelled(let stage, let reason)):
+            return SettlementDecision(action: .ack, event: events.make(.cancelled) {
+                $0.cancelStage = stage.name
+                $0.reason = reason
+                if case .training(let epoch, let miniBatch) = stage {
+                    $0.epoch = Int64(epoch); $0.miniBatch = Int64(miniBatch)
+                }
+            })
         case .outcome(.rejected(let reason)):
             return SettlementDecision(action: .deadLetter(reason: reason),
                                       event: events.make(.failed) { $0.reason = reason; $0.willRetry = false })

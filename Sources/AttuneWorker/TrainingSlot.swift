@@ -74,6 +74,7 @@ final class TrainingSlot {
             let before = steps.retrains
             defer { retrains += steps.retrains - before }
             return steps.run(batch, report: progress.add, isAbandoning: { [source] in source.isAbandoning },
+                             cancellation: { [source] in source.cancellation(of: $0) },
                              beforeCommit: { [progress] in
                                  progress.flush()
                                  JobTimeline.shared?.record(.committing, batch.map { $0.messageId ?? "" })
@@ -103,6 +104,8 @@ final class TrainingSlot {
             case .outcome(.transient(let reason)):
                 // The broker thread logs it once it is settled: retried later or given up.
                 logger.debug("job \(job.jobID) failed transiently: \(reason)")
+            case .outcome(.cancelled(let stage, _)):
+                logger.info("job \(job.jobID) cancelled (\(stage.name)); nothing committed")
             case .handedBack:
                 logger.info("job \(job.jobID) handed back uncommitted: the worker is shutting down")
             }

@@ -77,6 +77,28 @@ final class BatchCommitTests: XCTestCase {
         XCTAssertEqual(try registry.personalVersion(user: "alice", model: "digits", version: 2).state, Data("state of a2".utf8))
     }
 
+    func testACancelledJobIsRefusedAtTheCommitAndACommittedOneCannotBeCancelled() throws {
+        let schema = try makeSchema()
+        let registry = try registry(schema)
+        XCTAssertEqual(try registry.cancelJob(jobId: "a1", reason: "withdrawn"), .cancelled)
+        XCTAssertEqual(try registry.cancelJob(jobId: "a1", reason: "again"), .alreadyCancelled)
+        XCTAssertEqual(try registry.cancellation(jobId: "a1"), "withdrawn")
+        let outcomes = try registry.commitVersions([
+            version("alice", parent: 0, job: "a1"),
+            version("alice", parent: 1, job: "a2"),
+            version("bob", parent: 0, job: "b1"),
+        ])
+        // Alice's second job was trained from the cancelled one: refused as moved, to train again.
+        XCTAssertEqual(outcomes.map { try? $0.get() }, [.cancelled, .headMoved(current: 0), .committed(version: 1)])
+        XCTAssertEqual(try registry.history(user: "alice", model: "digits").count, 0)
+        XCTAssertEqual(try registry.commitVersion(version("carol", parent: 0, job: "a1")), .cancelled)
+        XCTAssertEqual(try registry.cancelJob(jobId: "b1", reason: ""), .tooLate(user: "bob", model: "digits", version: 1))
+        XCTAssertNil(try registry.cancellation(jobId: "b1"))
+        let lookup = try registry.lookup(jobIds: ["a1", "b1", "zz"], heads: [], models: [])
+        XCTAssertEqual(lookup.cancelled, ["a1": "withdrawn"])
+        XCTAssertEqual(Set(lookup.applied.keys), ["b1"])
+    }
+
     func testStaleParentRefusesTheUsersChainButNotOtherUsers() throws {
         let schema = try makeSchema()
         let registry = try registry(schema)

@@ -184,8 +184,8 @@ final class ModelRegistryTests: XCTestCase {
                     case let .headMoved(current):
                         parent = current
                         retries.append(1)
-                    case .duplicate:
-                        failures.append("\(job) reported as duplicate")
+                    case .duplicate, .cancelled:
+                        failures.append("\(job) reported as duplicate or cancelled")
                         return
                     }
                 }

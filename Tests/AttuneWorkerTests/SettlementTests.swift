@@ -41,6 +41,8 @@ final class SettlementTests: XCTestCase {
             Row(result: .outcome(.transient(reason: "db down")), attempts: 3,
                 action: .deadLetter(reason: "gave up after 4 attempts: db down"), kind: .failed, willRetry: false),
             Row(result: .handedBack, attempts: 0, action: .requeue, kind: .failed, willRetry: true),
+            Row(result: .outcome(.cancelled(stage: .queued, reason: "withdrawn")), attempts: 2,
+                action: .ack, kind: .cancelled, willRetry: false),
         ]
         for row in table {
             let decision = decide(row.result, attempts: row.attempts)
@@ -50,6 +52,17 @@ final class SettlementTests: XCTestCase {
             XCTAssertEqual(decision.event.jobID, "j-1")
             XCTAssertEqual(decision.event.userID, "alice")
         }
+    }
+
+    func testACancelledEventSaysWhereTheJobStopped() {
+        let training = decide(.outcome(.cancelled(stage: .training(epoch: 3, miniBatch: 2), reason: "withdrawn"))).event
+        XCTAssertEqual(training.cancelStage, "training")
+        XCTAssertEqual(training.epoch, 3)
+        XCTAssertEqual(training.miniBatch, 2)
+        XCTAssertEqual(training.reason, "withdrawn")
+        let commit = decide(.outcome(.cancelled(stage: .commit, reason: ""))).event
+        XCTAssertEqual(commit.cancelStage, "commit")
+        XCTAssertEqual(commit.epoch, 0)
     }
 
     func testEventsCarryWhatTheOutcomeSays() {

@@ -107,7 +107,7 @@ final class FleetHarness {
         publisher = try AMQPConnection(url: amqpURL, connectionName: "test-publisher")
         try JobQueues(publisher).declare()
         try publisher.enableConfirms()
-        for queue in Topology.jobsQueues { _ = try publisher.purge(queue) }
+        for queue in Topology.jobsQueues + [Topology.cancelQueue] { _ = try publisher.purge(queue) }
         _ = try publisher.purge(Topology.deadQueue)
         listener = try AMQPConnection(url: amqpURL, connectionName: "test-listener")
         // Every event, not just this model's: a job that cannot be decoded, or names another model, reports
@@ -191,7 +191,8 @@ final class FleetHarness {
             try listener.ack(delivery.deliveryTag)
             let event = try EventCodec.decode(delivery.body, contentType: delivery.contentType)
             events.append(event)
-            if event.kind == .completed || (event.kind == .failed && !event.willRetry) { ended += 1 }
+            if event.kind == .completed || (event.kind == .cancelled && event.cancelStage != "too_late")
+                || (event.kind == .failed && !event.willRetry) { ended += 1 }
         }
         return events
     }
@@ -213,6 +214,13 @@ final class FleetHarness {
     }
 
     func stop() {
+        stopWorkers()
+        listener.close()
+        publisher.close()
+    }
+
+    /// Stops every worker started so far (the harness's connections stay open).
+    func stopWorkers() {
         for (worker, _, _) in workers { worker.requestStop() }
         for (_, _, done) in workers { _ = done.wait(timeout: .now() + 30) }
         for process in processes where process.isRunning {
@@ -220,8 +228,16 @@ final class FleetHarness {
             process.waitUntilExit()
         }
         workers.removeAll()
-        listener.close()
-        publisher.close()
+    }
+
+    /// Publishes a `CancelRequest` as a producer would.
+    func publishCancel(jobId: String, reason: String, as encoding: MessageEncoding = .json) throws {
+        var request = Attune_V1_CancelRequest()
+        request.jobID = jobId
+        request.reason = reason
+        let (body, contentType) = try CancelCodec.encode(request, as: encoding)
+        try publisher.publish(exchange: Topology.cancelExchange, routingKey: "", body: body, contentType: contentType,
+                              messageId: jobId, mandatory: true)
     }
 
     var workerExitStatuses: [Int32] { processes.map(\.terminationStatus) }
