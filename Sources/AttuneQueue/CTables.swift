@@ -2,11 +2,21 @@ import CRabbitMQ
 import Foundation
 
 /// A value in an AMQP field table (message headers, queue arguments, client properties).
-enum FieldValue {
+public enum FieldValue: Sendable {
     case string(String)
     case int(Int64)
     case bool(Bool)
     case table([(String, FieldValue)])
+
+    /// As an operator would write it in a policy or `rabbitmqadmin` call.
+    public var text: String {
+        switch self {
+        case .string(let value): value
+        case .int(let value): String(value)
+        case .bool(let value): String(value)
+        case .table(let entries): "{" + entries.map { "\($0.0)=\($0.1.text)" }.joined(separator: ", ") + "}"
+        }
+    }
 }
 
 /// C memory for the duration of one rabbitmq-c call: strings, table entries. rabbitmq-c copies what it

@@ -11,42 +11,78 @@ public struct JobQueues {
         self.connection = connection
     }
 
-    /// Declares the exchanges, queues and bindings in `Topology`. Idempotent. Fails with 406
-    /// PRECONDITION_FAILED if the broker has one of them with other arguments (delete the old one
-    /// first), and with 503 COMMAND_INVALID or 404 when the consistent-hash plugin is not enabled.
+    /// Declares the exchanges, queues and bindings in `Topology` (`Self.declarations`, in order).
+    /// Idempotent. Fails with 406 PRECONDITION_FAILED if the broker has one of them with other arguments
+    /// (delete the old one first), and with 503 COMMAND_INVALID or 404 when the consistent-hash plugin is
+    /// not enabled.
     public func declare() throws {
-        try connection.declareExchange(Topology.jobsExchange, type: "x-consistent-hash")
-        try connection.declareExchange(Topology.deadExchange, type: "direct")
-        try connection.declareExchange(Topology.retryExchange, type: "headers")
-        try connection.declareExchange(Topology.partitionsExchange, type: "direct")
-        try connection.declareExchange(Topology.eventsExchange, type: "topic")
+        for declaration in Self.declarations {
+            switch declaration {
+            case .exchange(let name, let type):
+                try connection.declareExchange(name, type: type)
+            case .queue(let name, let arguments):
+                try connection.declareQueue(name, arguments: arguments)
+            case .binding(let queue, let exchange, let key, let arguments):
+                try connection.bind(queue: queue, exchange: exchange, key: key, arguments: arguments)
+            }
+        }
+    }
 
-        try connection.declareQueue(Topology.deadQueue, arguments: [])
-        try connection.bind(queue: Topology.deadQueue, exchange: Topology.deadExchange, key: Topology.deadRoutingKey)
+    /// One thing `declare()` declares on the broker (all durable).
+    public enum Declaration {
+        case exchange(name: String, type: String)
+        case queue(name: String, arguments: [(String, FieldValue)])
+        case binding(queue: String, exchange: String, key: String, arguments: [(String, FieldValue)])
 
+        /// One line for people: `exchange attune.jobs (x-consistent-hash)`, a queue with its arguments.
+        public var description: String {
+            switch self {
+            case .exchange(let name, let type): "exchange \(name) (\(type))"
+            case .queue(let name, let arguments): "queue \(name)" + Self.describe(arguments)
+            case .binding(let queue, let exchange, let key, let arguments):
+                "binding \(exchange) -> \(queue), key \"\(key)\"" + Self.describe(arguments)
+            }
+        }
+
+        private static func describe(_ arguments: [(String, FieldValue)]) -> String {
+            arguments.isEmpty ? "" : " " + arguments.map { "\($0.0)=\($0.1.text)" }.joined(separator: " ")
+        }
+    }
+
+    /// The topology, in declaration order: exchanges before the queues bound to them.
+    public static var declarations: [Declaration] {
+        var all: [Declaration] = [
+            .exchange(name: Topology.jobsExchange, type: "x-consistent-hash"),
+            .exchange(name: Topology.deadExchange, type: "direct"),
+            .exchange(name: Topology.retryExchange, type: "headers"),
+            .exchange(name: Topology.partitionsExchange, type: "direct"),
+            .exchange(name: Topology.eventsExchange, type: "topic"),
+            .exchange(name: Topology.cancelExchange, type: "fanout"),
+            .exchange(name: Topology.cancelledExchange, type: "fanout"),
+            .queue(name: Topology.deadQueue, arguments: []),
+            .binding(queue: Topology.deadQueue, exchange: Topology.deadExchange, key: Topology.deadRoutingKey, arguments: []),
+        ]
         for queue in Topology.jobsQueues {
-            try connection.declareQueue(queue, arguments: [
+            all.append(.queue(name: queue, arguments: [
                 ("x-queue-type", .string("quorum")),
                 ("x-single-active-consumer", .bool(true)),
                 ("x-delivery-limit", .int(Int64(Topology.deliveryLimit))),
                 ("x-dead-letter-exchange", .string(Topology.deadExchange)),
                 ("x-dead-letter-routing-key", .string(Topology.deadRoutingKey)),
-            ] + Self.atLeastOnceDeadLettering)
+            ] + atLeastOnceDeadLettering))
             // The binding key of a consistent-hash exchange is the queue's weight: all equal.
-            try connection.bind(queue: queue, exchange: Topology.jobsExchange, key: "1")
-            try connection.bind(queue: queue, exchange: Topology.partitionsExchange, key: queue)
+            all.append(.binding(queue: queue, exchange: Topology.jobsExchange, key: "1", arguments: []))
+            all.append(.binding(queue: queue, exchange: Topology.partitionsExchange, key: queue, arguments: []))
         }
-        for delay in Topology.retryDelaysMs { try declareRetryQueue(delayMs: delay) }
-
-        try connection.declareExchange(Topology.cancelExchange, type: "fanout")
-        try connection.declareExchange(Topology.cancelledExchange, type: "fanout")
-        try connection.declareQueue(Topology.cancelQueue, arguments: [
+        for delay in Topology.retryDelaysMs { all += retryQueue(delayMs: delay) }
+        all.append(.queue(name: Topology.cancelQueue, arguments: [
             ("x-queue-type", .string("quorum")),
             ("x-delivery-limit", .int(Int64(Topology.deliveryLimit))),
             ("x-dead-letter-exchange", .string(Topology.deadExchange)),
             ("x-dead-letter-routing-key", .string(Topology.deadRoutingKey)),
-        ] + Self.atLeastOnceDeadLettering)
-        try connection.bind(queue: Topology.cancelQueue, exchange: Topology.cancelExchange, key: "")
+        ] + atLeastOnceDeadLettering))
+        all.append(.binding(queue: Topology.cancelQueue, exchange: Topology.cancelExchange, key: "", arguments: []))
+        return all
     }
 
     /// A queue of this connection's own on `cancelledExchange` (server-named, gone with the connection).
@@ -74,16 +110,29 @@ public struct JobQueues {
     }
 
     private func declareRetryQueue(delayMs: Int) throws {
+        for declaration in Self.retryQueue(delayMs: delayMs) {
+            switch declaration {
+            case .queue(let name, let arguments): try connection.declareQueue(name, arguments: arguments)
+            case .binding(let queue, let exchange, let key, let arguments):
+                try connection.bind(queue: queue, exchange: exchange, key: key, arguments: arguments)
+            case .exchange(let name, let type): try connection.declareExchange(name, type: type)
+            }
+        }
+    }
+
+    private static func retryQueue(delayMs: Int) -> [Declaration] {
         let name = Topology.retryQueue(delayMs: delayMs)
         // No dead-letter routing key: an expired copy keeps the routing key it was published with, the
         // name of its partition queue. A quorum queue, so the move back is at least once (below).
-        try connection.declareQueue(name, arguments: [
-            ("x-queue-type", .string("quorum")),
-            ("x-message-ttl", .int(Int64(delayMs))),
-            ("x-dead-letter-exchange", .string(Topology.partitionsExchange)),
-        ] + Self.atLeastOnceDeadLettering)
-        try connection.bind(queue: name, exchange: Topology.retryExchange, key: "",
-                            arguments: [("x-match", .string("all")), (Topology.retryDelayHeader, .string(String(delayMs)))])
+        return [
+            .queue(name: name, arguments: [
+                ("x-queue-type", .string("quorum")),
+                ("x-message-ttl", .int(Int64(delayMs))),
+                ("x-dead-letter-exchange", .string(Topology.partitionsExchange)),
+            ] + atLeastOnceDeadLettering),
+            .binding(queue: name, exchange: Topology.retryExchange, key: "",
+                     arguments: [("x-match", .string("all")), (Topology.retryDelayHeader, .string(String(delayMs)))]),
+        ]
     }
 
     /// Publishes a job (mandatory, persistent, waiting for the confirm when confirms are on) with its

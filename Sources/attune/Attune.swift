@@ -8,7 +8,7 @@ struct Attune: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "attune",
         abstract: "Personalizes Core ML updatable models per user on a fleet of workers.",
-        subcommands: [Migrate.self, Model.self, Enqueue.self, Cancel.self, WorkerCommand.self, Watch.self, Dlq.self, Audit.self,
+        subcommands: [Migrate.self, TopologyCommand.self, Model.self, Enqueue.self, Cancel.self, WorkerCommand.self, Watch.self, Dlq.self, Audit.self,
                       ImageTensorCommand.self])
 
     static func bootstrapLogging() {
