@@ -28,6 +28,23 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
     /// A pipeline that is not a frozen neural-network feature extractor feeding an updatable k-NN.
     case pipeline(String)
 
+    // Core ML's own rules for updatable models (UpdatableRules.swift): the engine could train these, but a
+    // device's Core ML refuses to compile them, so a personal version could never be shipped.
+
+    /// An updatable model (`model` names it, or the pipeline's part) older than specification version 4.
+    case specificationVersion(model: String, found: Int32)
+    /// An updatable layer whose weights or bias (`tensor`) are not marked updatable themselves.
+    case frozenTensor(layer: String, tensor: String)
+    /// A name shared by two layers or loss layers of an updatable network.
+    case duplicateName(String)
+    /// A layer Core ML cannot back-propagate through, between the updatable layer `updatable` and the loss.
+    case notBackpropagable(layer: String, type: String, updatable: String, loss: String)
+    /// A loss whose target is computed by a layer of the network instead of fed as a training input.
+    case lossTarget(loss: String, target: String, producer: String)
+    /// A declared update parameter Core ML refuses: a default outside its own allowed values, or a count
+    /// (epochs, mini-batch size, k) that is not positive.
+    case updateParameter(name: String, reason: String)
+
     /// The name of the spec's model type as Core ML's proto spells it ("pipelineClassifier", …).
     static func typeName(of spec: CoreML_Specification_Model) -> String {
         spec.type.map { "\($0)".components(separatedBy: "(").first ?? "?" } ?? "none"
@@ -76,6 +93,33 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
             return "unsupported pipeline: \(detail). Attune updates a pipelineClassifier (or pipeline) of exactly two "
                 + "models: a frozen neuralNetwork feature extractor whose output feeds an updatable "
                 + "kNearestNeighborsClassifier"
+        case .specificationVersion(let model, let found):
+            return "\(model) has specificationVersion \(found), but Core ML accepts updatable models only from "
+                + "specification version 4 (iOS 13) on, so a device would refuse it; save it again with "
+                + "coremltools, which raises the version when it makes a model updatable"
+        case .frozenTensor(let layer, let tensor):
+            return "updatable layer '\(layer)' has its \(tensor) not marked updatable; Core ML updates every "
+                + "tensor of an updatable layer and refuses a layer that freezes one, so a device would refuse the "
+                + "model. Mark the weights and the bias updatable (coremltools' make_updatable does), or freeze "
+                + "the whole layer"
+        case .duplicateName(let name):
+            return "the name '\(name)' belongs to more than one layer or loss layer; Core ML needs every layer and "
+                + "loss layer of an updatable network to have its own name, so a device would refuse the model. "
+                + "Rename one of them"
+        case .notBackpropagable(let layer, let type, let updatable, let loss):
+            return "layer '\(layer)' (\(type)) lies between updatable layer '\(updatable)' and loss layer "
+                + "'\(loss)', and Core ML cannot back-propagate through it, so a device would refuse the model. "
+                + "Core ML back-propagates only through \(UpdatableRules.backpropagable); replace '\(layer)' "
+                + "with one of these, or freeze '\(updatable)' and every updatable layer before '\(layer)'"
+        case .lossTarget(let loss, let target, let producer):
+            return "loss layer '\(loss)' takes its target '\(target)' from layer '\(producer)' of the network; "
+                + "Core ML needs a loss target to come from the training data, so a device would refuse the "
+                + "model. Make the target a training input that no layer writes"
+        case .updateParameter(let name, let reason):
+            let setter = name == "numberOfNeighbors" ? "KNearestNeighborsClassifierBuilder's "
+                + "set_number_of_neighbors_with_bounds" : "set_epochs, set_sgd_optimizer, set_adam_optimizer, set_shuffle"
+            return "update parameter \(name) is declared wrongly: \(reason). Core ML checks the declared update "
+                + "parameters and a device would refuse the model; fix the declaration (coremltools: \(setter))"
         }
     }
 }

@@ -99,6 +99,25 @@ struct ParameterDeclarations: Sendable {
         epochs = update.epochs
         shuffle = update.hasShuffle ? update.shuffle : nil
         seed = update.hasSeed ? update.seed : nil
+        try checkDeclarations()
+    }
+
+    /// Core ML's checks of the declared values (ParameterValidator.cpp), in its order: a default inside its
+    /// own allowed values; epochs and miniBatchSize positive. Core ML does not check SGD's momentum or
+    /// shuffle; the engine's own domains (`defaults()`) apply to momentum, Adam's betas and eps on top.
+    private func checkDeclarations() throws(UnsupportedModel) {
+        func check(_ name: String, _ reason: String?) throws(UnsupportedModel) {
+            if let reason { throw .updateParameter(name: name, reason: reason) }
+        }
+        try check("learningRate", UpdatableRules.problem(with: learningRate))
+        try check("miniBatchSize", UpdatableRules.problem(with: miniBatchSize, positive: true))
+        if case .adam(let beta1, let beta2, let eps) = optimizer {
+            try check("beta1", UpdatableRules.problem(with: beta1))
+            try check("beta2", UpdatableRules.problem(with: beta2))
+            try check("eps", UpdatableRules.problem(with: eps))
+        }
+        try check("epochs", UpdatableRules.problem(with: epochs, positive: true))
+        if let seed { try check("seed", UpdatableRules.problem(with: seed, positive: false)) }
     }
 
     func defaults() throws(UnsupportedModel) -> ResolvedParameters {
@@ -112,10 +131,7 @@ struct ParameterDeclarations: Sendable {
             epochs: Int(clamping: epochs.defaultValue), learningRate: learningRate.defaultValue,
             miniBatchSize: Int(clamping: miniBatchSize.defaultValue), optimizer: resolvedOptimizer,
             shuffle: shuffle?.defaultValue ?? false, seed: seed?.defaultValue ?? 0)
-        guard resolved.epochs >= 1 else { throw .optimizer("default epochs \(resolved.epochs) is below 1") }
-        guard resolved.miniBatchSize >= 1 else {
-            throw .optimizer("default miniBatchSize \(resolved.miniBatchSize) is below 1")
-        }
+        // Epochs and miniBatchSize were checked positive at init (`checkDeclarations`).
         guard resolved.learningRate.isFinite, resolved.learningRate >= 0 else {
             throw .optimizer("default learningRate \(resolved.learningRate) is not a finite number ≥ 0")
         }

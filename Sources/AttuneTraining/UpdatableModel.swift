@@ -14,18 +14,23 @@ public enum UpdatableModel: Sendable {
         + "pipeline (a frozen neuralNetwork feeding an updatable kNearestNeighborsClassifier)"
 
     /// Refuses, with `UnsupportedModel`, anything the engine cannot train, naming the part and what is
-    /// supported.
+    /// supported, and then anything a device's Core ML would refuse to compile (`UpdatableRules`): a
+    /// personal version of such a model could never be shipped. Import, the worker and export all come
+    /// through here, so no path trains or writes a model a device refuses.
     public init(spec: CoreML_Specification_Model) throws(UnsupportedModel) {
+        let model: UpdatableModel
         switch spec.type {
         case .neuralNetworkClassifier?, .neuralNetworkRegressor?, .neuralNetwork?:
-            self = .neuralNetwork(try NeuralNetworkModel(spec: spec))
+            model = .neuralNetwork(try NeuralNetworkModel(spec: spec))
         case .kNearestNeighborsClassifier?:
-            self = .nearestNeighbors(try NearestNeighborsModel(spec: spec))
+            model = .nearestNeighbors(try NearestNeighborsModel(spec: spec))
         case .pipelineClassifier?, .pipeline?, .pipelineRegressor?:
-            self = .pipeline(try PipelineModel(spec: spec))
+            model = .pipeline(try PipelineModel(spec: spec))
         default:
             throw .modelType(found: UnsupportedModel.typeName(of: spec))
         }
+        try UpdatableRules.check(spec)
+        self = model
     }
 
     /// The base spec, unchanged.

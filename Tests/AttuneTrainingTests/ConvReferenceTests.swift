@@ -92,7 +92,7 @@ extension ReferenceTests {
     }
 
     /// A conv net built by coremltools' NeuralNetworkBuilder (which takes convolution weights as
-    /// [kh, kw, C, O] and stores them as [O, C, kh, kw]) is imported with the fields coremltools writes, and
+    /// [kh, kw, C, O] and stores them as [O, C, kh, kw]) is read with the fields coremltools writes, and
     /// predicts what the NumPy reference computes from the builder's own arrays.
     func testCoremltoolsConvNetPredictsLikeNumPy() throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("attune-conv-\(UUID().uuidString)")
@@ -162,8 +162,16 @@ extension ReferenceTests {
         let probabilities = try XCTUnwrap(expected["probabilities"] as? [[Double]])
         let convWeights = try XCTUnwrap(expected["conv_weights"] as? [Double])
 
-        let model = try UpdatableModel(spec: CoreML_Specification_Model(serializedBytes: Data(contentsOf: modelURL)))
-        guard case .neuralNetwork(let network) = model else { return XCTFail("not a neural network") }
+        let spec = try CoreML_Specification_Model(serializedBytes: Data(contentsOf: modelURL))
+        // The net puts a leaky ReLU and a reshape between its updatable convolution and the loss, which Core ML
+        // cannot back-propagate through: import refuses it, as a device would, naming the blocking layer
+        // nearest the updatable one (the leaky ReLU) and that layer. The engine itself reads and runs it.
+        XCTAssertThrowsError(try UpdatableModel(spec: spec)) {
+            XCTAssertEqual($0 as? UnsupportedModel, .notBackpropagable(layer: "act", type: "leaky ReLU activation",
+                                                                       updatable: "conv", loss: "loss"))
+        }
+        let network = try NeuralNetworkModel(spec: spec)
+        let model = UpdatableModel.neuralNetwork(network)
         XCTAssertEqual(network.tensorNames, ["conv.weights", "conv.bias", "dense.weights", "dense.bias"])
         let stored = model.initialState().tensors[0]
         XCTAssertEqual(stored.shape, [4, 2, 3, 3])

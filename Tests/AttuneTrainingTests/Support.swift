@@ -57,7 +57,9 @@ enum TestOptimizer {
 }
 
 /// A small updatable network spec (a classifier unless `kind` says otherwise) with random weights, and the
-/// pieces tests need to mirror it.
+/// pieces tests need to mirror it. Engine tests may build layers Core ML cannot back-propagate through
+/// (leaky ReLU, linear, reshape, a softmax not read by cross-entropy) after an updatable layer: they read such
+/// a spec with `NeuralNetworkModel(spec:)`, since `UpdatableModel(spec:)` refuses it as a device would.
 struct TestNetwork {
     var layers: [TestLayer]
     var kind: TestModelKind
@@ -100,6 +102,12 @@ struct TestNetwork {
         spec.description_p.trainingInput = [input, label]
         spec.description_p.predictedFeatureName = "label"
         spec.description_p.predictedProbabilitiesName = "probs"
+        // A classifier's outputs as coremltools declares them: Core ML matches the training label against
+        // the predicted-label output.
+        var probabilities = CoreML_Specification_FeatureDescription()
+        probabilities.name = "probs"
+        probabilities.type.dictionaryType.stringKeyType = CoreML_Specification_StringFeatureType()
+        spec.description_p.output = [probabilities, label]
 
         if kind != .classifier {
             let outputWidth = layers.reduce(Int(inputShape.reduce(1, *))) {

@@ -213,6 +213,8 @@ final class ValidationTests: XCTestCase {
                               inputShape: [3, 2, 2], labels: ["5", "6", "7"])
         net.spec.neuralNetworkClassifier.int64ClassLabels.vector = [5, 6, 7]
         net.spec.description_p.trainingInput[1].type.int64Type = CoreML_Specification_Int64FeatureType()
+        net.spec.description_p.output[1].type.int64Type = CoreML_Specification_Int64FeatureType()
+        net.spec.description_p.output[0].type.dictionaryType.int64KeyType = CoreML_Specification_Int64FeatureType()
         let model = try UpdatableModel(spec: net.spec)
         XCTAssertEqual(model.classLabels, [.int64(5), .int64(6), .int64(7)])
         var s = Attune_V1_Sample()

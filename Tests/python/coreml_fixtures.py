@@ -212,8 +212,10 @@ def digits_image(out):
 # Updatable convolutions (b)
 
 def conv_updatable(out):
-    """[1,8,8] (a digit's pixels) -> conv3x3 same stride 2 (4) -> batchnorm (frozen) -> leaky ReLU 0.1 ->
-    conv3x3 valid (4) -> reshape [16,1,1] -> dense(10) (frozen) -> softmax; both convolutions updatable, Adam."""
+    """[1,8,8] (a digit's pixels) -> conv3x3 same stride 2 (4) -> batchnorm (frozen) -> ReLU -> conv3x3 valid (4)
+    -> flatten -> dense(10) (frozen) -> softmax; both convolutions updatable, Adam. Every layer between the first
+    updatable layer and the loss is one Core ML back-propagates through (this net once had a leaky ReLU and a
+    reshape there, which a device refuses: see refused_leaky_relu)."""
     rng = np.random.default_rng(41)
     builder = NeuralNetworkBuilder([("image", datatypes.Array(1, 8, 8))], [("probs", datatypes.Array(10))],
                                    mode="classifier")
@@ -226,11 +228,11 @@ def conv_updatable(out):
                           mean=rng.normal(0, 0.5, 4).astype(np.float32),
                           variance=rng.uniform(0.5, 2.0, 4).astype(np.float32),
                           input_name="ca", output_name="bn_out", epsilon=1e-3)
-    builder.add_activation("leaky", "LEAKYRELU", "bn_out", "lk", params=[0.1])
+    builder.add_activation("relu", "RELU", "bn_out", "act")
     builder.add_convolution("conv_b", kernel_channels=4, output_channels=4, height=3, width=3, stride_height=1,
                             stride_width=1, border_mode="valid", groups=1, W=conv_weights(rng, 4, 4, 3),
-                            b=None, has_bias=False, input_name="lk", output_name="cb")      # 4 x 2 x 2
-    builder.add_reshape("reshape", "cb", "flat", (16, 1, 1), 0)
+                            b=None, has_bias=False, input_name="act", output_name="cb")     # 4 x 2 x 2
+    builder.add_flatten("flatten", 0, "cb", "flat")                                       # 16
     builder.add_inner_product("classes", rng.normal(0, 0.25, (10, 16)).astype(np.float32),
                               rng.normal(0, 0.1, 10).astype(np.float32), 16, 10, has_bias=True,
                               input_name="flat", output_name="scores")
@@ -244,10 +246,46 @@ def conv_updatable(out):
     widen_batch_sizes(builder.spec.neuralNetworkClassifier.updateParams.optimizer.adamOptimizer)
     save(builder.spec, out, "conv-updatable.mlmodel")
     record("conv-updatable.mlmodel", "neuralNetworkClassifier", "image", [1, 8, 8], "double", "digit",
-           ["conv_a", "conv_b"], "conv3x3 same stride 2 (4, bias) -> batchnorm eps 1e-3 (frozen) -> leaky ReLU "
-           "0.1 -> conv3x3 valid (4, no bias) -> reshape [16,1,1] -> dense(10) (frozen: gradients pass "
-           "through it) -> softmax; CE, Adam lr 0.005 batch 8, 2 epochs, shuffle seed 43; feed the 64 digit "
-           "pixels as [1,8,8]")
+           ["conv_a", "conv_b"], "conv3x3 same stride 2 (4, bias) -> batchnorm eps 1e-3 (frozen) -> ReLU "
+           "-> conv3x3 valid (4, no bias) -> flatten (16) -> dense(10) (frozen: gradients pass through it) -> "
+           "softmax; CE, Adam lr 0.005 batch 8, 2 epochs, shuffle seed 43; feed the 64 digit pixels as [1,8,8]")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shapes a device's Core ML refuses, which import must refuse too (i)
+
+def refused_leaky_relu(out):
+    """The digits MLP with a leaky ReLU between its two updatable dense layers: coremltools builds it, but
+    Core ML cannot back-propagate through a leaky ReLU and a device refuses the model."""
+    builder = NeuralNetworkBuilder([("pixels", datatypes.Array(64))], [("probs", datatypes.Array(10))],
+                                   mode="classifier")
+    w1, b1, w2, b2 = (np.asarray(a, dtype=np.float32) for a in random_mlp_weights(16, seed=81))
+    builder.add_inner_product("hidden", w1, b1, 64, 16, has_bias=True, input_name="pixels", output_name="h")
+    builder.add_activation("hidden_leaky", "LEAKYRELU", "h", "a", params=[0.1])
+    builder.add_inner_product("classes", w2, b2, 16, 10, has_bias=True, input_name="a", output_name="scores")
+    builder.add_softmax("softmax", "scores", "probs")
+    builder.set_class_labels(DIGIT_LABELS, predicted_feature_name="digit", prediction_blob="probs")
+    builder.make_updatable(["hidden", "classes"])
+    builder.set_categorical_cross_entropy_loss(name="loss", input="probs")
+    builder.set_sgd_optimizer(SgdParams(lr=0.05, batch=8))
+    builder.set_epochs(5)
+    save(builder.spec, out, "refused-leaky-relu.mlmodel")
+    record("refused-leaky-relu.mlmodel", "refused: neuralNetworkClassifier", "pixels", [64], "double", "digit",
+           ["hidden", "classes"], "64 -> dense(16) -> leaky ReLU 0.1 -> dense(10) -> softmax, both dense "
+           "updatable; import must refuse it, naming 'hidden_leaky' and 'hidden'")
+
+
+def refused_frozen_bias(out):
+    """The digits MLP with the bias of its updatable output layer marked not updatable (coremltools'
+    make_updatable marks both; this clears the bias flag afterwards): a device refuses the model."""
+    builder = mlp_builder(random_mlp_weights(16, seed=83))
+    builder.set_sgd_optimizer(SgdParams(lr=0.05, batch=8))
+    builder.set_epochs(5)
+    builder.spec.neuralNetworkClassifier.layers[2].innerProduct.bias.isUpdatable = False
+    save(builder.spec, out, "refused-frozen-bias.mlmodel")
+    record("refused-frozen-bias.mlmodel", "refused: neuralNetworkClassifier", "pixels", [64], "double", "digit",
+           ["hidden", "classes"], "the digits MLP 64-16-10 with layer 'classes' updatable but its bias not; "
+           "import must refuse it, naming 'classes'")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -487,6 +525,8 @@ def build_all(out):
     digits_knn(out, pixels, digits)
     digits_pipeline(out)
     digits_image(out)
+    refused_leaky_relu(out)
+    refused_frozen_bias(out)
     digits_pretrained(out, pixels, digits)
     bench_mlp(out, 64, 32)
     bench_mlp(out, 784, 128)

@@ -11,15 +11,17 @@ struct NeighborCountDeclaration: Sendable {
 
     init(_ parameter: CoreML_Specification_Int64Parameter, isSet: Bool) throws(UnsupportedModel) {
         guard isSet else { throw .nearestNeighbors("numberOfNeighbors is not set; declare its default value (k ≥ 1)") }
+        // Core ML's rules (KNearestNeighborsClassifierValidator.cpp): a positive default within its own
+        // allowed values, and only positive allowed values.
+        if let reason = UpdatableRules.problem(with: parameter, positive: true) {
+            throw .updateParameter(name: "numberOfNeighbors", reason: reason)
+        }
         self.parameter = parameter
         let k = parameter.defaultValue
-        guard k >= 1, k <= Int64(Int32.max) else {
-            throw .nearestNeighbors("numberOfNeighbors' default \(k) is not a usable k; it must be at least 1")
+        guard k <= Int64(Int32.max) else {
+            throw .nearestNeighbors("numberOfNeighbors' default \(k) is not a usable k; it must be at most \(Int32.max)")
         }
         defaultValue = Int(k)
-        guard allows(k) else {
-            throw .nearestNeighbors("numberOfNeighbors' default \(k) lies outside its own allowed values (\(allowed))")
-        }
     }
 
     /// The allowed values as an error message shows them.

@@ -107,15 +107,17 @@ public struct NeuralNetworkModel: Sendable {
         // Loss and optimizer.
         let update = nn.updateParams
         guard update.lossLayers.count == 1, let loss = update.lossLayers.first else {
-            throw .loss("expected one loss layer, found \(update.lossLayers.count)")
+            let names = update.lossLayers.map { "'\($0.name)'" }.joined(separator: ", ")
+            throw .loss("expected one loss layer, found \(update.lossLayers.count)\(names.isEmpty ? "" : " (\(names))")")
         }
         let end: ChainEnd
         var targetShape: [Int]?
         switch loss.lossLayerType {
         case .categoricalCrossEntropyLossLayer(let cce)?:
             guard nn.isClassifier else {
-                throw .loss("categoricalCrossEntropy needs class labels, which only a neuralNetworkClassifier declares; "
-                    + "train this \(UnsupportedModel.typeName(of: spec)) with meanSquaredError")
+                throw .loss("loss layer '\(loss.name)' is categoricalCrossEntropy, which needs class labels, which only "
+                    + "a neuralNetworkClassifier declares; train this \(UnsupportedModel.typeName(of: spec)) with "
+                    + "meanSquaredError")
             }
             guard labelMatchesClasses else {
                 throw .trainingInputs("label feature '\(label.name)' must be \(Self.labelTypeName(classLabels[0])) "
@@ -325,10 +327,12 @@ public struct NeuralNetworkModel: Sendable {
         switch end {
         case .crossEntropy(_, let classCount):
             guard blob == lossInput else {
-                throw .brokenChain("the last layer outputs '\(blob)' but the loss reads '\(lossInput)'")
+                throw .brokenChain("the last layer '\(layers[layers.count - 1].name)' outputs '\(blob)' but the loss "
+                    + "reads '\(lossInput)'")
             }
             guard case .softmax? = steps.last else {
-                throw .loss("the categorical cross-entropy input '\(lossInput)' must be the output of a softmax layer")
+                throw .loss("the categorical cross-entropy input '\(lossInput)' comes from layer '\(layers[layers.count - 1].name)'; "
+                    + "it must be the output of a softmax layer")
             }
             guard widths[widths.count - 1] == classCount else {
                 throw .loss("the softmax has \(widths[widths.count - 1]) outputs but the model has \(classCount) class labels")
@@ -336,8 +340,8 @@ public struct NeuralNetworkModel: Sendable {
             loss = .crossEntropy
         case .meanSquaredError:
             guard blob == lossInput else {
-                throw .brokenChain("the last layer outputs '\(blob)' but the mean squared error loss reads "
-                    + "'\(lossInput)'; the loss must read the network's final output")
+                throw .brokenChain("the last layer '\(layers[layers.count - 1].name)' outputs '\(blob)' but the mean "
+                    + "squared error loss reads '\(lossInput)'; the loss must read the network's final output")
             }
             loss = .meanSquaredError
         case .output:
@@ -505,9 +509,16 @@ public struct NeuralNetworkModel: Sendable {
 
 /// Reads float32 weights from a `WeightParams`, wherever coremltools put them.
 enum WeightReader {
+    /// `WeightParams.quantization`, which Attune's spec subset leaves out (so it stays an unknown field).
+    static let quantizationField = 40
+
     static func floats(_ w: CoreML_Specification_WeightParams, count: Int, layer: String,
                        what: String) throws(UnsupportedModel) -> [Float] {
         guard w.float16Value.isEmpty else { throw .weights(layer: layer, reason: "\(what) are float16") }
+        // Core ML refuses quantized weights in an updatable layer; the engine reads none at all.
+        guard !UnknownFields.contains(field: quantizationField, in: w.unknownFields.data) else {
+            throw .weights(layer: layer, reason: "\(what) are quantized")
+        }
         guard w.int8RawValue.isEmpty else { throw .weights(layer: layer, reason: "\(what) are int8-quantized") }
         if !w.floatValue.isEmpty, !w.rawValue.isEmpty {
             throw .weights(layer: layer, reason: "\(what) have both floatValue and rawValue")
