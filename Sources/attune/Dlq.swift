@@ -73,7 +73,7 @@ struct Dlq: ParsableCommand {
 
 /// How the commands print one dead job.
 enum DeadLetterLine {
-    static let header = pad(["#", "job id", "user", "model", "enc", "bytes", "tries", "dead-lettered at", "reason"])
+    static let header = pad(["#", "job id", "user", "model", "enc", "bytes", "attempts", "dead-lettered at", "reason"])
 
     static func text(_ letter: DeadLetter) -> String {
         pad([String(letter.position), letter.jobId.isEmpty ? "-" : letter.jobId, blank(letter.userId),
