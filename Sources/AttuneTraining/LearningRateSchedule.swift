@@ -8,7 +8,7 @@ import AttuneSpec
 /// What is wrong with a job's learning-rate schedule; each case says what to send instead.
 public enum LearningRateScheduleProblem: Sendable, Equatable, CustomStringConvertible {
     case noRule
-    /// The fields of more than one rule are set, by their JSON names.
+    /// Fields of more than one rule are set: every set field, by its JSON name.
     case severalRules([String])
     /// Explicit values, but not one per epoch. `epochsSource` says where the epoch count came from.
     case valueCount(values: Int, epochs: Int, epochsSource: String)
@@ -24,7 +24,8 @@ public enum LearningRateScheduleProblem: Sendable, Equatable, CustomStringConver
             return "learningRateSchedule sets no rule; set exactly one of values (one rate per epoch), stepFactor "
                 + "with stepEpochs (step decay) or exponentialDecay, or leave the schedule out"
         case .severalRules(let names):
-            return "learningRateSchedule sets \(names.joined(separator: " and ")); a schedule follows exactly one rule "
+            let listed = names.count > 1 ? names.dropLast().joined(separator: ", ") + " and " + names.last! : names.joined()
+            return "learningRateSchedule sets \(listed); a schedule follows exactly one rule "
                 + "(values, stepFactor with stepEpochs, or exponentialDecay): keep one and remove the others"
         case .valueCount(let values, let epochs, let source):
             return "learningRateSchedule has \(values) value(s) but the task runs \(epochs) epoch(s) (\(source)); "
@@ -105,15 +106,14 @@ extension ParameterDeclarations {
 
     /// proto3 leaves a scalar at 0 when it is not sent, so a rule is "set" when any of its fields is non-zero.
     private static func rule(of schedule: Attune_V1_LearningRateSchedule) throws(InvalidTrainingInput) -> Rule {
-        var set: [(Rule, String)] = []
-        if !schedule.values.isEmpty { set.append((.values, "values")) }
-        if schedule.stepFactor != 0 || schedule.stepEpochs != 0 {
-            let names = [schedule.stepFactor != 0 ? "stepFactor" : nil, schedule.stepEpochs != 0 ? "stepEpochs" : nil]
-            set.append((.step, names.compactMap { $0 }.joined(separator: " and ")))
-        }
-        if schedule.exponentialDecay != 0 { set.append((.exponential, "exponentialDecay")) }
+        let fields: [(Rule, String, Bool)] = [
+            (.values, "values", !schedule.values.isEmpty),
+            (.step, "stepFactor", schedule.stepFactor != 0), (.step, "stepEpochs", schedule.stepEpochs != 0),
+            (.exponential, "exponentialDecay", schedule.exponentialDecay != 0),
+        ]
+        let set = fields.filter(\.2)
         guard let first = set.first else { throw .learningRateSchedule(.noRule) }
-        guard set.count == 1 else { throw .learningRateSchedule(.severalRules(set.map(\.1))) }
+        guard set.allSatisfy({ $0.0 == first.0 }) else { throw .learningRateSchedule(.severalRules(set.map(\.1))) }
         return first.0
     }
 }
