@@ -7,13 +7,17 @@
 # Prints the counts; exits non-zero on any violation.
 #
 #   deploy/fault-suite.sh [--jobs N] [--users U] [--hot H] [--workers W] [--concurrency C] [--kills K] [--sigterms T]
-#                         [--bad B] [--republish R] [--samples S] [--epochs E] [--timeout SECONDS] [--debug] [--keep]
+#                         [--bad B] [--republish R] [--scheduled L] [--samples S] [--epochs E] [--timeout SECONDS]
+#                         [--debug] [--keep]
+#
+# --scheduled jobs (a tenth of them by default) carry a learning-rate schedule (step or exponential decay), so
+# the replay checks schedules too.
 #
 # --debug uses the debug binary `swift build` made (CI); otherwise a release build. --keep leaves the
 # folder (logs, jobs.jsonl, events.jsonl) in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=3000 users=60 hot=3 workers=4 concurrency=1 kills=8 sigterms=3 bad=15 republish=30 samples=100 epochs= timeout=900
+jobs=3000 users=60 hot=3 workers=4 concurrency=1 kills=8 sigterms=3 bad=15 republish=30 scheduled= samples=100 epochs= timeout=900
 build=release keep=0
 while (($#)); do
   case "$1" in
@@ -26,6 +30,7 @@ while (($#)); do
     --sigterms) sigterms=$2; shift ;;
     --bad) bad=$2; shift ;;
     --republish) republish=$2; shift ;;
+    --scheduled) scheduled=$2; shift ;;
     --samples) samples=$2; shift ;;
     --epochs) epochs=$2; shift ;;
     --timeout) timeout=$2; shift ;;
@@ -97,7 +102,7 @@ sleep 1
 
 "$attune" audit record --model digits --jobs-file "$work/jobs.jsonl" --csv examples/data/digits.csv.gz \
   --jobs "$jobs" --users "$users" --hot "$hot" --samples-per-job "$samples" ${epochs:+--epochs "$epochs"} --bad "$bad" \
-  --republish "$republish"
+  --republish "$republish" --scheduled "${scheduled:-$((jobs / 10))}"
 
 generation=0
 start_worker() {

@@ -139,6 +139,8 @@ public enum InvalidTrainingInput: Error, CustomStringConvertible, Sendable, Equa
     case parameterOutOfRange(name: String, value: String, allowed: String)
     /// An override of a parameter the model does not declare, or that its optimizer does not use.
     case parameterNotAllowed(name: String, reason: String)
+    /// A learningRateSchedule that is malformed or reaches a rate the model does not allow.
+    case learningRateSchedule(LearningRateScheduleProblem)
 
     public var description: String {
         switch self {
@@ -166,6 +168,8 @@ public enum InvalidTrainingInput: Error, CustomStringConvertible, Sendable, Equa
             return "update parameter \(name) = \(value) is not allowed by the model; allowed: \(allowed)"
         case .parameterNotAllowed(let name, let reason):
             return "update parameter \(name) cannot be set: \(reason); remove it from the job"
+        case .learningRateSchedule(let problem):
+            return problem.description
         }
     }
 }

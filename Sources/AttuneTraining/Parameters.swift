@@ -19,6 +19,7 @@ public enum Optimizer: Sendable, Equatable, CustomStringConvertible {
 /// The update parameters of one task after overrides are applied: what `MLUpdateTask` would run with.
 public struct ResolvedParameters: Sendable, Equatable, CustomStringConvertible {
     public var epochs: Int
+    /// Every epoch's rate, or epoch 1's under a `learningRateSchedule`.
     public var learningRate: Double
     public var miniBatchSize: Int
     public var optimizer: Optimizer
@@ -27,6 +28,9 @@ public struct ResolvedParameters: Sendable, Equatable, CustomStringConvertible {
     public var seed: Int64
     /// k-nearest-neighbours only: how many stored samples vote on a prediction; nil for neural networks.
     public var k: Int? = nil
+    /// One rate per epoch (epoch 1's first) from the job's learningRateSchedule, already checked against the
+    /// model's range; nil runs every epoch at `learningRate`.
+    public var learningRateSchedule: [Double]? = nil
 
     public init(epochs: Int, learningRate: Double, miniBatchSize: Int, optimizer: Optimizer, shuffle: Bool,
                 seed: Int64) {
@@ -51,9 +55,15 @@ public struct ResolvedParameters: Sendable, Equatable, CustomStringConvertible {
         return 0
     }
 
+    /// The rate the optimizer uses in `epoch` (1-based).
+    public func learningRate(epoch: Int) -> Double {
+        learningRateSchedule?[epoch - 1] ?? learningRate
+    }
+
     public var description: String {
         "epochs=\(epochs) learningRate=\(learningRate) miniBatchSize=\(miniBatchSize) "
             + "optimizer=\(optimizer) shuffle=\(shuffle) seed=\(seed)"
+            + (learningRateSchedule.map { " learningRateSchedule=\($0)" } ?? "")
     }
 }
 
@@ -208,6 +218,10 @@ struct ParameterDeclarations: Sendable {
         if overrides.hasK {
             throw .parameterNotAllowed(name: "k", reason: "it applies to k-nearest-neighbours models and this model is a neural network")
         }
+        if let rates = try learningRates(overrides, resolved: p) {
+            p.learningRateSchedule = rates
+            p.learningRate = rates[0]
+        }
         return p
     }
 
@@ -242,8 +256,8 @@ struct ParameterDeclarations: Sendable {
         return value
     }
 
-    private static func check(_ name: String, _ value: Double,
-                              _ declared: CoreML_Specification_DoubleParameter) throws(InvalidTrainingInput) -> Double {
+    static func check(_ name: String, _ value: Double,
+                      _ declared: CoreML_Specification_DoubleParameter) throws(InvalidTrainingInput) -> Double {
         switch declared.allowedValues {
         case .range(let range)?:
             guard value.isFinite, value >= range.minValue, value <= range.maxValue else {

@@ -38,11 +38,14 @@ extension Audit {
         @Option(help: "Jobs made unusable on purpose (a label the model lacks), to be dead-lettered.") var bad: Int = 0
         @Option(help: "Jobs published a second time with the same id, as a producer unsure of a confirm would.")
         var republish: Int = 0
+        @Option(help: "Jobs given a learning-rate schedule (a step or exponential decay; neural networks only).")
+        var scheduled: Int = 0
 
         func validate() throws {
             guard jobs > 0, users > 0, (0...users).contains(hot), (0...1).contains(hotShare), samplesPerJob > 0,
-                  (epochs ?? 1) > 0, (0...jobs).contains(bad) else {
-                throw ValidationError("need jobs > 0, users > 0, 0 <= hot <= users, 0 <= hot-share <= 1, 0 <= bad <= jobs")
+                  (epochs ?? 1) > 0, (0...jobs).contains(bad), (0...jobs).contains(scheduled) else {
+                throw ValidationError("need jobs > 0, users > 0, 0 <= hot <= users, 0 <= hot-share <= 1, 0 <= bad <= jobs, "
+                    + "0 <= scheduled <= jobs")
             }
         }
 
@@ -61,6 +64,7 @@ extension Audit {
             try JobQueues(connection).declare()
             try connection.enableConfirms()
             let badIndices = Set((0..<jobs).shuffled().prefix(bad))
+            let scheduledIndices = Set((0..<jobs).shuffled().prefix(scheduled))
             var bodies: [(id: String, user: String, body: Data, contentType: String)] = []
             for index in 0..<jobs {
                 var job = Attune_V1_TrainingJob()
@@ -75,6 +79,14 @@ extension Audit {
                 if let epochs { job.parameters.epochs = Int64(epochs) }
                 job.parameters.shuffle = true
                 job.parameters.seed = Int64(index + 1)
+                // Decays only: explicit values would need the model's epoch count, which is not known here.
+                if scheduledIndices.contains(index) {
+                    if index % 2 == 0 {
+                        job.parameters.learningRateSchedule = .with { $0.stepFactor = 0.5; $0.stepEpochs = 2 }
+                    } else {
+                        job.parameters.learningRateSchedule.exponentialDecay = 0.8
+                    }
+                }
                 // The copy is on disk before the broker has the job, so no published job lacks one.
                 file.write(Data((try job.jsonString() + "\n").utf8))
                 let (body, contentType) = try JobCodec.encode(job, as: .protobuf)
@@ -87,7 +99,7 @@ extension Audit {
                                                      user: again.user, messageId: again.id)
             }
             print("published \(jobs) jobs for \(users) users (\(hot) hot with \(Int(hotShare * 100))% of the jobs, "
-                  + "\(bad) bad), \(republish) of them twice")
+                  + "\(bad) bad, \(scheduled) with a learning-rate schedule), \(republish) of them twice")
         }
 
         private func user(for index: Int) -> String {

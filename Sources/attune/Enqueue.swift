@@ -25,6 +25,12 @@ struct Enqueue: ParsableCommand {
     @Option(help: "Override Adam's beta2.") var beta2: Double?
     @Option(help: "Override Adam's eps.") var eps: Double?
     @Option(help: "Override a k-nearest-neighbours model's k.") var k: Int?
+    @Option(help: "Learning-rate schedule: one rate per epoch, comma-separated (epoch 1's first).")
+    var learningRates: String?
+    @Option(help: "Learning-rate schedule: multiply the rate by this after every --step-epochs epochs.")
+    var stepFactor: Double?
+    @Option(help: "Learning-rate schedule: epochs between --step-factor decays.") var stepEpochs: Int?
+    @Option(help: "Learning-rate schedule: multiply the rate by this after each epoch.") var exponentialDecay: Double?
 
     func run() throws {
         try Identifier.validate(model, field: "model")
@@ -51,7 +57,7 @@ struct Enqueue: ParsableCommand {
             job.model = model
             job.baseVersion = Int64(baseVersion)
             job.samples = part
-            job.parameters = overrides()
+            job.parameters = try overrides()
             let (body, contentType) = try JobCodec.encode(job, as: encoding)
             try JobQueues(connection).publishJob(body: body, contentType: contentType, user: job.userID,
                                                  messageId: job.jobID)
@@ -59,7 +65,7 @@ struct Enqueue: ParsableCommand {
         }
     }
 
-    private func overrides() -> Attune_V1_UpdateParameters {
+    private func overrides() throws -> Attune_V1_UpdateParameters {
         var parameters = Attune_V1_UpdateParameters()
         if let epochs { parameters.epochs = Int64(epochs) }
         if let learningRate { parameters.learningRate = learningRate }
@@ -71,6 +77,17 @@ struct Enqueue: ParsableCommand {
         if let beta2 { parameters.beta2 = beta2 }
         if let eps { parameters.eps = eps }
         if let k { parameters.k = Int64(k) }
+        // The worker checks the rule and the rates against the model; only the shape is checked here.
+        if let learningRates {
+            let values = learningRates.split(separator: ",").map { Double($0.trimmingCharacters(in: .whitespaces)) }
+            guard !values.isEmpty, values.allSatisfy({ $0 != nil }) else {
+                throw ValidationError("--learning-rates takes comma-separated numbers, one per epoch")
+            }
+            parameters.learningRateSchedule.values = values.map { $0! }
+        }
+        if let stepFactor { parameters.learningRateSchedule.stepFactor = stepFactor }
+        if let stepEpochs { parameters.learningRateSchedule.stepEpochs = Int64(stepEpochs) }
+        if let exponentialDecay { parameters.learningRateSchedule.exponentialDecay = exponentialDecay }
         return parameters
     }
 }

@@ -24,7 +24,11 @@ Input JSON:
   input_shape: [C] or [C, H, W] (default [width]); inputs: [[float]] (row-major CHW per sample),
   targets: [int] (cross_entropy) or [[float]] of the output's width (mse),
   loss: "cross_entropy" (default) | "mse", optimizer: "sgd" (default; momentum) | "adam" (beta1, beta2, eps),
-  epochs, learning_rate, mini_batch_size, shuffle, seed
+  epochs, learning_rate, mini_batch_size, shuffle, seed,
+  learning_rate_schedule (optional, one rule): {"values": [lr per epoch]} | {"step_factor", "step_epochs"}
+                  (epoch e, from 0, runs at learning_rate * step_factor ** (e // step_epochs)) |
+                  {"exponential_decay"} (learning_rate * exponential_decay ** e); the optimizer's rate is set
+                  before each epoch, its velocity or moments and t carry on
   forward_only: true to run the network once and write {"outputs": [[float]]} instead of training
 Spatial layers follow Core ML: valid: out = floor((in - k) / s) + 1; same: out = ceil(in / s) with total
 padding max((out - 1) * s + k - in, 0), floor(half) before and the rest after. Max pooling ignores padded
@@ -287,6 +291,18 @@ class Adam:
         w -= self.lr * m_hat / (np.sqrt(v_hat) + self.eps)
 
 
+def epoch_learning_rate(problem, epoch):
+    """The rate of `epoch` (counted from 0) under the problem's schedule, computed in closed form."""
+    lr, schedule = problem["learning_rate"], problem.get("learning_rate_schedule")
+    if schedule is None:
+        return lr
+    if "values" in schedule:
+        return schedule["values"][epoch]
+    if "step_factor" in schedule:
+        return lr * schedule["step_factor"] ** (epoch // schedule["step_epochs"])
+    return lr * schedule["exponential_decay"] ** epoch
+
+
 def main():
     problem = json.load(open(sys.argv[1]))
     layers = []
@@ -318,7 +334,8 @@ def main():
     rng = SplitMix64(problem["seed"])
     order = list(range(n))
     epoch_losses = []
-    for _ in range(problem["epochs"]):
+    for epoch in range(problem["epochs"]):
+        optimizer.lr = epoch_learning_rate(problem, epoch)
         if problem["shuffle"]:
             shuffle_in_place(order, rng)
         total = 0.0

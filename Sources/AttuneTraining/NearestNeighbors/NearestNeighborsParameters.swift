@@ -50,6 +50,10 @@ struct NeighborCountDeclaration: Sendable {
             ("beta1", overrides.hasBeta1), ("beta2", overrides.hasBeta2), ("eps", overrides.hasEps),
             ("shuffle", overrides.hasShuffle), ("seed", overrides.hasSeed),
         ]
+        if overrides.hasLearningRateSchedule {
+            throw .parameterNotAllowed(name: "learningRateSchedule", reason: "a k-nearest-neighbours model has no "
+                + "learning rate (an update appends the samples in one pass); only k can be set")
+        }
         for (name, isSet) in ignored where isSet {
             throw .parameterNotAllowed(name: name, reason: "a k-nearest-neighbours update appends the samples in one "
                 + "pass and has no \(name); only k can be set")

@@ -11,9 +11,10 @@ import Foundation
 //
 // Like SGD's velocity, the moments start at zero for every update task and are not stored with the
 // version, so a task's result depends only on its inputs. The corrections are computed in Double once
-// per step; the per-value arithmetic is float32.
+// per step; the per-value arithmetic is float32. A learning-rate schedule changes `learningRate` between
+// epochs; the moments and t carry on, as they do on a device across resume(withParameters:).
 final class Adam: OptimizerStep {
-    let learningRate: Float
+    var learningRate: Float
     let beta1: Float
     let beta2: Float
     let eps: Float

@@ -3,7 +3,8 @@ import Foundation
 
 /// A neural network's update task: `epochs` passes over the batch in mini-batches of `miniBatchSize`
 /// (the last one may be smaller), shuffled before each epoch when `shuffle` is on (see `SplitMix64`),
-/// each mini-batch one optimizer step (see `SGD` and `Adam`) on the gradient of the mini-batch's mean loss.
+/// each mini-batch one optimizer step (see `SGD` and `Adam`) on the gradient of the mini-batch's mean loss,
+/// at the epoch's rate of the learning-rate schedule when the job has one.
 extension NeuralNetworkModel {
     func train(state: Attune_V1_UpdateState?, batch: TrainingBatch, parameters: ResolvedParameters,
                progress: (TrainingProgress) -> Void, isCancelled: () -> Bool) throws -> UpdateResult {
@@ -15,7 +16,7 @@ extension NeuralNetworkModel {
         let miniBatch = max(1, min(parameters.miniBatchSize, n))
         let workspace = Workspace(plan: plan, maxBatch: miniBatch,
                                   parameters: try self.parameters(applying: state), training: true)
-        let optimizer: OptimizerStep
+        var optimizer: OptimizerStep
         switch parameters.optimizer {
         case .sgd(let momentum):
             optimizer = SGD(learningRate: parameters.learningRate, momentum: momentum, slots: plan.slots,
@@ -37,6 +38,7 @@ extension NeuralNetworkModel {
         progress(.trainingBegin(samples: n, epochs: parameters.epochs))
         try batch.inputs.withUnsafeBufferPointer { inputs in
             for epoch in 1...max(parameters.epochs, 1) {
+                optimizer.learningRate = Float(parameters.learningRate(epoch: epoch))
                 if parameters.shuffle { order.fisherYatesShuffle(using: &generator) }
                 var total = 0.0
                 var batchNumber = 0

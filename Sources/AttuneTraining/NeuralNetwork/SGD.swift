@@ -6,8 +6,10 @@
 //
 // The velocity starts at zero for every update task (it is not part of the stored update state), so a
 // task's result depends only on its inputs. With momentum 0 this is plain SGD: w ← w − learningRate · g.
+// A learning-rate schedule changes `learningRate` between epochs; the velocity carries on, as it does
+// on a device across resume(withParameters:).
 struct SGD: OptimizerStep {
-    let learningRate: Float
+    var learningRate: Float
     let momentum: Float
     let velocity: FloatBuffer
     let ranges: [Range<Int>]
@@ -33,5 +35,7 @@ struct SGD: OptimizerStep {
 /// One optimizer step over the trainable ranges of the flat parameter buffer, given the mini-batch's
 /// gradients; the optimizer keeps whatever state it needs (velocity, moments) between steps.
 protocol OptimizerStep {
+    /// Set before each epoch from the task's schedule (float32, as the per-value arithmetic is).
+    var learningRate: Float { get set }
     func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>)
 }
