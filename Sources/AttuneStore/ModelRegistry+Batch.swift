@@ -81,7 +81,7 @@ extension ModelRegistry {
                 PostgresArray(batch.map(\.jobId)), BinaryBytea(states), PostgresArray(batch.map(\.state.count)),
                 PostgresArray(batch.map(\.loss)), PostgresArray(batch.map(\.samples)), PostgresArray(batch.map(\.epochs)),
                 PostgresArray(batch.map(\.durationSeconds)), PostgresArray(batch.map(\.worker)),
-                PostgresArray(batch.map(\.jobDigest)),
+                PostgresArray(batch.map(\.jobDigest)), PostgresArray(batch.map { $0.parameters ?? "" }),
             ])
             for row in result.rows {
                 let ordinal = try row.int("ordinal")
@@ -137,10 +137,9 @@ extension ModelRegistry {
                existing_job_digest AS job_digest, existing_created_at AS created_at
         FROM attune_commit_versions($1::text[], $2::text[], $3::integer[], $4::integer[], $5::text[], $6,
                                     $7::integer[], $8::float8[], $9::integer[], $10::integer[], $11::float8[],
-                                    $12::text[], $13::text[])
+                                    $12::text[], $13::text[], $14::text[])
         """
 
-    /// Three kinds of rows in one answer, told apart by `kind`; the columns a kind does not use are NULL.
     /// Records that `jobId` must not be committed, unless it already was. Takes turns with the commit of
     /// the same id, so the answer is final: a cancelled job is never committed afterwards.
     public func cancelJob(jobId: String, reason: String) throws -> CancelOutcome {
@@ -162,6 +161,7 @@ extension ModelRegistry {
             .map { try $0.string("reason") }
     }
 
+    /// Four kinds of rows in one answer, told apart by `kind`; the columns a kind does not use are NULL.
     private static let lookupSQL = """
         SELECT 'applied' AS kind, \(versionColumns), NULL::text AS state
         FROM attune_personal_versions v WHERE v.job_id = ANY ($1::text[])

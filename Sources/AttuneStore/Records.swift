@@ -43,6 +43,9 @@ public struct PersonalVersionRecord: Sendable, Equatable {
     public let createdAt: Date
     /// Hex SHA-256 of the job's content (`JobDigest`); nil for versions committed before digests were kept.
     public let jobDigest: String?
+    /// The parameters the update task ran with, as JSON (see `NewPersonalVersion.parameters`); read by
+    /// `history`, nil elsewhere and for versions committed before they were kept.
+    public var parameters: String? = nil
 }
 
 /// What a worker commits after an update task.
@@ -62,10 +65,13 @@ public struct NewPersonalVersion: Sendable {
     public var worker: String
     /// The job's content digest, stored so a later job with this id but other content can be refused.
     public var jobDigest: String?
+    /// The parameters the task ran with, a JSON object (epochs, mini-batch size, optimizer settings, shuffle,
+    /// seed, and each epoch's learning rate under a schedule), kept with the version as MLflow keeps a run's.
+    public var parameters: String?
 
     public init(user: String, model: String, baseVersion: Int, parentVersion: Int, jobId: String,
                 state: Data, loss: Double?, samples: Int, epochs: Int, durationSeconds: Double,
-                worker: String, jobDigest: String? = nil) {
+                worker: String, jobDigest: String? = nil, parameters: String? = nil) {
         self.user = user
         self.model = model
         self.baseVersion = baseVersion
@@ -78,6 +84,7 @@ public struct NewPersonalVersion: Sendable {
         self.durationSeconds = durationSeconds
         self.worker = worker
         self.jobDigest = jobDigest
+        self.parameters = parameters
     }
 }
 

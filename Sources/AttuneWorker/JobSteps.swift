@@ -238,7 +238,7 @@ final class JobSteps {
             user: job.userID, model: job.model, baseVersion: baseVersion, parentVersion: head.version,
             jobId: job.jobID, state: try result.state.serializedData(), loss: result.finalLoss,
             samples: result.samples, epochs: result.epochs, durationSeconds: result.durationSeconds,
-            worker: configuration.workerName, jobDigest: candidate.digest)
+            worker: configuration.workerName, jobDigest: candidate.digest, parameters: parameters.recordJSON)
         return Staged(candidate: candidate, version: version, result: result)
     }
 

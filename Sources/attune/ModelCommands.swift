@@ -69,10 +69,15 @@ extension Model {
         @OptionGroup var database: DatabaseOptions
         @Option(help: "Base model name.") var name: String
         @Option(help: "User id.") var user: String
+        @Flag(help: "One JSON object per version, with the parameters its task ran with.") var json = false
 
         func run() throws {
             let registry = try database.registry()
             let versions = try registry.history(user: user, model: name)
+            if json {
+                for v in versions { print(try Model.json(v)) }
+                return
+            }
             print(pad("VERSION", 9) + pad("BASE", 6) + pad("SAMPLES", 9) + pad("EPOCHS", 8) + pad("LOSS", 10)
                   + pad("SECONDS", 9) + pad("JOB", 38) + "WORKER")
             for v in versions {
@@ -81,6 +86,20 @@ extension Model {
                       + pad(v.jobId, 38) + v.worker)
             }
         }
+    }
+
+    static func json(_ v: PersonalVersionRecord) throws -> String {
+        var object: [String: Any] = [
+            "version": v.version, "baseVersion": v.baseVersion, "parentVersion": v.parentVersion, "jobId": v.jobId,
+            "samples": v.samples, "epochs": v.epochs, "durationSeconds": v.durationSeconds, "worker": v.worker,
+            "stateSizeBytes": v.stateSizeBytes, "createdAt": ISO8601DateFormatter().string(from: v.createdAt),
+        ]
+        if let loss = v.loss, loss.isFinite { object["loss"] = loss }
+        if let digest = v.jobDigest { object["jobDigest"] = digest }
+        if let parameters = v.parameters, let parsed = try? JSONSerialization.jsonObject(with: Data(parameters.utf8)) {
+            object["parameters"] = parsed
+        }
+        return String(decoding: try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]), as: UTF8.self)
     }
 
     struct Evaluate: ParsableCommand {

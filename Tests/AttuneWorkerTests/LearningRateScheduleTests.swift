@@ -47,6 +47,18 @@ final class LearningRateScheduleTests: XCTestCase {
         XCTAssertEqual(history.map(\.jobId), jobs.map(\.jobID))
         XCTAssertEqual(history.map(\.jobDigest), try jobs.map { try JobDigest.of($0) })
         XCTAssertEqual(history.map(\.epochs), [3, 5, 3])
+        // Each version records the rates its epochs ran at.
+        let recorded = try history.map { version -> [Double] in
+            let parameters = try XCTUnwrap(version.parameters, "version \(version.version) kept no parameters")
+            let object = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(parameters.utf8)) as? [String: Any])
+            XCTAssertEqual(object["seed"] as? Int, 100 + version.version - 1)
+            return try XCTUnwrap(object["learningRates"] as? [Double], parameters)
+        }
+        XCTAssertEqual(recorded[0], [0.1, 0.02, 0.005])
+        XCTAssertEqual(recorded[1].count, 5)
+        XCTAssertEqual(recorded[1][2], recorded[1][0] * 0.5, accuracy: 1e-15)
+        XCTAssertEqual(recorded[1][1], recorded[1][0])
+        XCTAssertEqual(recorded[2][1], recorded[2][0] * 0.3, accuracy: 1e-15)
 
         let audit = FleetAudit(registry: fleet.registry, model: fleet.model)
         let report = try audit.check(jobs: jobs, deadLetters: [])
