@@ -159,3 +159,27 @@ final class LearningRateScheduleTests: XCTestCase {
         XCTAssertNotEqual(losses[1], plainLosses[1])
     }
 }
+
+/// The parameters a version records are JSON any parser reads back to the same values.
+final class ParameterRecordTests: XCTestCase {
+    func testTheRecordParsesBackToTheParameters() throws {
+        var sgd = ResolvedParameters(epochs: 3, learningRate: 0.01, miniBatchSize: 8, momentum: 0.9, shuffle: true, seed: -7)
+        sgd.learningRateSchedule = [0.1, 1e-8, 0.3 * 0.3]
+        let adam = ResolvedParameters(epochs: 2, learningRate: 1e-3, miniBatchSize: 32,
+                                      optimizer: .adam(beta1: 0.9, beta2: 0.999, eps: 1e-8), shuffle: false, seed: 42)
+        for parameters in [sgd, adam] {
+            let object = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(parameters.recordJSON.utf8)) as? [String: Any],
+                                       parameters.recordJSON)
+            XCTAssertEqual(object["epochs"] as? Int, parameters.epochs)
+            XCTAssertEqual(object["learningRate"] as? Double, parameters.learningRate)
+            XCTAssertEqual(object["miniBatchSize"] as? Int, parameters.miniBatchSize)
+            XCTAssertEqual(object["seed"] as? Int, Int(parameters.seed))
+            XCTAssertEqual(object["shuffle"] as? Bool, parameters.shuffle)
+            XCTAssertEqual(object["learningRates"] as? [Double], parameters.learningRateSchedule)
+        }
+        let parsed = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(adam.recordJSON.utf8)) as? [String: Any])
+        XCTAssertEqual(parsed["optimizer"] as? String, "adam")
+        XCTAssertEqual(parsed["eps"] as? Double, 1e-8)
+        XCTAssertEqual(Array(parsed.keys).sorted().joined(separator: ","), "beta1,beta2,epochs,eps,learningRate,miniBatchSize,optimizer,seed,shuffle")
+    }
+}
