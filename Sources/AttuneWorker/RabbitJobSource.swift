@@ -3,6 +3,7 @@ import AttuneSpec
 import AttuneStore
 import Foundation
 import Logging
+import Synchronization
 
 /// The RabbitMQ side of a worker: one connection, served by one thread (rabbitmq-c is not thread-safe
 /// and answers heartbeats only inside its calls), consuming the partitions this worker holds, handing each
@@ -29,9 +30,13 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     private var ioWaiting = false
     private var handoverCount = 0
     /// Job ids whose cancel this worker heard of (announced by whichever worker recorded it), with their
-    /// reasons; the oldest are forgotten past `maxRemembered` (the store still refuses them).
+    /// reasons, under their own lock: every slot asks at every mini-batch. The oldest are forgotten past
+    /// `maxRememberedCancels` (the store still refuses them). `cancelsHeard` lets the asking skip the lock
+    /// while there is nothing to find.
+    private let cancelLock = NSLock()
     private var cancels: [String: String] = [:]
     private var cancelOrder: [String] = []
+    private let cancelsHeard = Atomic<Int>(0)
     private static let maxRememberedCancels = 100_000
     private let wakeup = Wakeup()
 
@@ -94,10 +99,14 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
 
     var handovers: Int { lock.withLock { handoverCount } }
 
-    func cancellation(of jobId: String) -> String? { lock.withLock { cancels[jobId] } }
+    func cancellation(of jobId: String) -> String? {
+        guard cancelsHeard.load(ordering: .acquiring) > 0 else { return nil }
+        return cancelLock.withLock { cancels[jobId] }
+    }
 
     private func remember(cancelOf jobId: String, reason: String) {
-        lock.withLock {
+        cancelLock.withLock {
+            defer { cancelsHeard.store(cancels.count, ordering: .releasing) }
             guard cancels.updateValue(reason, forKey: jobId) == nil else { return }
             cancelOrder.append(jobId)
             if cancelOrder.count > Self.maxRememberedCancels {
