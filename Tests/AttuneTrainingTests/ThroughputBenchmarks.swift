@@ -55,6 +55,8 @@ final class ThroughputBenchmarks: XCTestCase {
     /// x[i][j] = ((7919·i + 104729·j) mod 1009) / 1009, label i mod 10, for i < ATTUNE_BENCH_SAMPLES.
     func testDenseNetworksForPeers() throws {
         let environment = ProcessInfo.processInfo.environment
+        // Tuning only: the multiply-adds a split product's part must have (ColumnSplit.minimumPartWork).
+        if let work = environment["ATTUNE_BENCH_PART_WORK"].flatMap({ Int($0) }) { ColumnSplit.minimumPartWork = work }
         let count = Int(environment["ATTUNE_BENCH_SAMPLES"] ?? "") ?? 4000
         let nets = (environment["ATTUNE_BENCH_NETS"] ?? "mlp-64-32-10.mlmodel:10 mlp-784-128-10.mlmodel:3")
             .split(separator: " ").map { $0.split(separator: ":").map(String.init) }
@@ -86,7 +88,8 @@ final class ThroughputBenchmarks: XCTestCase {
             }
         }
         // After the tasks, so the thread count is the one they ran with.
-        print("peer attune blas: libblas.so.3 is \(BLASRuntime.summary)")
+        print("peer attune blas: libblas.so.3 is \(BLASRuntime.summary); \(TrainingThreads.summary), "
+              + "\(PartPool.shared.counts.jobs) split, \(PartPool.shared.counts.helperParts) parts on helpers")
     }
 
     /// The coremltools fixtures of every other kind, each updated with 1,000 digits rows (random inputs of

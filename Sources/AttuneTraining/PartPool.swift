@@ -1,0 +1,160 @@
+import Foundation
+import Synchronization
+
+// Helper threads that run the parts of one big step of training (see `ColumnSplit`), shared by the process.
+//
+// Why not OpenBLAS's own threads: a product OpenBLAS splits returns sums that depend on how many threads
+// it used, and a version's bits must depend on nothing but its inputs. So the training code cuts a big
+// product into parts fixed by its shape alone, each part a single-threaded sgemm writing its own block of
+// the output, and this pool only decides who runs each part: the caller or a helper that is free. A part
+// gives the same floats whoever runs it, so the bits do not depend on the thread count or the load.
+//
+// Why spin: at mini-batch 32 a product takes tens of microseconds, about what waking a sleeping thread
+// costs. After each job a helper watches the ticket for `spinNanoseconds` before it sleeps on a condition
+// variable; the caller publishes a job by storing the ticket and signals only when a helper sleeps.
+// Callers and helpers claim parts from the same ticket, so a caller whose helper is descheduled (a busy
+// machine) runs the parts no one has started and waits only for parts a helper is already running.
+//
+// One caller owns the helpers at a time; a worker trains each slot on its own thread, and a caller that
+// finds the helpers taken runs all its parts itself, which gives the same bits.
+final class PartPool: @unchecked Sendable {
+    static let shared = PartPool(threads: TrainingThreads.configured)
+
+    static let spinNanoseconds: UInt64 = 150_000
+    /// Parts of one job: the ticket keeps the count and the next part in 8 bits each.
+    static let maximumParts = 255
+
+    // generation << 16 | parts << 8 | next part. A new generation is a new job, so a claim made against
+    // a finished job's ticket can never succeed (the compare-exchange sees another value).
+    private let ticket = Atomic<UInt64>(0)
+    /// Parts of the current job that helpers have finished.
+    private let finished = Atomic<Int>(0)
+    private let owned = Atomic<Bool>(false)
+    private let sleepers = Atomic<Int>(0)
+    private let useHelpers = Atomic<Bool>(false)
+    private let helperCount = Mutex<Int>(0)
+    private let splitJobs = Atomic<Int>(0)
+    private let helperParts = Atomic<Int>(0)
+    /// The current job's body: written by the owner before it publishes the ticket, read by a helper only
+    /// after it claimed a part of that job, so the ticket's release and acquire order every access.
+    private var job: ((Int) -> Void)?
+    private let lock = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private let wake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+
+    /// `threads` counts the caller: 1 means no helpers.
+    init(threads: Int) {
+        pthread_mutex_init(lock, nil)
+        pthread_cond_init(wake, nil)
+        setThreads(threads)
+    }
+
+    /// Threads that may run one job's parts, the caller included. Helpers are started as needed and never
+    /// stopped; fewer threads than helpers only switches the helpers off (tests compare 1 with 2).
+    func setThreads(_ threads: Int) {
+        let wanted = max(threads, 1) - 1
+        helperCount.withLock { count in
+            while count < wanted {
+                count += 1
+                // Helpers hold the pool: it lives as long as the process.
+                let helper = Thread { self.helperLoop() }
+                helper.name = "attune-train-\(count)"
+                helper.start()
+            }
+        }
+        useHelpers.store(wanted > 0, ordering: .releasing)
+    }
+
+    /// (split jobs run, parts helpers ran) since the process started: tests check the split happened.
+    var counts: (jobs: Int, helperParts: Int) {
+        (splitJobs.load(ordering: .relaxed), helperParts.load(ordering: .relaxed))
+    }
+
+    /// Runs `body(0)`, …, `body(parts - 1)`, each exactly once, on this thread and any free helper, and
+    /// returns when all have run. Parts must write disjoint memory.
+    func run(parts: Int, _ body: @escaping (Int) -> Void) {
+        precondition((1...Self.maximumParts).contains(parts), "a job has 1...\(Self.maximumParts) parts")
+        if parts > 1 { splitJobs.add(1, ordering: .relaxed) }
+        guard parts > 1, useHelpers.load(ordering: .relaxed),
+              owned.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged else {
+            for part in 0..<parts { body(part) }
+            return
+        }
+        job = body
+        finished.store(0, ordering: .relaxed)
+        let generation = (ticket.load(ordering: .relaxed) >> 16) &+ 1
+        ticket.store(generation << 16 | UInt64(parts) << 8, ordering: .sequentiallyConsistent)
+        // Sequentially consistent with the helper's increment before it sleeps: either it sees the new
+        // ticket, or this sees it counted and signals under the lock it waits with.
+        if sleepers.load(ordering: .sequentiallyConsistent) > 0 {
+            pthread_mutex_lock(lock)
+            pthread_cond_broadcast(wake)
+            pthread_mutex_unlock(lock)
+        }
+        var mine = 0
+        while let part = claim(generation) {
+            body(part)
+            mine += 1
+        }
+        let theirs = parts - mine
+        var polls = 0
+        while finished.load(ordering: .acquiring) < theirs {
+            polls += 1
+            if polls > 100 { sched_yield() }
+        }
+        job = nil
+        if theirs > 0 { helperParts.add(theirs, ordering: .relaxed) }
+        owned.store(false, ordering: .releasing)
+    }
+
+    private func claim(_ generation: UInt64) -> Int? {
+        var current = ticket.load(ordering: .relaxed)
+        while true {
+            let next = Int(current & 0xff), parts = Int(current >> 8 & 0xff)
+            guard current >> 16 == generation & 0xffff_ffff_ffff, next < parts else { return nil }
+            let (exchanged, original) = ticket.compareExchange(
+                expected: current, desired: current + 1, successOrdering: .acquiring, failureOrdering: .relaxed)
+            if exchanged { return next }
+            current = original
+        }
+    }
+
+    private func helperLoop() {
+        var seen = ticket.load(ordering: .relaxed) >> 16
+        while true {
+            seen = nextGeneration(after: seen)
+            while let part = claim(seen) {
+                let body = job!
+                body(part)
+                finished.add(1, ordering: .releasing)
+            }
+        }
+    }
+
+    /// Waits, spinning then sleeping, until a job newer than `seen` is published; returns its generation.
+    private func nextGeneration(after seen: UInt64) -> UInt64 {
+        let deadline = Self.now() + Self.spinNanoseconds
+        var polls = 0
+        while true {
+            let generation = ticket.load(ordering: .relaxed) >> 16
+            if generation != seen { return generation }
+            polls += 1
+            if polls & 63 == 0, Self.now() > deadline { break }
+        }
+        sleepers.add(1, ordering: .sequentiallyConsistent)
+        pthread_mutex_lock(lock)
+        var generation = ticket.load(ordering: .sequentiallyConsistent) >> 16
+        while generation == seen {
+            pthread_cond_wait(wake, lock)
+            generation = ticket.load(ordering: .sequentiallyConsistent) >> 16
+        }
+        pthread_mutex_unlock(lock)
+        sleepers.subtract(1, ordering: .relaxed)
+        return generation
+    }
+
+    private static func now() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+    }
+}
