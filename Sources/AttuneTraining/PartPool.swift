@@ -12,17 +12,22 @@ import Synchronization
 // Why spin: at mini-batch 32 a product takes tens of microseconds, about what waking a sleeping thread
 // costs. After each job a helper watches the ticket for `spinNanoseconds` before it sleeps on a condition
 // variable; the caller publishes a job by storing the ticket and signals only when a helper sleeps.
-// Callers and helpers claim parts from the same ticket, so a caller whose helper is descheduled (a busy
-// machine) runs the parts no one has started and waits only for parts a helper is already running.
+// Callers and helpers claim parts from the same ticket, so a caller whose helper is not running (a busy
+// machine) runs every part no one has started, and waits only for parts a helper is already running. If
+// that wait runs long (the helper was preempted mid-part), the caller sleeps instead of spinning, which
+// frees its core for the helper, and leaves the helpers out of its next jobs for a while (`backoff`).
 //
-// One caller owns the helpers at a time; a worker trains each slot on its own thread, and a caller that
-// finds the helpers taken runs all its parts itself, which gives the same bits.
+// Whose: one caller owns the helpers at a time, and none does while the process trains as many tasks as
+// it has threads (a worker's slots, each on its own thread, already keep the cores busy). A caller
+// without them runs its parts itself, in the same order as ever: the same bits.
 final class PartPool: @unchecked Sendable {
     static let shared = PartPool(threads: TrainingThreads.configured)
 
     static let spinNanoseconds: UInt64 = 150_000
     /// Parts of one job: the ticket keeps the count and the next part in 8 bits each.
     static let maximumParts = 255
+    /// Most jobs a caller runs alone after a helper kept it waiting.
+    static let maximumBackoff = 256
 
     // generation << 16 | parts << 8 | next part. A new generation is a new job, so a claim made against
     // a finished job's ticket can never succeed (the compare-exchange sees another value).
@@ -30,41 +35,49 @@ final class PartPool: @unchecked Sendable {
     /// Parts of the current job that helpers have finished.
     private let finished = Atomic<Int>(0)
     private let owned = Atomic<Bool>(false)
-    private let sleepers = Atomic<Int>(0)
-    private let useHelpers = Atomic<Bool>(false)
+    private let sleepingHelpers = Atomic<Int>(0)
+    private let sleepingOwner = Atomic<Bool>(false)
+    private let threads = Atomic<Int>(1)
+    private let activeTasks = Atomic<Int>(0)
     private let helperCount = Mutex<Int>(0)
+    // Owner's state, touched only while `owned` is held.
+    private var job: ((Int) -> Void)?
+    private var backoff = 0, skipped = 0
+    // For tests and the bench: split jobs run, and parts helpers ran.
     private let splitJobs = Atomic<Int>(0)
     private let helperParts = Atomic<Int>(0)
-    /// The current job's body: written by the owner before it publishes the ticket, read by a helper only
-    /// after it claimed a part of that job, so the ticket's release and acquire order every access.
-    private var job: ((Int) -> Void)?
     private let lock = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
-    private let wake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+    private let helperWake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+    private let ownerWake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
 
     /// `threads` counts the caller: 1 means no helpers.
     init(threads: Int) {
         pthread_mutex_init(lock, nil)
-        pthread_cond_init(wake, nil)
+        pthread_cond_init(helperWake, nil)
+        pthread_cond_init(ownerWake, nil)
         setThreads(threads)
     }
 
     /// Threads that may run one job's parts, the caller included. Helpers are started as needed and never
-    /// stopped; fewer threads than helpers only switches the helpers off (tests compare 1 with 2).
-    func setThreads(_ threads: Int) {
-        let wanted = max(threads, 1) - 1
-        helperCount.withLock { count in
-            while count < wanted {
-                count += 1
+    /// stopped (tests switch between 1 and 2).
+    func setThreads(_ count: Int) {
+        let count = max(count, 1)
+        helperCount.withLock { started in
+            while started < count - 1 {
+                started += 1
                 // Helpers hold the pool: it lives as long as the process.
                 let helper = Thread { self.helperLoop() }
-                helper.name = "attune-train-\(count)"
+                helper.name = "attune-train-\(started)"
                 helper.start()
             }
         }
-        useHelpers.store(wanted > 0, ordering: .releasing)
+        threads.store(count, ordering: .relaxed)
     }
 
-    /// (split jobs run, parts helpers ran) since the process started: tests check the split happened.
+    /// A training task starts or ends: while as many tasks run as there are threads, none gets helpers.
+    func taskBegan() { activeTasks.add(1, ordering: .relaxed) }
+    func taskEnded() { activeTasks.subtract(1, ordering: .relaxed) }
+
     var counts: (jobs: Int, helperParts: Int) {
         (splitJobs.load(ordering: .relaxed), helperParts.load(ordering: .relaxed))
     }
@@ -74,43 +87,65 @@ final class PartPool: @unchecked Sendable {
     func run(parts: Int, _ body: @escaping (Int) -> Void) {
         precondition((1...Self.maximumParts).contains(parts), "a job has 1...\(Self.maximumParts) parts")
         if parts > 1 { splitJobs.add(1, ordering: .relaxed) }
-        guard parts > 1, useHelpers.load(ordering: .relaxed),
+        guard parts > 1, activeTasks.load(ordering: .relaxed) < threads.load(ordering: .relaxed),
               owned.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged else {
+            for part in 0..<parts { body(part) }
+            return
+        }
+        defer { owned.store(false, ordering: .releasing) }
+        if skipped < backoff {
+            skipped += 1
             for part in 0..<parts { body(part) }
             return
         }
         job = body
         finished.store(0, ordering: .relaxed)
-        let generation = (ticket.load(ordering: .relaxed) >> 16) &+ 1
+        let generation = (ticket.load(ordering: .relaxed) >> 16 &+ 1) & 0xffff_ffff_ffff
         ticket.store(generation << 16 | UInt64(parts) << 8, ordering: .sequentiallyConsistent)
-        // Sequentially consistent with the helper's increment before it sleeps: either it sees the new
-        // ticket, or this sees it counted and signals under the lock it waits with.
-        if sleepers.load(ordering: .sequentiallyConsistent) > 0 {
+        // Sequentially consistent with a helper's count before it sleeps: either it sees the new ticket,
+        // or this sees it counted and signals under the lock it waits with.
+        if sleepingHelpers.load(ordering: .sequentiallyConsistent) > 0 {
             pthread_mutex_lock(lock)
-            pthread_cond_broadcast(wake)
+            pthread_cond_broadcast(helperWake)
             pthread_mutex_unlock(lock)
         }
+        let start = Self.now()
         var mine = 0
         while let part = claim(generation) {
             body(part)
             mine += 1
         }
         let theirs = parts - mine
-        var polls = 0
-        while finished.load(ordering: .acquiring) < theirs {
-            polls += 1
-            if polls > 100 { sched_yield() }
-        }
+        let late = waitForHelpers(theirs, spinning: max(Self.now() - start, 20_000))
         job = nil
+        backoff = late ? min(max(backoff * 2, 1), Self.maximumBackoff) : 0
+        skipped = 0
         if theirs > 0 { helperParts.add(theirs, ordering: .relaxed) }
-        owned.store(false, ordering: .releasing)
+    }
+
+    /// Waits until helpers have finished `parts` parts: spins for `nanoseconds`, then sleeps. True if it slept.
+    private func waitForHelpers(_ parts: Int, spinning nanoseconds: UInt64) -> Bool {
+        let deadline = Self.now() + nanoseconds
+        var polls = 0
+        while finished.load(ordering: .acquiring) < parts {
+            polls += 1
+            if polls & 63 == 0, Self.now() > deadline {
+                sleepingOwner.store(true, ordering: .sequentiallyConsistent)
+                pthread_mutex_lock(lock)
+                while finished.load(ordering: .sequentiallyConsistent) < parts { pthread_cond_wait(ownerWake, lock) }
+                pthread_mutex_unlock(lock)
+                sleepingOwner.store(false, ordering: .relaxed)
+                return true
+            }
+        }
+        return false
     }
 
     private func claim(_ generation: UInt64) -> Int? {
         var current = ticket.load(ordering: .relaxed)
         while true {
             let next = Int(current & 0xff), parts = Int(current >> 8 & 0xff)
-            guard current >> 16 == generation & 0xffff_ffff_ffff, next < parts else { return nil }
+            guard current >> 16 == generation, next < parts else { return nil }
             let (exchanged, original) = ticket.compareExchange(
                 expected: current, desired: current + 1, successOrdering: .acquiring, failureOrdering: .relaxed)
             if exchanged { return next }
@@ -125,7 +160,12 @@ final class PartPool: @unchecked Sendable {
             while let part = claim(seen) {
                 let body = job!
                 body(part)
-                finished.add(1, ordering: .releasing)
+                finished.add(1, ordering: .sequentiallyConsistent)
+                if sleepingOwner.load(ordering: .sequentiallyConsistent) {
+                    pthread_mutex_lock(lock)
+                    pthread_cond_signal(ownerWake)
+                    pthread_mutex_unlock(lock)
+                }
             }
         }
     }
@@ -140,15 +180,15 @@ final class PartPool: @unchecked Sendable {
             polls += 1
             if polls & 63 == 0, Self.now() > deadline { break }
         }
-        sleepers.add(1, ordering: .sequentiallyConsistent)
+        sleepingHelpers.add(1, ordering: .sequentiallyConsistent)
         pthread_mutex_lock(lock)
         var generation = ticket.load(ordering: .sequentiallyConsistent) >> 16
         while generation == seen {
-            pthread_cond_wait(wake, lock)
+            pthread_cond_wait(helperWake, lock)
             generation = ticket.load(ordering: .sequentiallyConsistent) >> 16
         }
         pthread_mutex_unlock(lock)
-        sleepers.subtract(1, ordering: .relaxed)
+        sleepingHelpers.subtract(1, ordering: .relaxed)
         return generation
     }
 

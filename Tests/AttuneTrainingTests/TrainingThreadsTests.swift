@@ -65,6 +65,23 @@ final class TrainingThreadsTests: XCTestCase {
         XCTAssertEqual(ColumnSplit(columns: 20, work: 1 << 30)[1], 16..<20)
     }
 
+    func testOptimizerSplitCoversEveryValueOnce() {
+        // 784-128-10's four tensors: two parts, cut on a 16-float boundary inside the first weights.
+        let ranges = [0..<100_352, 100_352..<100_480, 100_480..<101_760, 101_760..<101_770]
+        let split = RangeSplit(ranges)
+        XCTAssertEqual(split.parts.count, 2)
+        XCTAssertEqual(split.parts.flatMap { $0 }.filter { !$0.isEmpty }.reduce(into: [Range<Int>]()) { merged, range in
+            if let last = merged.last, last.upperBound == range.lowerBound {
+                merged[merged.count - 1] = last.lowerBound..<range.upperBound
+            } else {
+                merged.append(range)
+            }
+        }, [0..<101_770])
+        XCTAssertEqual(split.parts[1].first?.lowerBound, 50_896, "a cut on a 16-float boundary")
+        // The fleet's 64-32-10 net (2,442 values) is updated in one part.
+        XCTAssertEqual(RangeSplit([0..<2_048, 2_048..<2_080, 2_080..<2_400, 2_400..<2_410]).parts.count, 1)
+    }
+
     func testBigNetworkTrainsTheSameBitsOnOneAndTwoThreads() throws {
         for (optimizer, hidden, miniBatch) in [(TestOptimizer.sgd, false, Int64(32)), (.sgd, true, 64),
                                                (.adam(beta1: 0.9, beta2: 0.999, eps: 1e-8), false, 256)] {

@@ -9,6 +9,8 @@ extension NeuralNetworkModel {
                progress: (TrainingProgress) -> Void, isCancelled: () -> Bool) throws -> UpdateResult {
         let clock = ContinuousClock()
         let start = clock.now
+        PartPool.shared.taskBegan()
+        defer { PartPool.shared.taskEnded() }
         let plan = self.plan
         let n = batch.count, width = plan.inputWidth
         precondition(batch.inputWidth == width, "the batch was prepared for another model")

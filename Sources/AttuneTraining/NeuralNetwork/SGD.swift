@@ -10,16 +10,22 @@ struct SGD: OptimizerStep {
     let learningRate: Float
     let momentum: Float
     let velocity: FloatBuffer
-    let ranges: [Range<Int>]
+    let split: RangeSplit
 
     init(learningRate: Double, momentum: Double, slots: [TensorSlot], parameterCount: Int) {
         self.learningRate = Float(learningRate)
         self.momentum = Float(momentum)
         velocity = FloatBuffer(count: parameterCount)
-        ranges = slots.map { $0.offset..<($0.offset + $0.count) }
+        split = RangeSplit(slots.map { $0.offset..<($0.offset + $0.count) })
     }
 
     func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>) {
+        let parts = split.parts
+        if parts.count == 1 { return update(parts[0], params: params, grads: grads) }
+        PartPool.shared.run(parts: parts.count) { self.update(parts[$0], params: params, grads: grads) }
+    }
+
+    private func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>) {
         let v = velocity.pointer
         for range in ranges {
             for i in range {
