@@ -23,7 +23,7 @@ import Synchronization
 final class PartPool: @unchecked Sendable {
     static let shared = PartPool(threads: TrainingThreads.configured)
 
-    static let spinNanoseconds: UInt64 = 150_000
+    nonisolated(unsafe) static var spinNanoseconds: UInt64 = 50_000
     /// Parts of one job: the ticket keeps the count and the next part in 8 bits each.
     static let maximumParts = 255
     /// Most jobs a caller runs alone after a helper kept it waiting.
@@ -104,7 +104,8 @@ final class PartPool: @unchecked Sendable {
         ticket.store(generation << 16 | UInt64(parts) << 8, ordering: .sequentiallyConsistent)
         // Sequentially consistent with a helper's count before it sleeps: either it sees the new ticket,
         // or this sees it counted and signals under the lock it waits with.
-        if sleepingHelpers.load(ordering: .sequentiallyConsistent) > 0 {
+        let helpersAwake = sleepingHelpers.load(ordering: .sequentiallyConsistent) == 0
+        if !helpersAwake {
             pthread_mutex_lock(lock)
             pthread_cond_broadcast(helperWake)
             pthread_mutex_unlock(lock)
@@ -118,7 +119,10 @@ final class PartPool: @unchecked Sendable {
         let theirs = parts - mine
         let late = waitForHelpers(theirs, spinning: max(Self.now() - start, 20_000))
         job = nil
-        backoff = late ? min(max(backoff * 2, 1), Self.maximumBackoff) : 0
+        // A helper that was spinning yet started no part, or kept the caller waiting, is not getting a core:
+        // the machine is busy, so leave the helpers out (and let them sleep) for a while.
+        let absent = helpersAwake && theirs == 0
+        backoff = late || absent ? min(max(backoff * 2, 1), Self.maximumBackoff) : 0
         skipped = 0
         if theirs > 0 { helperParts.add(theirs, ordering: .relaxed) }
     }

@@ -78,6 +78,9 @@ final class TrainingThreadsTests: XCTestCase {
             }
         }, [0..<101_770])
         XCTAssertEqual(split.parts[1].first?.lowerBound, 50_896, "a cut on a 16-float boundary")
+        // Split only when the mini-batch's products are: not at 8 rows, at 32.
+        XCTAssertEqual(split.parts(rows: 8), 1)
+        XCTAssertEqual(split.parts(rows: 32), 2)
         // The fleet's 64-32-10 net (2,442 values) is updated in one part.
         XCTAssertEqual(RangeSplit([0..<2_048, 2_048..<2_080, 2_080..<2_400, 2_400..<2_410]).parts.count, 1)
     }

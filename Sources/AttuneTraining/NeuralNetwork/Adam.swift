@@ -36,14 +36,17 @@ final class Adam: OptimizerStep {
         split = RangeSplit(slots.map { $0.offset..<($0.offset + $0.count) })
     }
 
-    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>) {
+    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>, rows: Int) {
         stepCount += 1
         let t = Double(stepCount)
         let correction1 = Float(1 - Foundation.pow(beta1Double, t))
         let correction2 = Float(1 - Foundation.pow(beta2Double, t))
         let parts = split.parts
-        if parts.count == 1 {
-            return update(parts[0], params: params, grads: grads, correction1: correction1, correction2: correction2)
+        if split.parts(rows: rows) == 1 {
+            for part in parts {
+                update(part, params: params, grads: grads, correction1: correction1, correction2: correction2)
+            }
+            return
         }
         PartPool.shared.run(parts: parts.count) {
             self.update(parts[$0], params: params, grads: grads, correction1: correction1, correction2: correction2)

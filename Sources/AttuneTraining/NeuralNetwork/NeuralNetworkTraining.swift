@@ -63,7 +63,7 @@ extension NeuralNetworkModel {
                         ? targetRows.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targetValues: $0.baseAddress!) }
                         : targets.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targets: $0.baseAddress!) }
                     guard loss.isFinite else { throw UpdateTaskError.diverged(epoch: epoch, batch: batchNumber) }
-                    optimizer.step(params: workspace.params.pointer, grads: workspace.grads.pointer)
+                    optimizer.step(params: workspace.params.pointer, grads: workspace.grads.pointer, rows: rows)
                     total += loss
                     progress(.miniBatchEnd(epoch: epoch, batch: batchNumber, loss: loss / Double(rows)))
                     first += rows

@@ -3,16 +3,30 @@
 // Each value is updated from its own gradient and state only, so any cut gives the same bits; the cut is
 // still fixed by the ranges alone, like `ColumnSplit`'s. Boundaries fall on multiples of 16 floats of the
 // (cache-line aligned) parameter buffer, so no two parts write one cache line.
+//
+// When: the update streams every value once, so a part on the other core pays for moving its values'
+// cache lines there. That pays when the mini-batch's products were split too (their parts already
+// spread the weights and gradients over the cores), and costs more than it gives when they were not:
+// measured on 2 cores, the split update made 784-128-10 at mini-batch 32 a quarter faster and at
+// mini-batch 8, where the products stay whole, a tenth slower. So `parts(rows:)` splits when rows × values,
+// the multiply-adds of a dense product over these weights, would split such a product.
 struct RangeSplit {
-    /// Values each part must have at least: below it the hand-off costs more than the second core gives.
-    static let minimumPartCount = 32_768
+    /// Values each part must have at least.
+    nonisolated(unsafe) static var minimumPartCount = 32_768
     static let alignment = 16
 
     /// Each part's ranges, in order.
     let parts: [[Range<Int>]]
+    let total: Int
+
+    /// The parts for a mini-batch of `rows` rows: all of them, or one.
+    func parts(rows: Int) -> Int {
+        rows * total >= 2 * ColumnSplit.minimumPartWork ? parts.count : 1
+    }
 
     init(_ ranges: [Range<Int>]) {
         let total = ranges.reduce(0) { $0 + $1.count }
+        self.total = total
         var count = 1
         while count < ColumnSplit.maximumParts, total / (count * 2) >= Self.minimumPartCount { count *= 2 }
         guard count > 1 else {

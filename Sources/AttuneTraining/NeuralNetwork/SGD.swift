@@ -19,9 +19,12 @@ struct SGD: OptimizerStep {
         split = RangeSplit(slots.map { $0.offset..<($0.offset + $0.count) })
     }
 
-    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>) {
+    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>, rows: Int) {
+        if split.parts(rows: rows) == 1 {
+            for part in split.parts { update(part, params: params, grads: grads) }
+            return
+        }
         let parts = split.parts
-        if parts.count == 1 { return update(parts[0], params: params, grads: grads) }
         PartPool.shared.run(parts: parts.count) { self.update(parts[$0], params: params, grads: grads) }
     }
 
@@ -36,8 +39,8 @@ struct SGD: OptimizerStep {
     }
 }
 
-/// One optimizer step over the trainable ranges of the flat parameter buffer, given the mini-batch's
-/// gradients; the optimizer keeps whatever state it needs (velocity, moments) between steps.
+/// One optimizer step over the trainable ranges of the flat parameter buffer, given the gradients of a
+/// mini-batch of `rows` rows; the optimizer keeps whatever state it needs (velocity, moments) between steps.
 protocol OptimizerStep {
-    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>)
+    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>, rows: Int)
 }
