@@ -1,7 +1,7 @@
 import Foundation
 import Synchronization
 
-// Helper threads that run the parts of one big step of training (see `ColumnSplit`), shared by the process.
+// Helper threads that run the parts of one big step of training (see `ProductSplit`), shared by the process.
 //
 // Why not OpenBLAS's own threads: a product OpenBLAS splits returns sums that depend on how many threads
 // it used, and a version's bits must depend on nothing but its inputs. So the training code cuts a big
@@ -23,14 +23,16 @@ import Synchronization
 final class PartPool: @unchecked Sendable {
     static let shared = PartPool(threads: TrainingThreads.configured)
 
-    nonisolated(unsafe) static var spinNanoseconds: UInt64 = 50_000
-    /// Parts of one job: the ticket keeps the count and the next part in 8 bits each.
+    static let spinNanoseconds: UInt64 = 50_000
+    /// Parts of one job: the ticket keeps the next part from each end in 8 bits each.
     static let maximumParts = 255
-    /// Most jobs a caller runs alone after a helper kept it waiting.
-    static let maximumBackoff = 256
+    /// Jobs a caller runs alone after a helper missed one: at first, and at most.
+    static let minimumBackoff = 8, maximumBackoff = 4096
 
-    // generation << 16 | parts << 8 | next part. A new generation is a new job, so a claim made against
-    // a finished job's ticket can never succeed (the compare-exchange sees another value).
+    // generation << 16 | front << 8 | back: the caller takes parts from the front, helpers from the back
+    // (part back − 1), so on an idle machine each thread gets the same parts job after job and keeps
+    // their weights in its own cache. A new generation is a new job, so a claim made against a finished
+    // job's ticket can never succeed (the compare-exchange sees another value).
     private let ticket = Atomic<UInt64>(0)
     /// Parts of the current job that helpers have finished.
     private let finished = Atomic<Int>(0)
@@ -101,7 +103,7 @@ final class PartPool: @unchecked Sendable {
         job = body
         finished.store(0, ordering: .relaxed)
         let generation = (ticket.load(ordering: .relaxed) >> 16 &+ 1) & 0xffff_ffff_ffff
-        ticket.store(generation << 16 | UInt64(parts) << 8, ordering: .sequentiallyConsistent)
+        ticket.store(generation << 16 | UInt64(parts), ordering: .sequentiallyConsistent)
         // Sequentially consistent with a helper's count before it sleeps: either it sees the new ticket,
         // or this sees it counted and signals under the lock it waits with.
         let helpersAwake = sleepingHelpers.load(ordering: .sequentiallyConsistent) == 0
@@ -112,7 +114,7 @@ final class PartPool: @unchecked Sendable {
         }
         let start = Self.now()
         var mine = 0
-        while let part = claim(generation) {
+        while let part = claim(generation, fromBack: false) {
             body(part)
             mine += 1
         }
@@ -122,7 +124,9 @@ final class PartPool: @unchecked Sendable {
         // A helper that was spinning yet started no part, or kept the caller waiting, is not getting a core:
         // the machine is busy, so leave the helpers out (and let them sleep) for a while.
         let absent = helpersAwake && theirs == 0
-        backoff = late || absent ? min(max(backoff * 2, 1), Self.maximumBackoff) : 0
+        // Doubled on each miss, halved on each success: one lucky job on a busy machine does not bring
+        // the helpers back for good.
+        backoff = late || absent ? min(max(backoff * 2, Self.minimumBackoff), Self.maximumBackoff) : backoff / 2
         skipped = 0
         if theirs > 0 { helperParts.add(theirs, ordering: .relaxed) }
     }
@@ -145,14 +149,15 @@ final class PartPool: @unchecked Sendable {
         return false
     }
 
-    private func claim(_ generation: UInt64) -> Int? {
+    private func claim(_ generation: UInt64, fromBack: Bool) -> Int? {
         var current = ticket.load(ordering: .relaxed)
         while true {
-            let next = Int(current & 0xff), parts = Int(current >> 8 & 0xff)
-            guard current >> 16 == generation, next < parts else { return nil }
+            let front = current >> 8 & 0xff, back = current & 0xff
+            guard current >> 16 == generation, front < back else { return nil }
+            let desired = fromBack ? current - 1 : current + (1 << 8)
             let (exchanged, original) = ticket.compareExchange(
-                expected: current, desired: current + 1, successOrdering: .acquiring, failureOrdering: .relaxed)
-            if exchanged { return next }
+                expected: current, desired: desired, successOrdering: .acquiring, failureOrdering: .relaxed)
+            if exchanged { return Int(fromBack ? back - 1 : front) }
             current = original
         }
     }
@@ -161,7 +166,7 @@ final class PartPool: @unchecked Sendable {
         var seen = ticket.load(ordering: .relaxed) >> 16
         while true {
             seen = nextGeneration(after: seen)
-            while let part = claim(seen) {
+            while let part = claim(seen, fromBack: true) {
                 let body = job!
                 body(part)
                 finished.add(1, ordering: .sequentiallyConsistent)

@@ -1,10 +1,10 @@
 import Foundation
 
 // How many threads run the parts of one split step of training (`PartPool`), the calling thread included:
-// `ATTUNE_TRAINING_THREADS` when set, else one per core. More than `ColumnSplit.maximumParts` cannot help.
+// `ATTUNE_TRAINING_THREADS` when set, else one per core. More than `ProductSplit.maximumParts` cannot help.
 // When the operator gave OpenBLAS threads of its own (BLASRuntime), each part's sgemm already uses them,
 // so the default is then 1. The count changes only the speed: the parts, and so the bits, are fixed by
-// the shapes (see `ColumnSplit`).
+// the shapes (see `ProductSplit`).
 public enum TrainingThreads {
     public static let variable = "ATTUNE_TRAINING_THREADS"
     public static let allowed = 1...64
@@ -22,7 +22,7 @@ public enum TrainingThreads {
         }
         _ = BLASRuntime.threadPolicy
         if let blasThreads = BLASRuntime.openBLASThreads, blasThreads > 1 { return 1 }
-        return max(1, min(ProcessInfo.processInfo.activeProcessorCount, ColumnSplit.maximumParts))
+        return max(1, min(ProcessInfo.processInfo.activeProcessorCount, ProductSplit.maximumParts))
     }
 
     /// One line for logs: the count and where it came from.

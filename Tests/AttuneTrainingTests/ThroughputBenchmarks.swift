@@ -55,10 +55,6 @@ final class ThroughputBenchmarks: XCTestCase {
     /// x[i][j] = ((7919·i + 104729·j) mod 1009) / 1009, label i mod 10, for i < ATTUNE_BENCH_SAMPLES.
     func testDenseNetworksForPeers() throws {
         let environment = ProcessInfo.processInfo.environment
-        // Tuning only: the multiply-adds a split product's part must have (ColumnSplit.minimumPartWork).
-        if let work = environment["ATTUNE_BENCH_PART_WORK"].flatMap({ Int($0) }) { ColumnSplit.minimumPartWork = work }
-        if let n = environment["ATTUNE_BENCH_RANGE_PART"].flatMap({ Int($0) }) { RangeSplit.minimumPartCount = n }
-        if let n = environment["ATTUNE_BENCH_SPIN"].flatMap({ UInt64($0) }) { PartPool.spinNanoseconds = n }
         let count = Int(environment["ATTUNE_BENCH_SAMPLES"] ?? "") ?? 4000
         let nets = (environment["ATTUNE_BENCH_NETS"] ?? "mlp-64-32-10.mlmodel:10 mlp-784-128-10.mlmodel:3")
             .split(separator: " ").map { $0.split(separator: ":").map(String.init) }

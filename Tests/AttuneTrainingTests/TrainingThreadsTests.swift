@@ -43,26 +43,30 @@ final class TrainingThreadsTests: XCTestCase {
     }
 
     func testSplitDependsOnTheShapeAlone() {
-        // The fleet's usual net, 64-32-10 at mini-batch 8, keeps every product whole.
-        XCTAssertEqual(ColumnSplit(columns: 32, work: 8 * 32 * 64).count, 1)
-        XCTAssertEqual(ColumnSplit(columns: 64, work: 8 * 32 * 64).count, 1)
+        // The fleet's usual net, 64-32-10, keeps every product whole, at mini-batch 8 as at 256.
+        for batch in [8, 256] {
+            XCTAssertEqual(ProductSplit(length: 32, work: batch * 32 * 64).count, 1)
+            XCTAssertEqual(ProductSplit(length: 64, work: batch * 32 * 64).count, 1)
+        }
+        // 784-128-10 splits from mini-batch 8 on.
+        XCTAssertEqual(ProductSplit(length: 128, work: 8 * 128 * 784).count, 2)
         // 784-128-10 at mini-batch 32: the first layer's products split (y over 128 columns, dW over 784).
         for columns in [128, 784] {
-            let split = ColumnSplit(columns: columns, work: 32 * 128 * 784)
+            let split = ProductSplit(length: columns, work: 32 * 128 * 784)
             XCTAssertGreaterThan(split.count, 1, "\(columns) columns")
             XCTAssertEqual(split[0].lowerBound, 0)
             XCTAssertEqual(split[split.count - 1].upperBound, columns)
             for part in 1..<split.count {
                 XCTAssertEqual(split[part].lowerBound, split[part - 1].upperBound)
-                XCTAssertEqual(split[part].lowerBound % ColumnSplit.alignment, 0)
+                XCTAssertEqual(split[part].lowerBound % ProductSplit.alignment, 0)
                 XCTAssertFalse(split[part].isEmpty)
             }
         }
-        XCTAssertEqual(ColumnSplit(columns: 784, work: 256 * 128 * 784).count, ColumnSplit.maximumParts)
+        XCTAssertEqual(ProductSplit(length: 784, work: 256 * 128 * 784).count, ProductSplit.maximumParts)
         // Never more parts than 16-column blocks.
-        XCTAssertEqual(ColumnSplit(columns: 16, work: 1 << 30).count, 1)
-        XCTAssertEqual(ColumnSplit(columns: 20, work: 1 << 30).count, 2)
-        XCTAssertEqual(ColumnSplit(columns: 20, work: 1 << 30)[1], 16..<20)
+        XCTAssertEqual(ProductSplit(length: 16, work: 1 << 30).count, 1)
+        XCTAssertEqual(ProductSplit(length: 20, work: 1 << 30).count, 2)
+        XCTAssertEqual(ProductSplit(length: 20, work: 1 << 30)[1], 16..<20)
     }
 
     func testOptimizerSplitCoversEveryValueOnce() {
@@ -78,9 +82,10 @@ final class TrainingThreadsTests: XCTestCase {
             }
         }, [0..<101_770])
         XCTAssertEqual(split.parts[1].first?.lowerBound, 50_896, "a cut on a 16-float boundary")
-        // Split only when the mini-batch's products are: not at 8 rows, at 32.
-        XCTAssertEqual(split.parts(rows: 8), 1)
-        XCTAssertEqual(split.parts(rows: 32), 2)
+        // Split only when the mini-batch's products are: not at 4 rows, at 8.
+        XCTAssertEqual(split.parts(rows: 4), 1)
+        XCTAssertEqual(split.parts(rows: 8), 2)
+        XCTAssertEqual(ProductSplit(length: 128, work: 4 * 128 * 784).count, 1)
         // The fleet's 64-32-10 net (2,442 values) is updated in one part.
         XCTAssertEqual(RangeSplit([0..<2_048, 2_048..<2_080, 2_080..<2_400, 2_400..<2_410]).parts.count, 1)
     }

@@ -60,7 +60,7 @@ struct NetworkPlan: Sendable {
 }
 
 /// A fixed-size float buffer owned by one task; raw memory so the inner loops see plain pointers.
-/// It starts on a cache line, so the 16-float column blocks of a split product (`ColumnSplit`) do not
+/// It starts on a cache line, so the 16-float column blocks of a split product (`ProductSplit`) do not
 /// share lines between threads wherever the row width is a multiple of 16.
 final class FloatBuffer {
     static let alignment = 64

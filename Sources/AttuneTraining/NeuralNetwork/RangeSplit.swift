@@ -1,7 +1,7 @@
 // Fixed parts of an element-wise step over the trainable ranges (the optimizer's update), for `PartPool`.
 //
 // Each value is updated from its own gradient and state only, so any cut gives the same bits; the cut is
-// still fixed by the ranges alone, like `ColumnSplit`'s. Boundaries fall on multiples of 16 floats of the
+// still fixed by the ranges alone, like `ProductSplit`'s. Boundaries fall on multiples of 16 floats of the
 // (cache-line aligned) parameter buffer, so no two parts write one cache line.
 //
 // When: the update streams every value once, so a part on the other core pays for moving its values'
@@ -12,7 +12,7 @@
 // the multiply-adds of a dense product over these weights, would split such a product.
 struct RangeSplit {
     /// Values each part must have at least.
-    nonisolated(unsafe) static var minimumPartCount = 32_768
+    static let minimumPartCount = 32_768
     static let alignment = 16
 
     /// Each part's ranges, in order.
@@ -21,14 +21,14 @@ struct RangeSplit {
 
     /// The parts for a mini-batch of `rows` rows: all of them, or one.
     func parts(rows: Int) -> Int {
-        rows * total >= 2 * ColumnSplit.minimumPartWork ? parts.count : 1
+        rows * total >= 2 * ProductSplit.minimumPartWork ? parts.count : 1
     }
 
     init(_ ranges: [Range<Int>]) {
         let total = ranges.reduce(0) { $0 + $1.count }
         self.total = total
         var count = 1
-        while count < ColumnSplit.maximumParts, total / (count * 2) >= Self.minimumPartCount { count *= 2 }
+        while count < ProductSplit.maximumParts, total / (count * 2) >= Self.minimumPartCount { count *= 2 }
         guard count > 1 else {
             parts = [ranges]
             return

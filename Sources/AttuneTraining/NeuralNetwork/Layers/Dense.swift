@@ -12,8 +12,8 @@ import CBLAS
 //   db [out]              db = Σ_rows dy
 //   dx [B, in]            dx = dy · W      (skipped for the earliest updatable layer)
 //
-// All three products go through cblas_sgemm. One big enough is cut into fixed column blocks that threads
-// run in parallel (`ColumnSplit`, `PartPool`), with the same bits however many threads run them.
+// All three products go through cblas_sgemm. One big enough is cut into fixed blocks that threads run in
+// parallel (`ProductSplit`, `PartPool`), with the same bits however many threads run them.
 // Gradients overwrite their buffers (one backward per mini-batch), so nothing has to be zeroed between steps.
 struct DenseLayer: Sendable {
     let name: String
@@ -29,7 +29,7 @@ struct DenseLayer: Sendable {
 
     func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int,
                  params: UnsafePointer<Float>) {
-        let split = ColumnSplit(columns: outputs, work: batch * outputs * inputs)
+        let split = ProductSplit(length: outputs, work: batch * outputs * inputs)
         if split.count == 1 { return forward(x: x, y: y, batch: batch, params: params, columns: 0..<outputs) }
         PartPool.shared.run(parts: split.count) { part in
             self.forward(x: x, y: y, batch: batch, params: params, columns: split[part])
@@ -59,46 +59,41 @@ struct DenseLayer: Sendable {
     }
 
     /// `grads` is nil for a frozen layer (only `dx` is wanted); `dx` is nil when no layer below needs it.
-    /// Both products write columns of the input's width, split alike; the parts of both run as one job.
+    /// dW is cut into blocks of rows (the rows of W the forward product's parts read, so a thread that
+    /// keeps taking the same parts keeps W's and dW's lines in its cache), dx into blocks of columns; the
+    /// parts of both run as one job.
     func backward(x: UnsafePointer<Float>, dy: UnsafePointer<Float>, dx: UnsafeMutablePointer<Float>?,
                   batch: Int, params: UnsafePointer<Float>, grads: UnsafeMutablePointer<Float>?) {
-        let split = ColumnSplit(columns: inputs, work: batch * outputs * inputs)
-        if split.count == 1 {
-            if let grads {
-                weightGradient(x: x, dy: dy, batch: batch, grads: grads, columns: 0..<inputs)
-                biasGradient(dy: dy, batch: batch, grads: grads)
-            }
+        let work = batch * outputs * inputs
+        let rows = ProductSplit(length: outputs, work: work), columns = ProductSplit(length: inputs, work: work)
+        if rows.count == 1 && columns.count == 1 {
+            if let grads { weightGradient(x: x, dy: dy, batch: batch, grads: grads, rows: 0..<outputs) }
             if let dx { inputGradient(dy: dy, dx: dx, batch: batch, params: params, columns: 0..<inputs) }
             return
         }
-        let weightParts = grads == nil ? 0 : split.count
-        PartPool.shared.run(parts: weightParts + (dx == nil ? 0 : split.count)) { part in
+        let weightParts = grads == nil ? 0 : rows.count
+        PartPool.shared.run(parts: weightParts + (dx == nil ? 0 : columns.count)) { part in
             if part < weightParts, let grads {
-                self.weightGradient(x: x, dy: dy, batch: batch, grads: grads, columns: split[part])
-                if part == 0 { self.biasGradient(dy: dy, batch: batch, grads: grads) }
+                self.weightGradient(x: x, dy: dy, batch: batch, grads: grads, rows: rows[part])
             } else if let dx {
-                self.inputGradient(dy: dy, dx: dx, batch: batch, params: params,
-                                   columns: split[part - weightParts])
+                self.inputGradient(dy: dy, dx: dx, batch: batch, params: params, columns: columns[part - weightParts])
             }
         }
     }
 
-    /// Columns `columns` of dW = dyᵀ · x: the same columns of x.
+    /// Rows `rows` of dW = dyᵀ · x (columns `rows` of dy), and the same entries of db.
     private func weightGradient(x: UnsafePointer<Float>, dy: UnsafePointer<Float>, batch: Int,
-                                grads: UnsafeMutablePointer<Float>, columns: Range<Int>) {
+                                grads: UnsafeMutablePointer<Float>, rows: Range<Int>) {
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans,
-                    Int32(outputs), Int32(columns.count), Int32(batch),
-                    1, dy, Int32(outputs), x + columns.lowerBound, Int32(inputs),
-                    0, grads + weightOffset + columns.lowerBound, Int32(inputs))
-    }
-
-    private func biasGradient(dy: UnsafePointer<Float>, batch: Int, grads: UnsafeMutablePointer<Float>) {
+                    Int32(rows.count), Int32(inputs), Int32(batch),
+                    1, dy + rows.lowerBound, Int32(outputs), x, Int32(inputs),
+                    0, grads + weightOffset + rows.lowerBound * inputs, Int32(inputs))
         guard hasBias else { return }
         let db = grads + biasOffset
-        db.update(repeating: 0, count: outputs)
+        (db + rows.lowerBound).update(repeating: 0, count: rows.count)
         for row in 0..<batch {
             let r = dy + row * outputs
-            for o in 0..<outputs { db[o] += r[o] }
+            for o in rows { db[o] += r[o] }
         }
     }
 
