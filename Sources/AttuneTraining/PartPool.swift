@@ -15,7 +15,9 @@ import Synchronization
 // Callers and helpers claim parts from the same ticket, so a caller whose helper is not running (a busy
 // machine) runs every part no one has started, and waits only for parts a helper is already running. If
 // that wait runs long (the helper was preempted mid-part), the caller sleeps instead of spinning, which
-// frees its core for the helper, and leaves the helpers out of its next jobs for a while (`backoff`).
+// frees its core for the helper. Either miss, a helper kept waiting or one awake yet starting no part,
+// means the helpers are not getting a core: the caller's next jobs leave them out (`backoff`, doubled by
+// each miss and halved by each job they help with), and they go to sleep instead of competing for it.
 //
 // Whose: one caller owns the helpers at a time, and none does while the process trains as many tasks as
 // it has threads (a worker's slots, each on its own thread, already keep the cores busy). A caller

@@ -7,9 +7,9 @@
 // When: the update streams every value once, so a part on the other core pays for moving its values'
 // cache lines there. That pays when the mini-batch's products were split too (their parts already
 // spread the weights and gradients over the cores), and costs more than it gives when they were not:
-// measured on 2 cores, the split update made 784-128-10 at mini-batch 32 a quarter faster and at
-// mini-batch 8, where the products stay whole, a tenth slower. So `parts(rows:)` splits when rows × values,
-// the multiply-adds of a dense product over these weights, would split such a product.
+// measured on 2 cores, the split update made 784-128-10 a quarter faster at mini-batch 32, and a tenth
+// slower at mini-batch 8 while its products there stayed whole. So `parts(rows:)` splits when
+// rows × values, the multiply-adds of a dense product over these weights, would split such a product.
 struct RangeSplit {
     /// Values each part must have at least.
     static let minimumPartCount = 32_768
