@@ -3,7 +3,8 @@ import PackageDescription
 
 let package = Package(
     name: "Attune",
-    platforms: [.macOS(.v13)],
+    // macOS 15: the `Synchronization` module (Atomic, Mutex) of the training threads.
+    platforms: [.macOS(.v15)],
     products: [
         .executable(name: "attune", targets: ["attune"]),
         // For the fuzz package in Fuzz/, which depends on this one by path.

@@ -226,3 +226,16 @@ public enum UpdateTaskError: Error, CustomStringConvertible, Sendable, Equatable
         }
     }
 }
+
+/// An `ATTUNE_TRAINING_THREADS` that is not a thread count; `attune worker` refuses to start with it.
+public enum TrainingThreadsError: Error, CustomStringConvertible, Sendable, Equatable {
+    case notACount(variable: String, value: String, allowed: ClosedRange<Int>)
+
+    public var description: String {
+        switch self {
+        case .notACount(let variable, let value, let allowed):
+            return "\(variable)=\(value) is not a thread count: set \(allowed.lowerBound)...\(allowed.upperBound) "
+                + "(1: no helper threads) or unset it to use one thread per core"
+        }
+    }
+}

@@ -1,4 +1,5 @@
 import ArgumentParser
+import AttuneTraining
 import AttuneWorker
 import Foundation
 import Logging
@@ -41,11 +42,13 @@ struct WorkerCommand: AsyncParsableCommand {
         guard (1...65_535).contains(prefetch) else { throw ValidationError("--prefetch must lie in 1...65535") }
         guard batchSize >= 1 else { throw ValidationError("--batch-size must be at least 1") }
         guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
+        _ = try TrainingThreads.resolve(ProcessInfo.processInfo.environment)
     }
 
     func run() async throws {
         Attune.bootstrapLogging()
         let logger = Logger(label: "attune.worker")
+        logger.info("\(TrainingThreads.summary)")
         if !noMigrate {
             let applied = try Migrate.apply(databaseURL: database.resolved(), directory: nil)
             if !applied.isEmpty { logger.info("applied migrations \(applied)") }

@@ -278,7 +278,7 @@ struct TestNetwork {
                 sgd.learningRate.range.maxValue = 1
                 sgd.miniBatchSize.defaultValue = miniBatchSize
                 sgd.miniBatchSize.range.minValue = 1
-                sgd.miniBatchSize.range.maxValue = 64
+                sgd.miniBatchSize.range.maxValue = max(64, miniBatchSize)
                 if let momentum {
                     sgd.momentum.defaultValue = momentum
                     sgd.momentum.range.maxValue = 1
@@ -290,7 +290,7 @@ struct TestNetwork {
                 adam.learningRate.range.maxValue = 1
                 adam.miniBatchSize.defaultValue = miniBatchSize
                 adam.miniBatchSize.range.minValue = 1
-                adam.miniBatchSize.range.maxValue = 64
+                adam.miniBatchSize.range.maxValue = max(64, miniBatchSize)
                 adam.beta1.defaultValue = beta1
                 adam.beta1.range.maxValue = 1
                 adam.beta2.defaultValue = beta2

@@ -22,7 +22,7 @@ final class Adam: OptimizerStep {
     private let beta2Double: Double
     let firstMoment: FloatBuffer
     let secondMoment: FloatBuffer
-    let ranges: [Range<Int>]
+    let split: RangeSplit
     private(set) var stepCount = 0
 
     init(learningRate: Double, beta1: Double, beta2: Double, eps: Double, slots: [TensorSlot], parameterCount: Int) {
@@ -34,14 +34,28 @@ final class Adam: OptimizerStep {
         beta2Double = beta2
         firstMoment = FloatBuffer(count: parameterCount)
         secondMoment = FloatBuffer(count: parameterCount)
-        ranges = slots.map { $0.offset..<($0.offset + $0.count) }
+        split = RangeSplit(slots.map { $0.offset..<($0.offset + $0.count) })
     }
 
-    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>) {
+    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>, rows: Int) {
         stepCount += 1
         let t = Double(stepCount)
         let correction1 = Float(1 - Foundation.pow(beta1Double, t))
         let correction2 = Float(1 - Foundation.pow(beta2Double, t))
+        let parts = split.parts
+        if split.parts(rows: rows) == 1 {
+            for part in parts {
+                update(part, params: params, grads: grads, correction1: correction1, correction2: correction2)
+            }
+            return
+        }
+        PartPool.shared.run(parts: parts.count) {
+            self.update(parts[$0], params: params, grads: grads, correction1: correction1, correction2: correction2)
+        }
+    }
+
+    private func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>,
+                        correction1: Float, correction2: Float) {
         let m = firstMoment.pointer, v = secondMoment.pointer
         for range in ranges {
             for i in range {

@@ -60,13 +60,18 @@ struct NetworkPlan: Sendable {
 }
 
 /// A fixed-size float buffer owned by one task; raw memory so the inner loops see plain pointers.
+/// It starts on a cache line, so the 16-float column blocks of a split product (`ProductSplit`) do not
+/// share lines between threads wherever the row width is a multiple of 16.
 final class FloatBuffer {
+    static let alignment = 64
     let count: Int
     let pointer: UnsafeMutablePointer<Float>
 
     init(count: Int) {
         self.count = count
-        pointer = .allocate(capacity: max(count, 1))
+        pointer = UnsafeMutableRawPointer
+            .allocate(byteCount: max(count, 1) * MemoryLayout<Float>.stride, alignment: Self.alignment)
+            .bindMemory(to: Float.self, capacity: max(count, 1))
         pointer.initialize(repeating: 0, count: max(count, 1))
     }
 
@@ -75,7 +80,7 @@ final class FloatBuffer {
         values.withUnsafeBufferPointer { pointer.update(from: $0.baseAddress!, count: values.count) }
     }
 
-    deinit { pointer.deallocate() }
+    deinit { UnsafeMutableRawPointer(pointer).deallocate() }
 
     var array: [Float] { Array(UnsafeBufferPointer(start: pointer, count: count)) }
 }

@@ -10,6 +10,8 @@ extension NeuralNetworkModel {
                progress: (TrainingProgress) -> Void, isCancelled: () -> Bool) throws -> UpdateResult {
         let clock = ContinuousClock()
         let start = clock.now
+        PartPool.shared.taskBegan()
+        defer { PartPool.shared.taskEnded() }
         let plan = self.plan
         let n = batch.count, width = plan.inputWidth
         precondition(batch.inputWidth == width, "the batch was prepared for another model")
@@ -63,7 +65,7 @@ extension NeuralNetworkModel {
                         ? targetRows.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targetValues: $0.baseAddress!) }
                         : targets.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targets: $0.baseAddress!) }
                     guard loss.isFinite else { throw UpdateTaskError.diverged(epoch: epoch, batch: batchNumber) }
-                    optimizer.step(params: workspace.params.pointer, grads: workspace.grads.pointer)
+                    optimizer.step(params: workspace.params.pointer, grads: workspace.grads.pointer, rows: rows)
                     total += loss
                     progress(.miniBatchEnd(epoch: epoch, batch: batchNumber, loss: loss / Double(rows)))
                     first += rows

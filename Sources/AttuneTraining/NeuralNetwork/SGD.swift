@@ -12,16 +12,25 @@ struct SGD: OptimizerStep {
     var learningRate: Float
     let momentum: Float
     let velocity: FloatBuffer
-    let ranges: [Range<Int>]
+    let split: RangeSplit
 
     init(learningRate: Double, momentum: Double, slots: [TensorSlot], parameterCount: Int) {
         self.learningRate = Float(learningRate)
         self.momentum = Float(momentum)
         velocity = FloatBuffer(count: parameterCount)
-        ranges = slots.map { $0.offset..<($0.offset + $0.count) }
+        split = RangeSplit(slots.map { $0.offset..<($0.offset + $0.count) })
     }
 
-    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>) {
+    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>, rows: Int) {
+        if split.parts(rows: rows) == 1 {
+            for part in split.parts { update(part, params: params, grads: grads) }
+            return
+        }
+        let parts = split.parts
+        PartPool.shared.run(parts: parts.count) { self.update(parts[$0], params: params, grads: grads) }
+    }
+
+    private func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>) {
         let v = velocity.pointer
         for range in ranges {
             for i in range {
@@ -32,10 +41,10 @@ struct SGD: OptimizerStep {
     }
 }
 
-/// One optimizer step over the trainable ranges of the flat parameter buffer, given the mini-batch's
-/// gradients; the optimizer keeps whatever state it needs (velocity, moments) between steps.
+/// One optimizer step over the trainable ranges of the flat parameter buffer, given the gradients of a
+/// mini-batch of `rows` rows; the optimizer keeps whatever state it needs (velocity, moments) between steps.
 protocol OptimizerStep {
     /// Set before each epoch from the task's schedule (float32, as the per-value arithmetic is).
     var learningRate: Float { get set }
-    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>)
+    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>, rows: Int)
 }

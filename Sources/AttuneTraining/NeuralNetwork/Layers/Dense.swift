@@ -12,8 +12,9 @@ import CBLAS
 //   db [out]              db = Σ_rows dy
 //   dx [B, in]            dx = dy · W      (skipped for the earliest updatable layer)
 //
-// All three products go through cblas_sgemm. Gradients overwrite their buffers (one backward per
-// mini-batch), so nothing has to be zeroed between steps.
+// All three products go through cblas_sgemm. One big enough is cut into fixed blocks that threads run in
+// parallel (`ProductSplit`, `PartPool`), with the same bits however many threads run them.
+// Gradients overwrite their buffers (one backward per mini-batch), so nothing has to be zeroed between steps.
 struct DenseLayer: Sendable {
     let name: String
     /// Index of the layer in the spec's `layers`, where `applying` writes the weights back.
@@ -28,46 +29,80 @@ struct DenseLayer: Sendable {
 
     func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int,
                  params: UnsafePointer<Float>) {
-        let w = params + weightOffset
+        let split = ProductSplit(length: outputs, work: batch * outputs * inputs)
+        if split.count == 1 { return forward(x: x, y: y, batch: batch, params: params, columns: 0..<outputs) }
+        PartPool.shared.run(parts: split.count) { part in
+            self.forward(x: x, y: y, batch: batch, params: params, columns: split[part])
+        }
+    }
+
+    /// Output columns `columns` of y: rows `columns` of W.
+    private func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int,
+                         params: UnsafePointer<Float>, columns: Range<Int>) {
+        let w = params + weightOffset + columns.lowerBound * inputs
+        let y = y + columns.lowerBound
         let beta: Float
         if hasBias {
             // Seed every output row with the bias so the product adds onto it (beta = 1).
-            let b = params + biasOffset
+            let b = params + biasOffset + columns.lowerBound
             for row in 0..<batch {
-                (y + row * outputs).update(from: b, count: outputs)
+                (y + row * outputs).update(from: b, count: columns.count)
             }
             beta = 1
         } else {
             beta = 0
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans,
-                    Int32(batch), Int32(outputs), Int32(inputs),
+                    Int32(batch), Int32(columns.count), Int32(inputs),
                     1, x, Int32(inputs), w, Int32(inputs),
                     beta, y, Int32(outputs))
     }
 
     /// `grads` is nil for a frozen layer (only `dx` is wanted); `dx` is nil when no layer below needs it.
+    /// dW is cut into blocks of rows (the rows of W the forward product's parts read, so a thread that
+    /// keeps taking the same parts keeps W's and dW's lines in its cache), dx into blocks of columns; the
+    /// parts of both run as one job.
     func backward(x: UnsafePointer<Float>, dy: UnsafePointer<Float>, dx: UnsafeMutablePointer<Float>?,
                   batch: Int, params: UnsafePointer<Float>, grads: UnsafeMutablePointer<Float>?) {
-        if let grads {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans,
-                        Int32(outputs), Int32(inputs), Int32(batch),
-                        1, dy, Int32(outputs), x, Int32(inputs),
-                        0, grads + weightOffset, Int32(inputs))
-            if hasBias {
-                let db = grads + biasOffset
-                db.update(repeating: 0, count: outputs)
-                for row in 0..<batch {
-                    let r = dy + row * outputs
-                    for o in 0..<outputs { db[o] += r[o] }
-                }
+        let work = batch * outputs * inputs
+        let rows = ProductSplit(length: outputs, work: work), columns = ProductSplit(length: inputs, work: work)
+        if rows.count == 1 && columns.count == 1 {
+            if let grads { weightGradient(x: x, dy: dy, batch: batch, grads: grads, rows: 0..<outputs) }
+            if let dx { inputGradient(dy: dy, dx: dx, batch: batch, params: params, columns: 0..<inputs) }
+            return
+        }
+        let weightParts = grads == nil ? 0 : rows.count
+        PartPool.shared.run(parts: weightParts + (dx == nil ? 0 : columns.count)) { part in
+            if part < weightParts, let grads {
+                self.weightGradient(x: x, dy: dy, batch: batch, grads: grads, rows: rows[part])
+            } else if let dx {
+                self.inputGradient(dy: dy, dx: dx, batch: batch, params: params, columns: columns[part - weightParts])
             }
         }
-        if let dx {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans,
-                        Int32(batch), Int32(inputs), Int32(outputs),
-                        1, dy, Int32(outputs), params + weightOffset, Int32(inputs),
-                        0, dx, Int32(inputs))
+    }
+
+    /// Rows `rows` of dW = dyᵀ · x (columns `rows` of dy), and the same entries of db.
+    private func weightGradient(x: UnsafePointer<Float>, dy: UnsafePointer<Float>, batch: Int,
+                                grads: UnsafeMutablePointer<Float>, rows: Range<Int>) {
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans,
+                    Int32(rows.count), Int32(inputs), Int32(batch),
+                    1, dy + rows.lowerBound, Int32(outputs), x, Int32(inputs),
+                    0, grads + weightOffset + rows.lowerBound * inputs, Int32(inputs))
+        guard hasBias else { return }
+        let db = grads + biasOffset
+        (db + rows.lowerBound).update(repeating: 0, count: rows.count)
+        for row in 0..<batch {
+            let r = dy + row * outputs
+            for o in rows { db[o] += r[o] }
         }
+    }
+
+    /// Columns `columns` of dx = dy · W: the same columns of W.
+    private func inputGradient(dy: UnsafePointer<Float>, dx: UnsafeMutablePointer<Float>, batch: Int,
+                               params: UnsafePointer<Float>, columns: Range<Int>) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans,
+                    Int32(batch), Int32(columns.count), Int32(outputs),
+                    1, dy, Int32(outputs), params + weightOffset + columns.lowerBound, Int32(inputs),
+                    0, dx + columns.lowerBound, Int32(inputs))
     }
 }

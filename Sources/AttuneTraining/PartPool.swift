@@ -1,0 +1,211 @@
+import Foundation
+import Synchronization
+
+// Helper threads that run the parts of one big step of training (see `ProductSplit`), shared by the process.
+//
+// Why not OpenBLAS's own threads: a product OpenBLAS splits returns sums that depend on how many threads
+// it used, and a version's bits must depend on nothing but its inputs. So the training code cuts a big
+// product into parts fixed by its shape alone, each part a single-threaded sgemm writing its own block of
+// the output, and this pool only decides who runs each part: the caller or a helper that is free. A part
+// gives the same floats whoever runs it, so the bits do not depend on the thread count or the load.
+//
+// Why spin: at mini-batch 32 a product takes tens of microseconds, about what waking a sleeping thread
+// costs. After each job a helper watches the ticket for `spinNanoseconds` before it sleeps on a condition
+// variable; the caller publishes a job by storing the ticket and signals only when a helper sleeps.
+// Callers and helpers claim parts from the same ticket, so a caller whose helper is not running (a busy
+// machine) runs every part no one has started, and waits only for parts a helper is already running. If
+// that wait runs long (the helper was preempted mid-part), the caller sleeps instead of spinning, which
+// frees its core for the helper. Either miss, a helper kept waiting or one awake yet starting no part,
+// means the helpers are not getting a core: the caller's next jobs leave them out (`backoff`, doubled by
+// each miss and halved by each job they help with), and they go to sleep instead of competing for it.
+//
+// Whose: one caller owns the helpers at a time, and none does while the process trains as many tasks as
+// it has threads (a worker's slots, each on its own thread, already keep the cores busy). A caller
+// without them runs its parts itself, in the same order as ever: the same bits.
+final class PartPool: @unchecked Sendable {
+    static let shared = PartPool(threads: TrainingThreads.configured)
+
+    static let spinNanoseconds: UInt64 = 50_000
+    /// Parts of one job: the ticket keeps the next part from each end in 8 bits each.
+    static let maximumParts = 255
+    /// Jobs a caller runs alone after a helper missed one: at first, and at most.
+    static let minimumBackoff = 8, maximumBackoff = 4096
+
+    // generation << 16 | front << 8 | back: the caller takes parts from the front, helpers from the back
+    // (part back − 1), so on an idle machine each thread gets the same parts job after job and keeps
+    // their weights in its own cache. A new generation is a new job, so a claim made against a finished
+    // job's ticket can never succeed (the compare-exchange sees another value).
+    private let ticket = Atomic<UInt64>(0)
+    /// Parts of the current job that helpers have finished.
+    private let finished = Atomic<Int>(0)
+    private let owned = Atomic<Bool>(false)
+    private let sleepingHelpers = Atomic<Int>(0)
+    private let sleepingOwner = Atomic<Bool>(false)
+    private let threads = Atomic<Int>(1)
+    private let activeTasks = Atomic<Int>(0)
+    private let helperCount = Mutex<Int>(0)
+    // Owner's state, touched only while `owned` is held.
+    private var job: ((Int) -> Void)?
+    private var backoff = 0, skipped = 0
+    // For tests and the bench: split jobs run, and parts helpers ran.
+    private let splitJobs = Atomic<Int>(0)
+    private let helperParts = Atomic<Int>(0)
+    private let lock = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private let helperWake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+    private let ownerWake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+
+    /// `threads` counts the caller: 1 means no helpers.
+    init(threads: Int) {
+        pthread_mutex_init(lock, nil)
+        pthread_cond_init(helperWake, nil)
+        pthread_cond_init(ownerWake, nil)
+        setThreads(threads)
+    }
+
+    /// Threads that may run one job's parts, the caller included. Helpers are started as needed and never
+    /// stopped (tests switch between 1 and 2).
+    func setThreads(_ count: Int) {
+        let count = max(count, 1)
+        helperCount.withLock { started in
+            while started < count - 1 {
+                started += 1
+                // Helpers hold the pool: it lives as long as the process.
+                let helper = Thread { self.helperLoop() }
+                helper.name = "attune-train-\(started)"
+                helper.start()
+            }
+        }
+        threads.store(count, ordering: .relaxed)
+    }
+
+    /// A training task starts or ends: while as many tasks run as there are threads, none gets helpers.
+    func taskBegan() { activeTasks.add(1, ordering: .relaxed) }
+    func taskEnded() { activeTasks.subtract(1, ordering: .relaxed) }
+
+    var counts: (jobs: Int, helperParts: Int) {
+        (splitJobs.load(ordering: .relaxed), helperParts.load(ordering: .relaxed))
+    }
+
+    /// Runs `body(0)`, …, `body(parts - 1)`, each exactly once, on this thread and any free helper, and
+    /// returns when all have run. Parts must write disjoint memory.
+    func run(parts: Int, _ body: @escaping (Int) -> Void) {
+        precondition((1...Self.maximumParts).contains(parts), "a job has 1...\(Self.maximumParts) parts")
+        if parts > 1 { splitJobs.add(1, ordering: .relaxed) }
+        guard parts > 1, activeTasks.load(ordering: .relaxed) < threads.load(ordering: .relaxed),
+              owned.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged else {
+            for part in 0..<parts { body(part) }
+            return
+        }
+        defer { owned.store(false, ordering: .releasing) }
+        if skipped < backoff {
+            skipped += 1
+            for part in 0..<parts { body(part) }
+            return
+        }
+        job = body
+        finished.store(0, ordering: .relaxed)
+        let generation = (ticket.load(ordering: .relaxed) >> 16 &+ 1) & 0xffff_ffff_ffff
+        ticket.store(generation << 16 | UInt64(parts), ordering: .sequentiallyConsistent)
+        // Sequentially consistent with a helper's count before it sleeps: either it sees the new ticket,
+        // or this sees it counted and signals under the lock it waits with.
+        let helpersAwake = sleepingHelpers.load(ordering: .sequentiallyConsistent) == 0
+        if !helpersAwake {
+            pthread_mutex_lock(lock)
+            pthread_cond_broadcast(helperWake)
+            pthread_mutex_unlock(lock)
+        }
+        let start = Self.now()
+        var mine = 0
+        while let part = claim(generation, fromBack: false) {
+            body(part)
+            mine += 1
+        }
+        let theirs = parts - mine
+        let late = waitForHelpers(theirs, spinning: max(Self.now() - start, 20_000))
+        job = nil
+        // A helper that was spinning yet started no part, or kept the caller waiting, is not getting a core:
+        // the machine is busy, so leave the helpers out (and let them sleep) for a while.
+        let absent = helpersAwake && theirs == 0
+        // Doubled on each miss, halved on each success: one lucky job on a busy machine does not bring
+        // the helpers back for good.
+        backoff = late || absent ? min(max(backoff * 2, Self.minimumBackoff), Self.maximumBackoff) : backoff / 2
+        skipped = 0
+        if theirs > 0 { helperParts.add(theirs, ordering: .relaxed) }
+    }
+
+    /// Waits until helpers have finished `parts` parts: spins for `nanoseconds`, then sleeps. True if it slept.
+    private func waitForHelpers(_ parts: Int, spinning nanoseconds: UInt64) -> Bool {
+        let deadline = Self.now() + nanoseconds
+        var polls = 0
+        while finished.load(ordering: .acquiring) < parts {
+            polls += 1
+            if polls & 63 == 0, Self.now() > deadline {
+                sleepingOwner.store(true, ordering: .sequentiallyConsistent)
+                pthread_mutex_lock(lock)
+                while finished.load(ordering: .sequentiallyConsistent) < parts { pthread_cond_wait(ownerWake, lock) }
+                pthread_mutex_unlock(lock)
+                sleepingOwner.store(false, ordering: .relaxed)
+                return true
+            }
+        }
+        return false
+    }
+
+    private func claim(_ generation: UInt64, fromBack: Bool) -> Int? {
+        var current = ticket.load(ordering: .relaxed)
+        while true {
+            let front = current >> 8 & 0xff, back = current & 0xff
+            guard current >> 16 == generation, front < back else { return nil }
+            let desired = fromBack ? current - 1 : current + (1 << 8)
+            let (exchanged, original) = ticket.compareExchange(
+                expected: current, desired: desired, successOrdering: .acquiring, failureOrdering: .relaxed)
+            if exchanged { return Int(fromBack ? back - 1 : front) }
+            current = original
+        }
+    }
+
+    private func helperLoop() {
+        var seen = ticket.load(ordering: .relaxed) >> 16
+        while true {
+            seen = nextGeneration(after: seen)
+            while let part = claim(seen, fromBack: true) {
+                let body = job!
+                body(part)
+                finished.add(1, ordering: .sequentiallyConsistent)
+                if sleepingOwner.load(ordering: .sequentiallyConsistent) {
+                    pthread_mutex_lock(lock)
+                    pthread_cond_signal(ownerWake)
+                    pthread_mutex_unlock(lock)
+                }
+            }
+        }
+    }
+
+    /// Waits, spinning then sleeping, until a job newer than `seen` is published; returns its generation.
+    private func nextGeneration(after seen: UInt64) -> UInt64 {
+        let deadline = Self.now() + Self.spinNanoseconds
+        var polls = 0
+        while true {
+            let generation = ticket.load(ordering: .relaxed) >> 16
+            if generation != seen { return generation }
+            polls += 1
+            if polls & 63 == 0, Self.now() > deadline { break }
+        }
+        sleepingHelpers.add(1, ordering: .sequentiallyConsistent)
+        pthread_mutex_lock(lock)
+        var generation = ticket.load(ordering: .sequentiallyConsistent) >> 16
+        while generation == seen {
+            pthread_cond_wait(helperWake, lock)
+            generation = ticket.load(ordering: .sequentiallyConsistent) >> 16
+        }
+        pthread_mutex_unlock(lock)
+        sleepingHelpers.subtract(1, ordering: .relaxed)
+        return generation
+    }
+
+    private static func now() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+    }
+}

@@ -1,0 +1,33 @@
+import Foundation
+
+// How many threads run the parts of one split step of training (`PartPool`), the calling thread included:
+// `ATTUNE_TRAINING_THREADS` when set, else one per core. More than `ProductSplit.maximumParts` cannot help.
+// When the operator gave OpenBLAS threads of its own (BLASRuntime), each part's sgemm already uses them,
+// so the default is then 1. The count changes only the speed: the parts, and so the bits, are fixed by
+// the shapes (see `ProductSplit`).
+public enum TrainingThreads {
+    public static let variable = "ATTUNE_TRAINING_THREADS"
+    public static let allowed = 1...64
+
+    /// The count the process runs with. An invalid variable counts as 1 here; `attune worker` checks it
+    /// with `resolve` at start and refuses to run instead.
+    static let configured: Int = (try? resolve(ProcessInfo.processInfo.environment)) ?? 1
+
+    public static func resolve(_ environment: [String: String]) throws(TrainingThreadsError) -> Int {
+        if let value = environment[variable] {
+            guard let count = Int(value.trimmingCharacters(in: .whitespaces)), allowed.contains(count) else {
+                throw .notACount(variable: variable, value: value, allowed: allowed)
+            }
+            return count
+        }
+        _ = BLASRuntime.threadPolicy
+        if let blasThreads = BLASRuntime.openBLASThreads, blasThreads > 1 { return 1 }
+        return max(1, min(ProcessInfo.processInfo.activeProcessorCount, ProductSplit.maximumParts))
+    }
+
+    /// One line for logs: the count and where it came from.
+    public static var summary: String {
+        let source = ProcessInfo.processInfo.environment[variable] != nil ? "\(variable)" : "one per core"
+        return "\(configured) training thread(s) per split product (\(source))"
+    }
+}
