@@ -304,13 +304,14 @@ class AttuneFleet:
         self.timeline = None  # a file for the workers' job timelines (ATTUNE_JOB_TIMELINE), when set
 
     def start(self, tag):
-        env = dict(os.environ, ATTUNE_JOB_TIMELINE=str(self.timeline)) if self.timeline else None
         extra = []
         if self.args.attune_prefetch and self.args.attune_has_prefetch:
             extra = ["--prefetch", str(self.args.attune_prefetch)]
         for w in range(self.workers):
             path = Path(self.args.work) / f"bench-{tag}-{w}.log"
             self.logs.append(path)
+            # One timeline file per worker process: appends of two processes' buffers would interleave.
+            env = dict(os.environ, ATTUNE_JOB_TIMELINE=f"{self.timeline}.{w}") if self.timeline else None
             with open(path, "wb") as out:
                 self.procs.append(subprocess.Popen(
                     [self.args.attune, "worker", "--no-migrate", "--name", f"bench-{tag}-{w}",
@@ -519,7 +520,8 @@ def latency(ctx, fleet, target, rate, rows, tag, seconds):
         if args.timelines:
             Path(args.timelines).mkdir(parents=True, exist_ok=True)
             with open(Path(args.timelines) / fleet.timeline.name, "w") as out:
-                out.write(fleet.timeline.read_text() if fleet.timeline.exists() else "")
+                for path in sorted(fleet.timeline.parent.glob(fleet.timeline.name + ".*")):
+                    out.write(path.read_text(errors="replace"))
                 out.writelines(f"published {j} {t:.9f}\n" for j, t in sent.items())
                 out.writelines(f"ended {j} {ended[j]:.9f}\n" for j in sent if j in ended)
         log(f"{result['label']}: {format_stages(result['stages'])}")
@@ -537,10 +539,11 @@ STAGES = [("publish", "arrived", "to the worker"), ("arrived", "started", "waiti
 def stage_breakdown(timeline, sent, ended):
     """Per stage: p50 and p99 over the jobs, and the mean over the slowest 1% of jobs (ms)."""
     moments = {}
-    with contextlib.suppress(FileNotFoundError), open(timeline) as lines:
-        for line in lines:
-            stage, job_id, seconds = line.split()
-            moments.setdefault(job_id, {})[stage] = float(seconds)  # the last try of a job counts
+    for path in sorted(Path(timeline).parent.glob(Path(timeline).name + ".*")):
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                moments.setdefault(parts[1], {})[parts[0]] = float(parts[2])  # the last try of a job counts
     jobs = [j for j in sent if j in ended and all(k in moments.get(j, {}) for _, k, _ in STAGES[:-1])]
     if not jobs:
         return None
