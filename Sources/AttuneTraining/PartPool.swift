@@ -18,6 +18,8 @@ import Synchronization
 // frees its core for the helper. Either miss, a helper kept waiting or one awake yet starting no part,
 // means the helpers are not getting a core: the caller's next jobs leave them out (`backoff`, doubled by
 // each miss and halved by each job they help with), and they go to sleep instead of competing for it.
+// So do the next 20 ms' jobs when a spinning thread sees the clock jump between two polls (it was
+// descheduled while it wanted to run: other processes hold the cores).
 //
 // Whose: one caller owns the helpers at a time, and none does while the process trains as many tasks as
 // it has threads (a worker's slots, each on its own thread, already keep the cores busy). A caller
