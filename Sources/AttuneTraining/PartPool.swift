@@ -18,6 +18,8 @@ import Synchronization
 // frees its core for the helper. Either miss, a helper kept waiting or one awake yet starting no part,
 // means the helpers are not getting a core: the caller's next jobs leave them out (`backoff`, doubled by
 // each miss and halved by each job they help with), and they go to sleep instead of competing for it.
+// So do the next 20 ms' jobs when a spinning thread sees the clock jump between two polls (it was
+// descheduled while it wanted to run: other processes hold the cores).
 //
 // Whose: one caller owns the helpers at a time, and none does while the process trains as many tasks as
 // it has threads (a worker's slots, each on its own thread, already keep the cores busy). A caller
@@ -30,6 +32,9 @@ final class PartPool: @unchecked Sendable {
     static let maximumParts = 255
     /// Jobs a caller runs alone after a helper missed one: at first, and at most.
     static let minimumBackoff = 8, maximumBackoff = 4096
+    /// A spinning thread that sees the clock jump this far between two polls was descheduled while it
+    /// wanted to run: the cores are taken. Callers then run alone for `contentionPause`.
+    static let preemptionGap: UInt64 = 100_000, contentionPause: UInt64 = 20_000_000
 
     // generation << 16 | front << 8 | back: the caller takes parts from the front, helpers from the back
     // (part back − 1), so on an idle machine each thread gets the same parts job after job and keeps
@@ -42,6 +47,10 @@ final class PartPool: @unchecked Sendable {
     private let sleepingHelpers = Atomic<Int>(0)
     private let sleepingOwner = Atomic<Bool>(false)
     private let threads = Atomic<Int>(1)
+    /// When a spinning thread of the pool last found itself descheduled.
+    private let contendedAt = Atomic<UInt64>(0)
+    /// Off only in tests, which need the helpers to take part whatever the load.
+    let yieldsToLoad = Atomic<Bool>(true)
     private let activeTasks = Atomic<Int>(0)
     private let helperCount = Mutex<Int>(0)
     // Owner's state, touched only while `owned` is held.
@@ -97,7 +106,8 @@ final class PartPool: @unchecked Sendable {
             return
         }
         defer { owned.store(false, ordering: .releasing) }
-        if skipped < backoff {
+        if yieldsToLoad.load(ordering: .relaxed),
+           skipped < backoff || Self.now() &- contendedAt.load(ordering: .relaxed) < Self.contentionPause {
             skipped += 1
             for part in 0..<parts { body(part) }
             return
@@ -135,11 +145,12 @@ final class PartPool: @unchecked Sendable {
 
     /// Waits until helpers have finished `parts` parts: spins for `nanoseconds`, then sleeps. True if it slept.
     private func waitForHelpers(_ parts: Int, spinning nanoseconds: UInt64) -> Bool {
-        let deadline = Self.now() + nanoseconds
+        var last = Self.now()
+        let deadline = last + nanoseconds
         var polls = 0
         while finished.load(ordering: .acquiring) < parts {
             polls += 1
-            if polls & 63 == 0, Self.now() > deadline {
+            if polls & 63 == 0, noteClock(&last) > deadline {
                 sleepingOwner.store(true, ordering: .sequentiallyConsistent)
                 pthread_mutex_lock(lock)
                 while finished.load(ordering: .sequentiallyConsistent) < parts { pthread_cond_wait(ownerWake, lock) }
@@ -183,13 +194,14 @@ final class PartPool: @unchecked Sendable {
 
     /// Waits, spinning then sleeping, until a job newer than `seen` is published; returns its generation.
     private func nextGeneration(after seen: UInt64) -> UInt64 {
-        let deadline = Self.now() + Self.spinNanoseconds
+        var last = Self.now()
+        let deadline = last + Self.spinNanoseconds
         var polls = 0
         while true {
             let generation = ticket.load(ordering: .relaxed) >> 16
             if generation != seen { return generation }
             polls += 1
-            if polls & 63 == 0, Self.now() > deadline { break }
+            if polls & 63 == 0, noteClock(&last) > deadline { break }
         }
         sleepingHelpers.add(1, ordering: .sequentiallyConsistent)
         pthread_mutex_lock(lock)
@@ -201,6 +213,14 @@ final class PartPool: @unchecked Sendable {
         pthread_mutex_unlock(lock)
         sleepingHelpers.subtract(1, ordering: .relaxed)
         return generation
+    }
+
+    /// The time now, for a spinning thread that last read `last`: a jump means it was descheduled.
+    private func noteClock(_ last: inout UInt64) -> UInt64 {
+        let now = Self.now()
+        if now - last > Self.preemptionGap { contendedAt.store(now, ordering: .relaxed) }
+        last = now
+        return now
     }
 
     private static func now() -> UInt64 {

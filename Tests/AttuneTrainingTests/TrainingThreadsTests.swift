@@ -8,8 +8,15 @@ import XCTest
 /// Big dense products are cut into parts fixed by their shapes and run on `PartPool`'s threads: the trained
 /// bits must be the same on one thread as on two, alone or beside another task.
 final class TrainingThreadsTests: XCTestCase {
+    override func setUp() {
+        super.setUp()
+        // On a busy machine the pool would leave its helper out; these tests need it to take part.
+        PartPool.shared.yieldsToLoad.store(false, ordering: .relaxed)
+    }
+
     override func tearDown() {
         PartPool.shared.setThreads(TrainingThreads.configured)
+        PartPool.shared.yieldsToLoad.store(true, ordering: .relaxed)
         super.tearDown()
     }
 
