@@ -16,7 +16,11 @@ public struct JobQueues {
     /// (delete the old one first), and with 503 COMMAND_INVALID or 404 when the consistent-hash plugin is
     /// not enabled.
     public func declare() throws {
-        for declaration in Self.declarations {
+        try declare(Self.declarations)
+    }
+
+    private func declare(_ declarations: [Declaration]) throws {
+        for declaration in declarations {
             switch declaration {
             case .exchange(let name, let type):
                 try connection.declareExchange(name, type: type)
@@ -110,14 +114,7 @@ public struct JobQueues {
     }
 
     private func declareRetryQueue(delayMs: Int) throws {
-        for declaration in Self.retryQueue(delayMs: delayMs) {
-            switch declaration {
-            case .queue(let name, let arguments): try connection.declareQueue(name, arguments: arguments)
-            case .binding(let queue, let exchange, let key, let arguments):
-                try connection.bind(queue: queue, exchange: exchange, key: key, arguments: arguments)
-            case .exchange(let name, let type): try connection.declareExchange(name, type: type)
-            }
-        }
+        try declare(Self.retryQueue(delayMs: delayMs))
     }
 
     private static func retryQueue(delayMs: Int) -> [Declaration] {

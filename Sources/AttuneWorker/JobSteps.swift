@@ -258,6 +258,8 @@ final class JobSteps {
         var again: [Candidate] = []
         for (entry, outcome) in zip(staged, outcomes) {
             let candidate = entry.candidate
+            // Whatever did not commit leaves the line somewhere this slot did not write.
+            if case .success(.committed) = outcome {} else { written.removeValue(forKey: candidate.key) }
             switch outcome {
             case .success(.committed(let version)):
                 results[candidate.index] = .outcome(.committed(version: version, loss: entry.result.finalLoss,
@@ -266,18 +268,14 @@ final class JobSteps {
                 written[candidate.key] = Head(version: version, baseVersion: entry.version.baseVersion,
                                               state: entry.result.state)
             case .success(.duplicate(let existing)):
-                written.removeValue(forKey: candidate.key)
                 results[candidate.index] = .outcome(RepeatedJob.outcome(jobId: candidate.job.jobID,
                                                                         digest: candidate.digest, applied: existing))
             case .success(.headMoved):
-                written.removeValue(forKey: candidate.key)
                 again.append(candidate)
             case .success(.cancelled):
-                written.removeValue(forKey: candidate.key)
                 results[candidate.index] = .outcome(.cancelled(stage: .commit,
                                                                reason: cancellation(candidate.job.jobID) ?? ""))
             case .failure(let error):
-                written.removeValue(forKey: candidate.key)
                 results[candidate.index] = .outcome(FailureClassifier.outcome(for: error))
             }
         }
