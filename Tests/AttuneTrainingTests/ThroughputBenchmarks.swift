@@ -58,6 +58,8 @@ final class ThroughputBenchmarks: XCTestCase {
         let count = Int(environment["ATTUNE_BENCH_SAMPLES"] ?? "") ?? 4000
         let nets = (environment["ATTUNE_BENCH_NETS"] ?? "mlp-64-32-10.mlmodel:10 mlp-784-128-10.mlmodel:3")
             .split(separator: " ").map { $0.split(separator: ":").map(String.init) }
+        // ATTUNE_BENCH_MINI_BATCHES ("256", "8 32"): fewer sizes, for profiling one of them.
+        let miniBatches = (environment["ATTUNE_BENCH_MINI_BATCHES"] ?? "8 32 256").split(separator: " ").compactMap { Int($0) }
         for net in nets {
             let (file, epochs) = (net[0], Int(net[1]) ?? 3)
             let model = try UpdatableModel(spec: CoremlFixtures.spec(file))
@@ -68,7 +70,7 @@ final class ThroughputBenchmarks: XCTestCase {
                        inputName: "pixels", labelName: "digit")
             }
             let batch = try model.prepareBatch(samples, maxSamples: count)
-            for miniBatch in [8, 32, 256] {
+            for miniBatch in miniBatches {
                 var overrides = Attune_V1_UpdateParameters()
                 overrides.epochs = Int64(epochs)
                 overrides.miniBatchSize = Int64(miniBatch)

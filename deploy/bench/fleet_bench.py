@@ -63,10 +63,12 @@ def parse_args():
     p.add_argument("--out", help="also write the report (markdown) to this file")
     p.add_argument("--timelines", help="keep each latency run's job timeline (the workers' moments, and the "
                                        "driver's publish and receive times as `published`/`ended` lines) in this folder")
-    p.add_argument("--only", choices=["latency"],
+    p.add_argument("--only", choices=["latency", "slots"],
                    help="latency: just Attune 1 worker x 2 slots' peak and its latency at half and a quarter "
-                        "of it (no peer, no pgbench): for trying a change to the latency path")
+                        "of it (no peer, no pgbench): for trying a change to the latency path; slots: just the "
+                        "training-bound jobs on 1 worker with 1 slot and with 2 (--jobs of them, default 400)")
     args = p.parse_args()
+    args.jobs_given = args.jobs is not None
     args.jobs = args.jobs or (1500 if args.quick else 4000)
     args.database_url = os.environ["ATTUNE_DATABASE_URL"]
     args.amqp_url = os.environ["ATTUNE_AMQP_URL"]
@@ -498,6 +500,7 @@ def latency(ctx, fleet, target, rate, rows, tag, seconds):
     wait_for(ctx.listener, len(warm))
     ctx.listener.track([j[0] for j in jobs])
     sent = {}
+    before = ctx.servers.snapshot(fleet.roots())
     start = time.monotonic()
     for i, (job_id, user, body) in enumerate(jobs):
         delay = start + i / rate - time.monotonic()
@@ -508,13 +511,20 @@ def latency(ctx, fleet, target, rate, rows, tag, seconds):
     published_in = time.monotonic() - start
     ctx.publisher.wait_confirmed()
     wait_for(ctx.listener, count, stall_seconds=30)
+    after, elapsed = ctx.servers.snapshot(fleet.roots()), time.monotonic() - start
     retrains = fleet.stop()
     with ctx.listener.lock:
         ended = dict(ctx.listener.ended)
     lat = sorted((ended[j] - sent[j]) * 1000 for j in sent if j in ended)
     pct = lambda q: lat[min(len(lat) - 1, math.ceil(q * len(lat)) - 1)] if lat else None  # noqa: E731 (nearest rank)
     result = {"label": f"{fleet.label} at {rate:.0f} jobs/s paced", "rate": count / published_in,
-              "p50": pct(0.50), "p99": pct(0.99), "done": len(lat), "jobs": count, "retrains": retrains}
+              "p50": pct(0.50), "p99": pct(0.99), "done": len(lat), "jobs": count, "retrains": retrains,
+              # CPU per job while paced (publishing included: the broker takes each job as it comes, where a
+              # throughput run queued them all before its clock started), and how busy the machine was.
+              "cpu": {k: (after[k] - before[k]) / count for k in before},
+              "busy": (after["machine"] - before["machine"]) / elapsed / (os.cpu_count() or 1)}
+    ours = sum(after[k] - before[k] for k in ("driver", "broker", "db"))
+    result["others"] = max(0.0, after["machine"] - before["machine"] - ours) / elapsed
     if getattr(fleet, "timeline", None):
         result["stages"] = stage_breakdown(fleet.timeline, sent, ended)
         if args.timelines:
@@ -525,8 +535,11 @@ def latency(ctx, fleet, target, rate, rows, tag, seconds):
                 out.writelines(f"published {j} {t:.9f}\n" for j, t in sent.items())
                 out.writelines(f"ended {j} {ended[j]:.9f}\n" for j in sent if j in ended)
         log(f"{result['label']}: {format_stages(result['stages'])}")
+    cpu = result["cpu"]
     log(f"{result['label']}: {len(lat)}/{count} completed, p50 {fmt(result['p50'], '.1f')} ms, "
-        f"p99 {fmt(result['p99'], '.1f')} ms")
+        f"p99 {fmt(result['p99'], '.1f')} ms; machine {100 * result['busy']:.0f}% busy; CPU ms/job: worker "
+        f"{1000 * cpu['workers']:.2f}, broker {1000 * cpu['broker']:.2f}, db {1000 * cpu['db']:.2f}, "
+        f"driver {1000 * (cpu['driver'] - cpu['workers']):.2f}")
     return result
 
 
@@ -677,6 +690,9 @@ def main():
     if args.only == "latency":
         latency_only(ctx, rows, n)
         return
+    if args.only == "slots":
+        slots_only(ctx, rows)
+        return
 
     log("pgbench: the commit transaction alone")
     pg_seconds = 3 if quick else 5
@@ -703,12 +719,7 @@ def main():
     bw, bs = {"a11": (1, 1), "a12": (1, 2), "a21": (2, 1)}[best_key]
     # Slot scaling where the database is not the limit: jobs whose training outweighs their commit
     # (1,000 samples x 10 epochs each: the model allows 10 epochs only), so a worker's own CPU decides the rate.
-    heavy_n = 200 if quick else 400
-    heavy = lambda tag: make_jobs(rows, tag, heavy_n, "uniform", seed=3, samples=1000, epochs=10)  # noqa: E731
-    results["a11t"] = throughput(ctx, AttuneFleet(args, 1, 1), attune_target, heavy("a11t"), "a11t")
-    results["a11t"]["label"] += ", training-bound jobs"
-    results["a12t"] = throughput(ctx, AttuneFleet(args, 1, 2), attune_target, heavy("a12t"), "a12t")
-    results["a12t"]["label"] += ", training-bound jobs"
+    results.update(slot_scaling(ctx, rows, 150 if quick else 400, 3))
     # The hot mix on two workers: where a hot user's jobs could be raced by two consumers (they are not:
     # one partition, one holder), so the retrains count means something.
     results["ahot"] = throughput(ctx, AttuneFleet(args, 2, 1), attune_target, hot("ahot"), "ahot")
@@ -732,6 +743,36 @@ def main():
     if args.out:
         Path(args.out).write_text(report)
         log(f"report written to {args.out}")
+
+
+def slot_scaling(ctx, rows, count, rounds):
+    """1 slot, then 2, `rounds` times in turn on the same jobs: the ratio of each pair, and the median
+    pair as the result (this machine's speed drifts by a third within minutes, so one pair can mislead)."""
+    args, pairs = ctx.args, []
+    heavy = lambda tag: make_jobs(rows, tag, count, "uniform", seed=3, samples=1000, epochs=10)  # noqa: E731
+    for i in range(rounds):
+        pair = {}
+        for key, slots in (("a11t", 1), ("a12t", 2)):
+            pair[key] = throughput(ctx, AttuneFleet(args, 1, slots), attune_target, heavy(f"{key}{i}"), f"{key}{i}")
+            pair[key]["label"] += ", training-bound jobs"
+        pair["ratio"] = ratio(pair["a12t"]["rate"], pair["a11t"]["rate"])
+        pairs.append(pair)
+    ranked = sorted(pairs, key=lambda p: p["ratio"] or 0)
+    median = ranked[len(ranked) // 2]
+    return {"a11t": median["a11t"], "a12t": median["a12t"],
+            "slot_pairs": [p["ratio"] for p in pairs]}
+
+
+def slots_only(ctx, rows):
+    args = ctx.args
+    r = slot_scaling(ctx, rows, args.jobs if args.jobs_given else 400, 3)
+    for key in ("a11t", "a12t"):
+        x = r[key]
+        cpu = x["cpu"] or {}
+        print(f"{x['label']}: {fmt(x['rate'], '.1f')} jobs/s; CPU s/job: worker {fmt(cpu.get('workers'), '.5f')}, "
+              f"broker {fmt(cpu.get('broker'), '.5f')}, db {fmt(cpu.get('db'), '.5f')}; others' load {fmt(x.get('others'), '.2f')}")
+    print(f"2 slots / 1 slot, each pair: {', '.join(fmt(v, '.2f') + 'x' for v in r['slot_pairs'])}; "
+          f"median pair shown above")
 
 
 def latency_only(ctx, rows, n):
@@ -796,7 +837,8 @@ def render(args, r, best_key, sweep, best_peer, pgbench):
         ("p99 publish -> completed < 50 ms at half the peak rate", f"{fmt(lat_p99, '.1f')} ms",
          lat_p99 is not None and lat_p99 < 50),
         ("2 slots >= 1.8x one slot where the database is not the limit (training-bound jobs, 1 worker)",
-         f"{fmt(two_slots, '.2f')}x (small jobs: 2 slots {fmt(two_slots_small, '.2f')}x, "
+         f"{fmt(two_slots, '.2f')}x, the median of {len(r['slot_pairs'])} pairs run in turn "
+         f"({', '.join(fmt(v, '.2f') + 'x' for v in r['slot_pairs'])}) (small jobs: 2 slots {fmt(two_slots_small, '.2f')}x, "
          f"2 workers x 1 slot {fmt(two_workers, '.2f')}x)", (two_slots or 0) >= 1.8),
         ("hot-user mix loses <= 20% of the uniform rate (2 workers x 1 slot both)",
          "n/a" if hot_loss is None else f"{100 * hot_loss:.0f}% lost" if hot_loss >= 0 else f"{-100 * hot_loss:.0f}% faster",
