@@ -36,11 +36,56 @@ public struct DatabaseError: Error, CustomStringConvertible, Sendable {
     /// True when the same work may succeed later: the server was unreachable, is shutting down or
     /// out of resources, or our transaction lost a serialization race or a deadlock. A worker retries
     /// these with backoff instead of dead-lettering the job.
+    /// Decided from the SQLSTATE alone, never from the message's words.
     public var isTransient: Bool {
         if kind == .connection { return true }
         guard let state = sqlState else { return false }
         if state.hasPrefix("08") || state.hasPrefix("53") { return true }
-        return ["57P01", "57P02", "57P03", "40001", "40P01"].contains(state)
+        // Shutdowns and restarts, serialization failures and deadlocks, a lock not available, a commit
+        // whose outcome is unknown, a standby that is read-only during a failover, an I/O error.
+        return ["57P01", "57P02", "57P03", "57P05", "40001", "40P01", "40003", "55P03", "25006", "58030"]
+            .contains(state)
+    }
+
+    /// True when the job's own data is at fault (a value the database cannot take or a constraint it
+    /// breaks), so the same job fails again however often it is tried: SQLSTATE classes 22 and 23.
+    public var blamesTheData: Bool {
+        guard kind == .server, let state = sqlState else { return false }
+        return state.hasPrefix("22") || state.hasPrefix("23")
+    }
+
+    /// What the failure may say where others read it (events on a topic exchange, dead-letter headers):
+    /// the operation, the SQLSTATE with its class, and what to do. Never the server's message, detail
+    /// or hint, which quote SQL and row values, nor the host in the URL: those stay in `description`,
+    /// for the worker's own log.
+    public var publicDescription: String {
+        var text = "PostgreSQL \(operation.prefix { $0 != " " }) failed"
+        if let sqlState {
+            text += " [SQLSTATE \(sqlState)" + (Self.className(of: sqlState).map { ": \($0)" } ?? "") + "]"
+        } else if kind == .connection {
+            text += " [no connection]"
+        }
+        return text + " — \(advice(public: true))"
+    }
+
+    /// The SQLSTATE class's name, as PostgreSQL's appendix of error codes gives it.
+    static func className(of state: String) -> String? {
+        switch state.prefix(2) {
+        case "08": "connection exception"
+        case "22": "data exception"
+        case "23": "integrity constraint violation"
+        case "25": "invalid transaction state"
+        case "28": "invalid authorization specification"
+        case "40": "transaction rollback"
+        case "42": "syntax error or access rule violation"
+        case "53": "insufficient resources"
+        case "54": "program limit exceeded"
+        case "55": "object not in prerequisite state"
+        case "57": "operator intervention"
+        case "58": "system error"
+        case "XX": "internal error"
+        default: nil
+        }
     }
 
     public var description: String {
@@ -49,11 +94,11 @@ public struct DatabaseError: Error, CustomStringConvertible, Sendable {
         text += ": \(message)"
         if let detail, !detail.isEmpty { text += " (detail: \(detail))" }
         if let hint, !hint.isEmpty { text += " (hint: \(hint))" }
-        text += " — \(advice)"
+        text += " — \(advice(public: false))"
         return text
     }
 
-    private var advice: String {
+    private func advice(public isPublic: Bool) -> String {
         if isTransient {
             return "transient; retry with backoff and check that the server is up and reachable"
         }
@@ -69,7 +114,8 @@ public struct DatabaseError: Error, CustomStringConvertible, Sendable {
         case (_, let state?) where state.hasPrefix("42"):
             return "the SQL is invalid; fix the statement"
         default:
-            return "retrying is unlikely to help; inspect the message above"
+            return isPublic ? "retrying is unlikely to help; the worker's log has the server's message"
+                          : "retrying is unlikely to help; inspect the message above"
         }
     }
 }

@@ -120,7 +120,7 @@ extension ModelRegistry {
         case "unknown_model":
             return .failure(.unknownModel(version.model, version.baseVersion))
         case "invalid":
-            return .failure(.invalidArgument(try row.optionalString("detail") ?? "refused by a table constraint"))
+            return .failure(.refusedByConstraint(detail: try row.optionalString("detail") ?? "no message"))
         case let outcome:
             throw DatabaseError(kind: .decoding, operation: "commit versions", message: "unexpected outcome \"\(outcome)\"")
         }

@@ -118,8 +118,17 @@ public enum RegistryError: Error, CustomStringConvertible, Sendable, Equatable {
     /// The user's line of versions derives from another base version than the job asked for.
     case baseVersionMismatch(user: String, model: String, headBaseVersion: Int, requested: Int)
     case invalidArgument(String)
+    /// A table constraint refused the version. `detail` is the server's message, which names tables
+    /// and may quote values: for the worker's log only, never for events (see `description`).
+    case refusedByConstraint(detail: String)
 
     public var isTransient: Bool { false }
+
+    /// Text for the operator's log, where the database's own words may go.
+    public var privateDetail: String? {
+        if case let .refusedByConstraint(detail) = self { return detail }
+        return nil
+    }
 
     public var description: String {
         switch self {
@@ -133,6 +142,10 @@ public enum RegistryError: Error, CustomStringConvertible, Sendable, Equatable {
             return "user \(user)'s \(model) derives from base version \(head), but version \(requested) was requested; send base_version \(head) (or 0 for the user's own base)"
         case let .invalidArgument(reason):
             return "invalid argument: \(reason)"
+        case .refusedByConstraint:
+            return "the database refused the new version (a table constraint); nothing was committed. "
+                + "The same job would be refused again: check its ids against the README's rules; "
+                + "the worker's log has the database's message"
         }
     }
 }

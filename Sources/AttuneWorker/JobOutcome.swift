@@ -2,6 +2,7 @@ import AttuneQueue
 import AttuneSpec
 import AttuneStore
 import AttuneTraining
+import Logging
 
 /// How one delivery of a job ended; the slot turns each into exactly one broker action.
 public enum JobOutcome: Sendable, Equatable {
@@ -38,8 +39,34 @@ public enum CancelStage: Sendable, Equatable {
 /// Sorts an error into "the job is at fault" (dead-letter now) or "the world is" (retry later).
 /// Unknown errors are retried: past the retry policy's attempts they are dead-lettered anyway, so a
 /// misclassified fault costs a few retries rather than a lost job.
+///
+/// An outcome's reason is public: it goes into events any consumer of the topic exchange can bind to and
+/// into dead-letter headers. So a database error gives its kind and what to do there, and its full text
+/// (SQL, the server's DETAIL with row values, the host) goes to the worker's log, as `failures` below.
 enum FailureClassifier {
-    static func outcome(for error: Error) -> JobOutcome {
+    static let failures = Logger(label: "attune.worker.failures")
+
+    static func outcome(for error: Error, jobIds: @autoclosure () -> [String] = []) -> JobOutcome {
+        let outcome = publicOutcome(for: error)
+        if let hidden = privateText(of: error) {
+            let ids = jobIds()
+            failures.warning("\(ids.isEmpty ? "a job" : "job(s) \(ids.joined(separator: ", "))"): \(hidden)")
+        }
+        return outcome
+    }
+
+    /// The error's full text when the public reason leaves something out.
+    private static func privateText(of error: Error) -> String? {
+        switch error {
+        case let error as DatabaseError: return error.description
+        case let error as RegistryError: return error.privateDetail
+        case is InvalidIdentifier, is JobDecodingError, is InvalidTrainingInput, is UnsupportedModel, is ModelFileError,
+             is InvalidUpdateState, is UpdateTaskError, is JobRejection: return nil
+        default: return String(describing: error)
+        }
+    }
+
+    private static func publicOutcome(for error: Error) -> JobOutcome {
         switch error {
         case let error as InvalidIdentifier: return .rejected(reason: error.description)
         case let error as JobDecodingError: return .rejected(reason: error.description)
@@ -51,9 +78,12 @@ enum FailureClassifier {
         case let error as UpdateTaskError:
             if case .diverged = error { return .rejected(reason: error.description) }
             return .transient(reason: error.description)
-        case let error as DatabaseError: return .transient(reason: error.description)
+        case let error as DatabaseError:
+            return error.blamesTheData ? .rejected(reason: error.publicDescription)
+                                       : .transient(reason: error.publicDescription)
         case let error as JobRejection: return .rejected(reason: error.description)
-        default: return .transient(reason: String(describing: error))
+        default:
+            return .transient(reason: "an unexpected \(type(of: error)) error; the worker's log has its text")
         }
     }
 }

@@ -77,7 +77,7 @@ final class JobSteps {
                 try Identifier.validate(job.model, field: "model")
                 pending.append(Candidate(index: index, job: job, digest: try JobDigest.of(job)))
             } catch {
-                results[index] = .outcome(FailureClassifier.outcome(for: error))
+                results[index] = .outcome(FailureClassifier.outcome(for: error, jobIds: [delivery.messageId ?? "?"]))
             }
         }
         for race in 0..<maxHeadRaces where !pending.isEmpty {
@@ -115,7 +115,8 @@ final class JobSteps {
                 for key in keys where lookup.unchangedHeads[key] == nil { written.removeValue(forKey: key) }
             }
         } catch {
-            for candidate in candidates { results[candidate.index] = .outcome(FailureClassifier.outcome(for: error)) }
+            let outcome = FailureClassifier.outcome(for: error, jobIds: candidates.map(\.job.jobID))
+            for candidate in candidates { results[candidate.index] = .outcome(outcome) }
             return []
         }
         var heads: [UserModel: Head] = [:]
@@ -144,7 +145,7 @@ final class JobSteps {
             } catch let cancelled as TaskCancellation {
                 results[candidate.index] = cancelled.result
             } catch {
-                results[candidate.index] = .outcome(FailureClassifier.outcome(for: error))
+                results[candidate.index] = .outcome(FailureClassifier.outcome(for: error, jobIds: [candidate.job.jobID]))
             }
         }
         beforeCommit()
@@ -245,13 +246,20 @@ final class JobSteps {
     /// Commits what was trained; returns the candidates to train again from a moved head.
     private func commit(_ staged: [Staged], results: inout [JobResult?]) -> [Candidate] {
         guard !staged.isEmpty else { return [] }
-        let outcomes: [Result<CommitOutcome, RegistryError>]
+        let outcomes: [Result<CommitOutcome, Error>]
         do {
-            outcomes = try store.commitVersions(staged.map(\.version))
+            outcomes = try store.commitVersions(staged.map(\.version)).map { $0.mapError { $0 as Error } }
+        } catch let error as DatabaseError where error.blamesTheData && staged.count > 1 {
+            // One element's data failed the whole transaction: commit each alone, so that only the job at
+            // fault is refused (a user's later job, trained from a refused one, comes back as moved).
+            outcomes = staged.map { entry in
+                Result { try store.commitVersions([entry.version])[0].mapError { $0 as Error } }.flatMap { $0 }
+            }
         } catch {
+            let outcome = FailureClassifier.outcome(for: error, jobIds: staged.map(\.candidate.job.jobID))
             for entry in staged {
                 written.removeValue(forKey: entry.candidate.key)
-                results[entry.candidate.index] = .outcome(FailureClassifier.outcome(for: error))
+                results[entry.candidate.index] = .outcome(outcome)
             }
             return []
         }
@@ -276,7 +284,7 @@ final class JobSteps {
                 results[candidate.index] = .outcome(.cancelled(stage: .commit,
                                                                reason: cancellation(candidate.job.jobID) ?? ""))
             case .failure(let error):
-                results[candidate.index] = .outcome(FailureClassifier.outcome(for: error))
+                results[candidate.index] = .outcome(FailureClassifier.outcome(for: error, jobIds: [candidate.job.jobID]))
             }
         }
         return again

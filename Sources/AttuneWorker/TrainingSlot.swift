@@ -80,7 +80,8 @@ final class TrainingSlot {
                                  JobTimeline.shared?.record(.committing, batch.map { $0.messageId ?? "" })
                              })
         } catch {
-            return batch.map { ($0.placeholder, .outcome(.transient(reason: "cannot connect to PostgreSQL: \(error)"))) }
+            let outcome = FailureClassifier.outcome(for: error, jobIds: batch.map { $0.messageId ?? "?" })
+            return batch.map { ($0.placeholder, .outcome(outcome)) }
         }
     }
 

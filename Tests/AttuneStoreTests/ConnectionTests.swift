@@ -58,11 +58,37 @@ final class ConnectionTests: XCTestCase {
         func error(_ state: String) -> DatabaseError {
             DatabaseError(kind: .server, operation: "query", sqlState: state, message: "m")
         }
-        for state in ["08006", "08001", "53300", "57P01", "57P02", "57P03", "40001", "40P01"] {
+        for state in ["08006", "08001", "53300", "57P01", "57P02", "57P03", "40001", "40P01", "40003", "55P03",
+                      "25006", "58030"] {
             XCTAssertTrue(error(state).isTransient, state)
         }
-        for state in ["42601", "23505", "22P02", "57014", "28P01"] {
+        for state in ["42601", "23505", "22P02", "57014", "28P01", "XX000", "54000"] {
             XCTAssertFalse(error(state).isTransient, state)
+        }
+        for state in ["23505", "23503", "22P02", "22023"] { XCTAssertTrue(error(state).blamesTheData, state) }
+        for state in ["42601", "40001", "57P01", "28P01"] { XCTAssertFalse(error(state).blamesTheData, state) }
+    }
+
+    /// A server error's DETAIL quotes row values and its message names tables; what goes to events and
+    /// dead-letter headers keeps neither, nor the host of a connection error.
+    func testThePublicDescriptionKeepsNoSQLValuesOrHosts() throws {
+        let conn = try PostgresConnection(url: try testDatabaseURL())
+        try conn.query("CREATE TEMP TABLE leak_check (secret_column text PRIMARY KEY)")
+        try conn.query("INSERT INTO leak_check VALUES ('s3cret-row-value')")
+        XCTAssertThrowsError(try conn.query("INSERT INTO leak_check VALUES ('s3cret-row-value')")) { error in
+            guard let dbError = error as? DatabaseError else { return XCTFail("\(error)") }
+            XCTAssertTrue(dbError.description.contains("s3cret-row-value"), "the log keeps it: \(dbError)")
+            let text = dbError.publicDescription
+            for leak in ["s3cret-row-value", "leak_check", "secret_column", "duplicate key"] {
+                XCTAssertFalse(text.contains(leak), "'\(leak)' leaked into \(text)")
+            }
+            XCTAssertTrue(text.contains("SQLSTATE 23505") && text.contains("integrity constraint violation"), text)
+            XCTAssertTrue(dbError.blamesTheData)
+        }
+        XCTAssertThrowsError(try PostgresConnection(url: "postgresql://attune:pw@127.0.0.1:1/attune_db?connect_timeout=2")) { error in
+            let text = (error as? DatabaseError)?.publicDescription ?? ""
+            XCTAssertTrue(text.hasPrefix("PostgreSQL connect failed"), text)
+            for leak in ["127.0.0.1", "attune_db", "pw", "refused"] { XCTAssertFalse(text.contains(leak), "\(leak) in \(text)") }
         }
     }
 

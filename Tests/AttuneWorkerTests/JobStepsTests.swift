@@ -175,6 +175,34 @@ final class JobStepsTests: XCTestCase {
         XCTAssertEqual(store.committed.count, 2, "the applied job was not committed again")
     }
 
+    /// A database error reaches the job's outcome (its event, its dead-letter header) as its kind and what
+    /// to do; the job whose data broke the batch's transaction is refused alone, the others commit.
+    func testADatabaseErrorIsReportedWithoutItsTextAndOnlyTheJobAtFaultIsRefused() throws {
+        final class PickyStore: MemoryStore {
+            var batchCalls = 0
+            override func commitVersions(_ versions: [NewPersonalVersion]) throws -> [Result<CommitOutcome, RegistryError>] {
+                batchCalls += 1
+                if versions.contains(where: { $0.user == "mallory" }) {
+                    throw DatabaseError(kind: .server, operation: "query", sqlState: "22023",
+                                        message: "bad value in attune_personal_versions",
+                                        detail: "Failing row contains (mallory, s3cret).")
+                }
+                return try super.commitVersions(versions)
+            }
+        }
+        let store = PickyStore(modelBytes: try Data(contentsOf: Paths.digitsModel))
+        let jobs = [Digits.job(user: "ann", model: "d", rows: 0..<10), Digits.job(user: "mallory", model: "d", rows: 0..<10),
+                    Digits.job(user: "ben", model: "d", rows: 10..<20)]
+        let results = try run(steps(store), jobs)
+        guard case .outcome(.rejected(let reason)) = results[1] else { return XCTFail("\(results[1])") }
+        for leak in ["s3cret", "Failing row", "attune_personal_versions"] { XCTAssertFalse(reason.contains(leak), reason) }
+        XCTAssertTrue(reason.contains("SQLSTATE 22023"), reason)
+        for index in [0, 2] {
+            guard case .outcome(.committed) = results[index] else { return XCTFail("job \(index): \(results[index])") }
+        }
+        XCTAssertEqual(Set(store.committed.map(\.user)), ["ann", "ben"])
+    }
+
     func testALookupFailureRetriesTheWholeBatch() throws {
         final class DownStore: MemoryStore {
             override func lookup(jobIds: [String], heads: [UserModel], models: [String],
@@ -184,7 +212,8 @@ final class JobStepsTests: XCTestCase {
         }
         let store = DownStore(modelBytes: try Data(contentsOf: Paths.digitsModel))
         let results = try run(steps(store), [Digits.job(user: "gus", model: "d", rows: 0..<10)])
-        guard case .outcome(.transient) = results[0] else { return XCTFail("\(results[0])") }
+        guard case .outcome(.transient(let reason)) = results[0] else { return XCTFail("\(results[0])") }
+        XCTAssertFalse(reason.contains("server closed"), reason)
         XCTAssertEqual(store.commits, 0)
     }
 }
