@@ -100,12 +100,14 @@ EOF
 
     # The application role owns its database, which is all CREATE EXTENSION lo needs:
     # lo is a trusted extension since PostgreSQL 13, so no superuser rights are required.
+    # CREATEDB: a test that runs vacuumlo (which judges a whole database) makes a database of its own.
     psql_super "$PORT" -d postgres <<'EOF' >&2
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'attune') THEN
         CREATE ROLE attune LOGIN PASSWORD 'attune';
     END IF;
+    ALTER ROLE attune CREATEDB;
 END
 $$;
 SELECT 'CREATE DATABASE attune OWNER attune'

@@ -109,11 +109,16 @@ public final class ModelRegistry {
         let conn = connection
         return try conn.transaction {
             let result = try conn.query("""
-                SELECT \(Self.versionColumns) FROM attune_personal_versions v
+                SELECT \(Self.versionColumns), extract(epoch FROM v.pruned_at)::float8 AS pruned_at
+                FROM attune_personal_versions v
                 WHERE v.user_id = $1 AND v.model = $2 AND v.version = $3
                 """, [user, model, version])
             guard result.rowCount == 1 else {
                 throw RegistryError.unknownVersion(user: user, model: model, version: version)
+            }
+            if let pruned = try result[0].optionalDouble("pruned_at") {
+                throw RegistryError.prunedVersion(user: user, model: model, version: version,
+                                                  prunedAt: Date(timeIntervalSince1970: pruned))
             }
             return (try Self.versionRecord(result[0]), try conn.readLargeObject(result[0].oid("state_lo")))
         }
@@ -129,11 +134,15 @@ public final class ModelRegistry {
     /// All stored versions of one user's model, oldest first.
     public func history(user: String, model: String) throws -> [PersonalVersionRecord] {
         try connection.query("""
-            SELECT \(Self.versionColumns), v.parameters::text AS parameters FROM attune_personal_versions v
+            SELECT \(Self.versionColumns), v.parameters::text AS parameters,
+                   extract(epoch FROM v.pruned_at)::float8 AS pruned_at, v.restored_from
+            FROM attune_personal_versions v
             WHERE v.user_id = $1 AND v.model = $2 ORDER BY v.version
             """, [user, model]).rows.map { row in
                 var record = try Self.versionRecord(row)
                 record.parameters = try row.optionalString("parameters")
+                record.prunedAt = try row.optionalDouble("pruned_at").map { Date(timeIntervalSince1970: $0) }
+                record.restoredFrom = try row.optionalInt("restored_from")
                 return record
             }
     }
@@ -209,20 +218,6 @@ public final class ModelRegistry {
             if let existing = try versionApplied(jobId: v.jobId) { return .duplicate(existing: existing) }
             throw error
         }
-    }
-
-    /// Deletes all but the newest `keep` versions of one user's model (the head is always kept);
-    /// their large objects go with them through the `lo_manage` trigger. Returns how many were
-    /// deleted. Deleted versions no longer answer `versionApplied`, so a very late redelivery of
-    /// their jobs would train again: keep more versions than jobs can stay in flight.
-    @discardableResult
-    public func pruneVersions(user: String, model: String, keep: Int) throws -> Int {
-        guard keep >= 1 else { throw RegistryError.invalidArgument("keep must be at least 1 (the head), got \(keep)") }
-        return try connection.query("""
-            DELETE FROM attune_personal_versions
-            WHERE user_id = $1 AND model = $2
-              AND version <= (SELECT version FROM attune_personal_heads WHERE user_id = $1 AND model = $2) - $3
-            """, [user, model, keep]).affectedRows
     }
 
     /// Leaves the transaction by rollback with an outcome that is not an error for the caller.

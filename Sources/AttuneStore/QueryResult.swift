@@ -134,6 +134,10 @@ public struct QueryResult: Sendable {
             let c = try result.columnIndex(column)
             return isNull(c) ? nil : try double(c)
         }
+        public func optionalInt(_ column: String) throws -> Int? {
+            let c = try result.columnIndex(column)
+            return isNull(c) ? nil : try int(c)
+        }
         public func oid(_ column: String) throws -> UInt32 { try oid(result.columnIndex(column)) }
         public func bool(_ column: String) throws -> Bool { try bool(result.columnIndex(column)) }
 

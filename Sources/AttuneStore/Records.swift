@@ -46,6 +46,10 @@ public struct PersonalVersionRecord: Sendable, Equatable {
     /// The parameters the update task ran with, as JSON (see `NewPersonalVersion.parameters`); read by
     /// `history`, nil elsewhere and for versions committed before they were kept.
     public var parameters: String? = nil
+    /// When `attune model prune` deleted this version's state (its record stays); read by `history`.
+    public var prunedAt: Date? = nil
+    /// For a version `attune model rollback` made: the version whose state it copied; read by `history`.
+    public var restoredFrom: Int? = nil
 }
 
 /// What a worker commits after an update task.
@@ -121,6 +125,8 @@ public enum RegistryError: Error, CustomStringConvertible, Sendable, Equatable {
     /// A table constraint refused the version. `detail` is the server's message, which names tables
     /// and may quote values: for the worker's log only, never for events (see `description`).
     case refusedByConstraint(detail: String)
+    /// The version's state was deleted by `attune model prune`; its record stays.
+    case prunedVersion(user: String, model: String, version: Int, prunedAt: Date)
 
     public var isTransient: Bool { false }
 
@@ -142,6 +148,9 @@ public enum RegistryError: Error, CustomStringConvertible, Sendable, Equatable {
             return "user \(user)'s \(model) derives from base version \(head), but version \(requested) was requested; send base_version \(head) (or 0 for the user's own base)"
         case let .invalidArgument(reason):
             return "invalid argument: \(reason)"
+        case let .prunedVersion(user, model, version, prunedAt):
+            return "version \(version) of \(user)'s \(model) was pruned at \(prunedAt.formatted(.iso8601)); its state is "
+                + "gone (history keeps its record). Use a version that was kept: `attune model history` marks pruned ones"
         case .refusedByConstraint:
             return "the database refused the new version (a table constraint); nothing was committed. "
                 + "The same job would be refused again: check its ids against the README's rules; "

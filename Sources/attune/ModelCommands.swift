@@ -7,7 +7,8 @@ import Foundation
 struct Model: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Base models and users' personal versions.",
-        subcommands: [Import.self, Export.self, List.self, History.self, Evaluate.self, Predict.self])
+        subcommands: [Import.self, Export.self, List.self, History.self, Evaluate.self, Predict.self,
+                      Prune.self, Rollback.self])
 }
 
 extension Model {
@@ -83,9 +84,14 @@ extension Model {
             for v in versions {
                 print(pad("\(v.version)", 9) + pad("\(v.baseVersion)", 6) + pad("\(v.samples)", 9) + pad("\(v.epochs)", 8)
                       + pad(v.loss.map { String(format: "%.4f", $0) } ?? "-", 10) + pad(String(format: "%.3f", v.durationSeconds), 9)
-                      + pad(v.jobId, 38) + v.worker)
+                      + pad(v.jobId, 38) + v.worker + Model.lifecycleNote(v))
             }
         }
+    }
+
+    /// " (state pruned)", " (restores v3)", or nothing.
+    static func lifecycleNote(_ v: PersonalVersionRecord) -> String {
+        (v.restoredFrom.map { " (restores v\($0))" } ?? "") + (v.prunedAt != nil ? " (state pruned)" : "")
     }
 
     static func json(_ v: PersonalVersionRecord) throws -> String {
@@ -96,6 +102,8 @@ extension Model {
         ]
         if let loss = v.loss, loss.isFinite { object["loss"] = loss }
         if let digest = v.jobDigest { object["jobDigest"] = digest }
+        if let prunedAt = v.prunedAt { object["prunedAt"] = ISO8601DateFormatter().string(from: prunedAt) }
+        if let restoredFrom = v.restoredFrom { object["restoredFrom"] = restoredFrom }
         if let parameters = v.parameters, let parsed = try? JSONSerialization.jsonObject(with: Data(parameters.utf8)) {
             object["parameters"] = parsed
         }

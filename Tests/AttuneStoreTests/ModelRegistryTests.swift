@@ -149,21 +149,6 @@ final class ModelRegistryTests: XCTestCase {
         XCTAssertEqual(try registry.commitVersion(version(parent: 0, job: "good")), .committed(version: 1))
     }
 
-    func testPruneDeletesOldVersionsAndTheirLargeObjects() throws {
-        let schema = try makeSchema()
-        let registry = try registry(schema)
-        _ = try registry.importBaseModel(name: "digits", kind: "k", bytes: Data("base".utf8))
-        for i in 0..<4 {
-            XCTAssertEqual(try registry.commitVersion(version(parent: i, job: "j\(i)")), .committed(version: i + 1))
-        }
-        let before = try largeObjectCount(registry.connection)
-        XCTAssertEqual(try registry.pruneVersions(user: "alice", model: "digits", keep: 2), 2)
-        XCTAssertEqual(try largeObjectCount(registry.connection), before - 2)
-        XCTAssertEqual(try registry.history(user: "alice", model: "digits").map(\.version), [3, 4])
-        XCTAssertEqual(try registry.pruneVersions(user: "alice", model: "digits", keep: 2), 0)
-        XCTAssertThrowsError(try registry.pruneVersions(user: "alice", model: "digits", keep: 0))
-    }
-
     func testConcurrentCommitsForOneUser() throws {
         let schema = try makeSchema()
         _ = try registry(schema).importBaseModel(name: "digits", kind: "k", bytes: Data("base".utf8))
