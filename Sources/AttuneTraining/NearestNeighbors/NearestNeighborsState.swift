@@ -12,7 +12,7 @@ import AttuneSpec
 ///   Version 0 (the empty state) has none and uses the base's default.
 ///
 /// A version is complete on its own (the next one repeats it with the new samples added): the worker
-/// loads only the parent's state, and `ModelRegistry.pruneVersions` may delete any older version without
+/// loads only the parent's state, and `ModelRegistry.prune` may delete any older version's state without
 /// losing samples. A user's storage is therefore at most (versions kept) × (the user's samples); storing
 /// only each task's samples would be smaller but would make every version depend on all its ancestors.
 struct NearestNeighborsState: Sendable {
