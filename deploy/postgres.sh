@@ -80,6 +80,23 @@ full_page_writes = $durability
 shared_buffers = $buffers
 max_connections = 100
 EOF
+        # ATTUNE_TLS_DIR (deploy/tls.sh): TLS beside the plain listener, and over TLS a client certificate
+        # whose CN is the role it logs in as (the hostssl lines come first: `host` lines match TLS too).
+        if [ -n "${ATTUNE_TLS_DIR:-}" ]; then
+            cp "$ATTUNE_TLS_DIR/server.pem" "$ATTUNE_TLS_DIR/server.key" "$ATTUNE_TLS_DIR/ca.pem" "$DATA/"
+            if [ "$(id -u)" = 0 ]; then chown postgres:postgres "$DATA/server.pem" "$DATA/server.key" "$DATA/ca.pem"; fi
+            chmod 600 "$DATA/server.key"
+            cat >>"$DATA/postgresql.conf" <<EOF
+ssl = on
+ssl_cert_file = 'server.pem'
+ssl_key_file = 'server.key'
+ssl_ca_file = 'ca.pem'
+EOF
+            { echo "hostssl all all 127.0.0.1/32 cert"; echo "hostssl all all ::1/128 cert"; cat "$DATA/pg_hba.conf"; } \
+                >"$DATA/pg_hba.conf.new"
+            if [ "$(id -u)" = 0 ]; then chown postgres:postgres "$DATA/pg_hba.conf.new"; fi
+            mv "$DATA/pg_hba.conf.new" "$DATA/pg_hba.conf"
+        fi
     fi
 
     if is_running; then
@@ -113,7 +130,13 @@ $$;
 SELECT 'CREATE DATABASE attune OWNER attune'
 WHERE NOT EXISTS (SELECT 1 FROM pg_database WHERE datname = 'attune') \gexec
 EOF
-    echo "export ATTUNE_TEST_DATABASE_URL=postgresql://attune:attune@127.0.0.1:$PORT/attune"
+    if grep -q '^ssl = on' "$DATA/postgresql.conf"; then
+        # Plain connections say so: libpq's default (sslmode=prefer) would try TLS first, where a
+        # client certificate is asked for.
+        echo "export ATTUNE_TEST_DATABASE_URL=postgresql://attune:attune@127.0.0.1:$PORT/attune?sslmode=disable"
+    else
+        echo "export ATTUNE_TEST_DATABASE_URL=postgresql://attune:attune@127.0.0.1:$PORT/attune"
+    fi
     ;;
 stop)
     if [ -s "$DATA/PG_VERSION" ] && is_running; then

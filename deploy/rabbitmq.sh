@@ -116,6 +116,20 @@ consumer_timeout = 1800000
 log.console = false
 log.file.level = info
 CONF
+    # ATTUNE_TLS_DIR and ATTUNE_AMQPS_PORT (deploy/services.sh): a TLS listener beside the plain one that
+    # asks every client for a certificate signed by the test CA.
+    if [ -n "${ATTUNE_TLS_DIR:-}" ] && [ -n "${ATTUNE_AMQPS_PORT:-}" ]; then
+        mkdir -p "$dir/tls"
+        cp "$ATTUNE_TLS_DIR/ca.pem" "$ATTUNE_TLS_DIR/server.pem" "$ATTUNE_TLS_DIR/server.key" "$dir/tls/"
+        cat >>"$dir/rabbitmq.conf" <<CONF
+listeners.ssl.1 = 127.0.0.1:$ATTUNE_AMQPS_PORT
+ssl_options.cacertfile = $dir/tls/ca.pem
+ssl_options.certfile = $dir/tls/server.pem
+ssl_options.keyfile = $dir/tls/server.key
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = true
+CONF
+    fi
     if [ ! -f "$dir/home/.erlang.cookie" ]; then
         head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr 'a-f' 'A-F' >"$dir/home/.erlang.cookie"
     fi

@@ -20,11 +20,24 @@ case "$cmd" in
     amqp_port=${ATTUNE_AMQP_PORT:-$(free_port)}
     # RabbitMQ's distribution port is derived from its AMQP port and must stay below 65536.
     while ((amqp_port + 20000 > 65535)); do amqp_port=$(free_port); done
+    # ATTUNE_TLS=1: both servers also listen with TLS, certificates from a throwaway CA (deploy/tls.sh),
+    # and the TLS URLs are printed too (the tests' TLS suite reads them).
+    if [ "${ATTUNE_TLS:-0}" = 1 ]; then
+      "$here/tls.sh" "$dir/tls"
+      export ATTUNE_TLS_DIR=$dir/tls ATTUNE_AMQPS_PORT=${ATTUNE_AMQPS_PORT:-$(free_port)}
+    fi
     pg=$("$here/postgres.sh" start "$dir/postgres" "$pg_port")
     amqp=$("$here/rabbitmq.sh" start "$dir/rabbitmq" "$amqp_port")
     db_url=${pg#*=}; amqp_url=${amqp#*=}
     echo "export ATTUNE_DATABASE_URL=$db_url ATTUNE_AMQP_URL=$amqp_url"
     echo "export ATTUNE_TEST_DATABASE_URL=$db_url ATTUNE_TEST_AMQP_URL=$amqp_url"
+    if [ -n "${ATTUNE_TLS_DIR:-}" ]; then
+      tls=$ATTUNE_TLS_DIR
+      client="sslcert=$tls/client.pem&sslkey=$tls/client.key"
+      echo "export ATTUNE_TEST_TLS_DIR=$tls"
+      echo "export ATTUNE_TEST_DATABASE_TLS_URL='postgresql://attune@localhost:$pg_port/attune?sslmode=verify-full&sslrootcert=$tls/ca.pem&$client'"
+      echo "export ATTUNE_TEST_AMQPS_URL='amqps://attune:attune@localhost:$ATTUNE_AMQPS_PORT/%2f?cacertfile=$tls/ca.pem&certfile=$tls/client.pem&keyfile=$tls/client.key'"
+    fi
     ;;
   stop)
     "$here/rabbitmq.sh" stop "$dir/rabbitmq" || true

@@ -13,9 +13,10 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512_bf16 /proc/cpuinfo; then e
 work=$(mktemp -d /tmp/attune-test.XXXXXX)
 chmod 755 "$work"
 trap 'deploy/services.sh stop "$work" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-services=$(deploy/services.sh start "$work")
+# Both servers also listen with TLS (a throwaway CA; the TLS suite runs a worker, enqueue and watch there).
+services=$(ATTUNE_TLS=1 deploy/services.sh start "$work")
 eval "$services"
-export ATTUNE_REQUIRE_SERVICES=1
+export ATTUNE_REQUIRE_SERVICES=1 ATTUNE_REQUIRE_TLS=1
 export ATTUNE_TEST_FIXTURES="$work/fixtures"
 "$ATTUNE_PYTHON" Tests/python/coreml_fixtures.py "$ATTUNE_TEST_FIXTURES" 2>&1 | grep -v "Failed to load" >&2
 start=$(date +%s)

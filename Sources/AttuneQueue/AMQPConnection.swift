@@ -586,8 +586,10 @@ public final class AMQPConnection {
     private func check(_ status: Int32, _ kind: AMQPError.Kind, _ operation: String) throws {
         guard status < 0 else { return }
         let text = String(cString: amqp_error_string2(status))
-        let error = AMQPError(kind: status == AMQP_STATUS_TIMEOUT.rawValue ? .timeout : kind, operation: operation,
-                              libraryStatus: Int(status), detail: text, endpoint: endpoint)
+        let resolved: AMQPError.Kind = status == AMQP_STATUS_TIMEOUT.rawValue ? .timeout
+            : AMQPError.tlsStatuses.contains(status) ? .tlsFailed : kind
+        let error = AMQPError(kind: resolved, operation: operation, libraryStatus: Int(status), detail: text,
+                              endpoint: endpoint)
         // Any socket-level failure leaves rabbitmq-c's state undefined.
         throw fail(error)
     }
@@ -608,7 +610,8 @@ public final class AMQPConnection {
         case AMQP_RESPONSE_LIBRARY_EXCEPTION:
             let status = reply.library_error
             let kind: AMQPError.Kind = status == AMQP_STATUS_TIMEOUT.rawValue ? .timeout
-                : status == AMQP_STATUS_HEARTBEAT_TIMEOUT.rawValue ? .heartbeatTimeout : .library
+                : status == AMQP_STATUS_HEARTBEAT_TIMEOUT.rawValue ? .heartbeatTimeout
+                : AMQPError.tlsStatuses.contains(status) ? .tlsFailed : .library
             throw fail(AMQPError(kind: kind, operation: operation, libraryStatus: Int(status),
                                  detail: String(cString: amqp_error_string2(status)), endpoint: endpoint))
         default: // AMQP_RESPONSE_SERVER_EXCEPTION

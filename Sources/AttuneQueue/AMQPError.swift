@@ -5,8 +5,10 @@ public struct AMQPError: Error, CustomStringConvertible, Sendable {
     public enum Kind: String, Sendable {
         /// The URL could not be parsed.
         case invalidURL
-        /// TCP (or TLS) connection to the broker failed.
+        /// TCP connection to the broker failed.
         case connectFailed
+        /// The TLS handshake failed or the broker's certificate did not verify; never retried in clear.
+        case tlsFailed
         /// The broker refused the login or the virtual host.
         case loginFailed
         /// rabbitmq-c reported a socket or protocol error; the connection is unusable.
@@ -62,7 +64,7 @@ public struct AMQPError: Error, CustomStringConvertible, Sendable {
     /// credentials, 403 ACCESS_REFUSED, 404 NOT_FOUND, 406 PRECONDITION_FAILED, unroutable messages.
     public var isTransient: Bool {
         switch kind {
-        case .invalidURL, .loginFailed, .invalidArgument, .publishReturned:
+        case .invalidURL, .loginFailed, .invalidArgument, .publishReturned, .tlsFailed:
             return false
         case .connectFailed, .library, .heartbeatTimeout, .timeout, .publishNacked, .consumerCancelled, .closed:
             return true
@@ -92,6 +94,11 @@ public struct AMQPError: Error, CustomStringConvertible, Sendable {
         return text
     }
 
+    /// rabbitmq-c's TLS statuses (AMQP_STATUS_SSL_*), which make an error `tlsFailed`.
+    static let tlsStatuses: ClosedRange<Int32> = -0x0204 ... -0x0200
+    static let hostnameMismatch: Int32 = -0x0201
+    static let untrustedPeer: Int32 = -0x0202
+
     /// What to do about it, in a few words.
     var advice: String? {
         switch kind {
@@ -99,6 +106,18 @@ public struct AMQPError: Error, CustomStringConvertible, Sendable {
             return "write it as amqp://user:password@host:port/vhost (percent-encode '/' in the vhost as %2f)"
         case .connectFailed:
             return "is RabbitMQ running and listening there? (deploy/rabbitmq.sh start DIR starts a local one)"
+        case .tlsFailed:
+            switch libraryStatus.map(Int32.init) {
+            case Self.hostnameMismatch:
+                return "the broker's certificate does not name the host in the URL: connect by a name the "
+                    + "certificate holds (its subjectAltName), or fix the certificate"
+            case Self.untrustedPeer:
+                return "the broker's certificate is not signed by a CA in the URL's cacertfile (or the system's "
+                    + "CAs without one): point cacertfile at the CA that signed it"
+            default:
+                return "the TLS handshake failed: the broker may ask for a client certificate (certfile= and "
+                    + "keyfile= in the URL), or the port is not a TLS listener (RabbitMQ's is 5671)"
+            }
         case .loginFailed:
             return "check the user, password and virtual host in the URL and the user's permissions on the vhost"
         case .heartbeatTimeout, .library, .timeout, .closed:

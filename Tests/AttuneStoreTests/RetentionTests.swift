@@ -12,8 +12,11 @@ final class RetentionTests: XCTestCase {
         let name = "attune_retention_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(12).lowercased()
         let admin = try PostgresConnection(url: url)
         try admin.query("CREATE DATABASE \(name)")  // our own hex name, never input
-        guard let slash = url.range(of: "/", options: .backwards) else { return XCTFail("no database in \(url)") }
-        databaseURL = String(url[..<slash.upperBound]) + name
+        // The same URL with another database: the path's last segment, before any query (sslmode=…).
+        let query = url.firstIndex(of: "?").map { String(url[$0...]) } ?? ""
+        let base = url.firstIndex(of: "?").map { String(url[..<$0]) } ?? url
+        guard let slash = base.range(of: "/", options: .backwards) else { return XCTFail("no database in \(url)") }
+        databaseURL = String(base[..<slash.upperBound]) + name + query
         addTeardownBlock { _ = try? admin.query("DROP DATABASE IF EXISTS \(name) WITH (FORCE)") }
     }
 
