@@ -16,6 +16,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
     ],
     targets: [
         .systemLibrary(name: "CRabbitMQ", pkgConfig: "librabbitmq",
@@ -35,9 +38,16 @@ let package = Package(
                                                     .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),
         .target(name: "AttuneWorker", dependencies: ["AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue",
-                                                     .product(name: "Logging", package: "swift-log")]),
+                                                     .product(name: "Logging", package: "swift-log"),
+                                                     .product(name: "Metrics", package: "swift-metrics")]),
+        // The worker's HTTP side (metrics, health): Hummingbird and swift-prometheus stay out of the worker.
+        .target(name: "AttuneHTTP", dependencies: ["AttuneStore", "AttuneWorker",
+                                                   .product(name: "Hummingbird", package: "hummingbird"),
+                                                   .product(name: "Metrics", package: "swift-metrics"),
+                                                   .product(name: "Prometheus", package: "swift-prometheus"),
+                                                   .product(name: "Logging", package: "swift-log")]),
         .executableTarget(name: "attune", dependencies: [
-            "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue", "AttuneWorker", "AttuneImage",
+            "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue", "AttuneWorker", "AttuneImage", "AttuneHTTP",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

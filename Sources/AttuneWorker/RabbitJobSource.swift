@@ -39,6 +39,8 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     private let cancelsHeard = Atomic<Int>(0)
     private static let maxRememberedCancels = 100_000
     private let wakeup = Wakeup()
+    private let metrics: WorkerMetrics
+    private let connected = Atomic<Bool>(false)
 
     // The broker thread's own.
     private var generation = 0
@@ -70,9 +72,10 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         let event: Attune_V1_Event
     }
 
-    init(configuration: WorkerConfiguration, logger: Logger) {
+    init(configuration: WorkerConfiguration, logger: Logger, metrics: WorkerMetrics = WorkerMetrics(slotCount: 1)) {
         self.configuration = configuration
         self.logger = logger
+        self.metrics = metrics
         slotCount = max(1, configuration.concurrency)
         inboxes = Array(repeating: [], count: slotCount)
     }
@@ -96,6 +99,9 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     func settle(_ jobs: [SettledJob]) { post(jobs.map { .settle($0) }) }
 
     var isAbandoning: Bool { lock.withLock { abandoning } }
+
+    /// Whether the broker connection is open now (for readiness probes).
+    var isConnected: Bool { connected.load(ordering: .relaxed) }
 
     var handovers: Int { lock.withLock { handoverCount } }
 
@@ -192,6 +198,8 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
             throw error
         }
         lastLeaseLook = .distantPast
+        connected.store(true, ordering: .relaxed)
+        metrics.brokerConnected.record(1)
     }
 
     /// The loop: look at the partitions now and then, carry out what the slots posted, take what the
@@ -261,6 +269,8 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     }
 
     private func disconnect() {
+        connected.store(false, ordering: .relaxed)
+        metrics.brokerConnected.record(0)
         noteHandover()
         connection?.close()
         connection = nil

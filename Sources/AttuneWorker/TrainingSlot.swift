@@ -11,6 +11,8 @@ final class TrainingSlot {
     private let index: Int
     private let source: JobSource
     private let configuration: WorkerConfiguration
+    private let metrics: WorkerMetrics
+    private let gauges: WorkerMetrics.SlotGauges
     private var logger: Logger
     private var steps: JobSteps?
     /// Pause after a batch that failed transiently (PostgreSQL away, typically), so a slot does not sweep
@@ -20,10 +22,13 @@ final class TrainingSlot {
     private(set) var jobs = 0
     private(set) var retrains = 0
 
-    init(index: Int, source: JobSource, configuration: WorkerConfiguration, logger: Logger) {
+    init(index: Int, source: JobSource, configuration: WorkerConfiguration, logger: Logger,
+         metrics: WorkerMetrics = WorkerMetrics(slotCount: 1)) {
         self.index = index
         self.source = source
         self.configuration = configuration
+        self.metrics = metrics
+        gauges = metrics.slot(min(index, configuration.concurrency - 1))
         self.logger = logger
         self.logger[metadataKey: "slot"] = "\(index)"
     }
@@ -31,6 +36,8 @@ final class TrainingSlot {
     func run() {
         var handovers = source.handovers
         while let batch = source.take(slot: index, max: configuration.batchSize) {
+            let taken = DispatchTime.now()
+            gauges.set(.training)
             if source.handovers != handovers {
                 handovers = source.handovers
                 steps?.forgetWrittenHeads()
@@ -40,16 +47,20 @@ final class TrainingSlot {
             let finished = processRetryingOnce(batch)
             JobTimeline.shared?.record(.committed, ids)
             progress.flush()
-            source.settle(zip(batch, finished).map { incoming, finished in
+            let settled = zip(batch, finished).map { incoming, finished in
                 SettledJob(receipt: incoming.receipt, decision: Settlement.decide(
                     finished.result, previousAttempts: incoming.previousAttempts, retry: configuration.retry,
                     events: EventFactory(job: finished.job, worker: configuration.workerName),
                     workerName: configuration.workerName, samples: finished.job.samples.count))
-            })
+            }
+            source.settle(settled)
+            gauges.set(.idle)
+            count(finished, settled, since: taken)
             jobs += batch.count
             log(finished)
             if finished.contains(where: { if case .outcome(.transient) = $0.result { true } else { false } }) {
                 steps = nil
+                gauges.databaseConnected.record(0)
                 source.pause(transientBackoff.next())
             } else {
                 transientBackoff.reset()
@@ -72,10 +83,14 @@ final class TrainingSlot {
         do {
             let steps = try connectedSteps()
             let before = steps.retrains
-            defer { retrains += steps.retrains - before }
+            defer {
+                retrains += steps.retrains - before
+                metrics.headRaces.increment(by: Int64(steps.retrains - before))
+            }
             return steps.run(batch, report: progress.add, isAbandoning: { [source] in source.isAbandoning },
                              cancellation: { [source] in source.cancellation(of: $0) },
-                             beforeCommit: { [progress] in
+                             beforeCommit: { [progress, gauges] in
+                                 gauges.set(.committing)
                                  progress.flush()
                                  JobTimeline.shared?.record(.committing, batch.map { $0.messageId ?? "" })
                              })
@@ -87,10 +102,30 @@ final class TrainingSlot {
 
     private func connectedSteps() throws -> JobSteps {
         if let steps { return steps }
+        gauges.databaseConnected.record(0)
         let made = JobSteps(store: try ModelRegistry(connection: PostgresConnection(url: configuration.databaseURL)),
                             configuration: configuration)
         steps = made
+        gauges.databaseConnected.record(1)
         return made
+    }
+
+    private func count(_ finished: [(job: Attune_V1_TrainingJob, result: JobResult)], _ settled: [SettledJob],
+                       since taken: DispatchTime) {
+        let elapsed = DispatchTime.now().uptimeNanoseconds - taken.uptimeNanoseconds
+        for ((job, result), settlement) in zip(finished, settled) {
+            metrics.settled(result)
+            metrics.jobDuration.recordNanoseconds(Int64(elapsed))
+            if case .outcome(.committed(_, _, let seconds)) = result {
+                metrics.samplesTrained.increment(by: Int64(job.samples.count))
+                metrics.trainingDuration.recordNanoseconds(Int64(seconds * 1e9))
+            }
+            switch settlement.decision.action {
+            case .deadLetter: metrics.deadLetters.increment()
+            case .retry: metrics.retries.increment()
+            case .ack, .requeue: break
+            }
+        }
     }
 
     private func log(_ finished: [(job: Attune_V1_TrainingJob, result: JobResult)]) {

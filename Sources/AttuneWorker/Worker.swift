@@ -13,19 +13,24 @@ public final class Worker: @unchecked Sendable {
     private let configuration: WorkerConfiguration
     private let logger: Logger
     private let source: RabbitJobSource
+    private let metrics: WorkerMetrics
 
     public init(configuration: WorkerConfiguration, logger: Logger = Logger(label: "attune.worker")) {
         self.configuration = configuration
         self.logger = logger
-        source = RabbitJobSource(configuration: configuration, logger: logger)
+        metrics = WorkerMetrics(slotCount: max(1, configuration.concurrency))
+        source = RabbitJobSource(configuration: configuration, logger: logger, metrics: metrics)
     }
+
+    /// Whether the worker's broker connection is open (its database connections are the slots' own).
+    public var isBrokerConnected: Bool { source.isConnected }
 
     /// Blocks until `requestStop()` and until every job in hand is settled.
     public func run() {
         logger.info("worker \(configuration.workerName) starting \(configuration.concurrency) slot(s)")
         let group = DispatchGroup()
         let slots = (0..<max(1, configuration.concurrency)).map {
-            TrainingSlot(index: $0, source: source, configuration: configuration, logger: logger)
+            TrainingSlot(index: $0, source: source, configuration: configuration, logger: logger, metrics: metrics)
         }
         for (index, slot) in slots.enumerated() {
             group.enter()

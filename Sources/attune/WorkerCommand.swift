@@ -1,4 +1,5 @@
 import ArgumentParser
+import AttuneHTTP
 import AttuneTraining
 import AttuneWorker
 import Foundation
@@ -34,6 +35,9 @@ struct WorkerCommand: AsyncParsableCommand {
     var maxTaskSeconds: Double = WorkerConfiguration.defaultMaxTaskSeconds
     @Option(help: "AMQP heartbeat interval in seconds.") var heartbeat: Int = 30
     @Flag(help: "Skip applying migrations at start.") var noMigrate = false
+    @Option(help: "Serve /metrics (Prometheus), /healthz and /readyz over HTTP on this port (0: any free one).")
+    var metricsPort: Int?
+    @Option(help: "The address --metrics-port listens on.") var metricsHost: String = "0.0.0.0"
 
     func validate() throws {
         guard shutdownDeadline >= 0 else { throw ValidationError("--shutdown-deadline must be 0 or more seconds") }
@@ -42,6 +46,9 @@ struct WorkerCommand: AsyncParsableCommand {
         guard (1...65_535).contains(prefetch) else { throw ValidationError("--prefetch must lie in 1...65535") }
         guard batchSize >= 1 else { throw ValidationError("--batch-size must be at least 1") }
         guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
+        if let metricsPort, !(0...65_535).contains(metricsPort) {
+            throw ValidationError("--metrics-port must lie in 0...65535")
+        }
         _ = try TrainingThreads.resolve(ProcessInfo.processInfo.environment)
     }
 
@@ -61,11 +68,19 @@ struct WorkerCommand: AsyncParsableCommand {
         configuration.heartbeatSeconds = heartbeat
         configuration.maxTaskSeconds = maxTaskSeconds > 0 ? maxTaskSeconds : nil
 
+        // Metrics first: a worker's counters bind to the metrics system there is when it is made.
+        let registry = metricsPort.map { _ in OperationsServer.bootstrapMetrics() }
+        let worker = Worker(configuration: configuration, logger: logger)
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: WorkerService(worker: worker))]
+        if let metricsPort, let registry {
+            services.append(.init(service: OperationsServer.application(
+                host: metricsHost, port: metricsPort, registry: registry, worker: worker,
+                databaseURL: configuration.databaseURL, logger: Logger(label: "attune.http"))))
+        }
         // The service group owns the signals: the first SIGTERM or SIGINT starts a graceful shutdown, and
         // past the deadline the group cancels the service, which abandons the jobs still in hand.
-        var groupConfiguration = ServiceGroupConfiguration(
-            services: [.init(service: WorkerService(worker: Worker(configuration: configuration, logger: logger)))],
-            gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        var groupConfiguration = ServiceGroupConfiguration(services: services, gracefulShutdownSignals: [.sigterm, .sigint],
+                                                           logger: logger)
         groupConfiguration.maximumGracefulShutdownDuration = .milliseconds(Int64(shutdownDeadline * 1000))
         // Abandoning takes one mini-batch and, at worst, a commit already under way.
         groupConfiguration.maximumCancellationDuration = .seconds(60)

@@ -1,0 +1,77 @@
+import AttuneStore
+import AttuneWorker
+import Foundation
+import Hummingbird
+import Logging
+import Metrics
+import Prometheus
+
+/// A worker's HTTP port for its operators: `/metrics` in Prometheus' text format, `/healthz` (the process
+/// answers) and `/readyz` (it can work: the broker connection is open and PostgreSQL answers).
+public enum OperationsServer {
+    /// Makes swift-metrics report to a Prometheus registry; call once, before the worker is made.
+    public static func bootstrapMetrics() -> PrometheusCollectorRegistry {
+        let registry = PrometheusCollectorRegistry()
+        var factory = PrometheusMetricsFactory(registry: registry)
+        // Jobs take from a millisecond (a small task) to minutes (a big one).
+        factory.defaultDurationHistogramBuckets = [
+            .milliseconds(1), .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25),
+            .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1),
+            .seconds(2.5), .seconds(5), .seconds(10), .seconds(30), .seconds(60), .seconds(300),
+        ]
+        MetricsSystem.bootstrap(factory)
+        return registry
+    }
+
+    /// The HTTP application, a service for the command's service group.
+    public static func application(host: String, port: Int, registry: PrometheusCollectorRegistry, worker: Worker,
+                                   databaseURL: String, logger: Logger) -> some ApplicationProtocol {
+        let router = Router()
+        router.get("metrics") { _, _ -> Response in
+            var buffer = [UInt8]()
+            registry.emit(into: &buffer)
+            return Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
+                            body: .init(byteBuffer: ByteBuffer(bytes: buffer)))
+        }
+        router.get("healthz") { _, _ in "ok\n" }
+        router.get("readyz") { _, _ -> Response in
+            let problems = await readiness(worker: worker, databaseURL: databaseURL)
+            let text = problems.isEmpty ? "ready\n" : problems.map { "not ready: \($0)\n" }.joined()
+            return Response(status: problems.isEmpty ? .ok : .serviceUnavailable,
+                            headers: [.contentType: "text/plain; charset=utf-8"],
+                            body: .init(byteBuffer: ByteBuffer(string: text)))
+        }
+        return Application(router: router, configuration: .init(address: .hostname(host, port: port)),
+                           onServerRunning: { channel in
+                               let bound = channel.localAddress
+                               logger.info("serving /metrics, /healthz and /readyz on http://\(bound?.ipAddress ?? host):\(bound?.port ?? port)")
+                           }, logger: logger)
+    }
+
+    /// What keeps the worker from working, in words; empty when it can.
+    static func readiness(worker: Worker, databaseURL: String) async -> [String] {
+        var problems: [String] = []
+        if !worker.isBrokerConnected { problems.append("no connection to RabbitMQ") }
+        // libpq blocks: probe on a thread of its own, with a short connect timeout.
+        let database: String? = await withCheckedContinuation { done in
+            Thread {
+                do {
+                    let connection = try PostgresConnection(url: withConnectTimeout(databaseURL))
+                    _ = try connection.query("SELECT 1")
+                    done.resume(returning: nil)
+                } catch let error as DatabaseError {
+                    done.resume(returning: "PostgreSQL does not answer (\(error.publicDescription))")
+                } catch {
+                    done.resume(returning: "PostgreSQL does not answer")
+                }
+            }.start()
+        }
+        if let database { problems.append(database) }
+        return problems
+    }
+
+    static func withConnectTimeout(_ url: String) -> String {
+        guard !url.contains("connect_timeout=") else { return url }
+        return url + (url.contains("?") ? "&" : "?") + "connect_timeout=2"
+    }
+}

@@ -1,0 +1,68 @@
+import Foundation
+import Metrics
+
+/// What a worker counts, through swift-metrics: `attune worker --metrics-port` bootstraps swift-prometheus
+/// and serves them; without a bootstrap every handle does nothing. Made per worker, after any bootstrap:
+/// swift-metrics binds a handle to the factory there is when the handle is made.
+final class WorkerMetrics: @unchecked Sendable {
+    /// Jobs settled, by how they ended (`JobResult`'s words).
+    private let jobs: [String: Counter]
+    let deadLetters = Counter(label: "attune_dead_letters_total")
+    /// Jobs sent to a retry queue after a transient failure.
+    let retries = Counter(label: "attune_retries_total")
+    /// Jobs trained again because another worker moved their head between lookup and commit.
+    let headRaces = Counter(label: "attune_head_races_total")
+    let samplesTrained = Counter(label: "attune_samples_trained_total")
+    /// One update task, as the task measured it.
+    let trainingDuration = Timer(label: "attune_training_duration_seconds", preferredDisplayUnit: .seconds)
+    /// A job in its slot: from taken to settled (its batch's lookup, training and commit).
+    let jobDuration = Timer(label: "attune_job_duration_seconds", preferredDisplayUnit: .seconds)
+    let brokerConnected = Gauge(label: "attune_connection_up", dimensions: [("server", "rabbitmq")])
+    private let slots: [SlotGauges]
+
+    static let outcomes = ["committed", "duplicate", "rejected", "transient", "cancelled", "handed_back"]
+
+    init(slotCount: Int) {
+        jobs = Dictionary(uniqueKeysWithValues: Self.outcomes.map {
+            ($0, Counter(label: "attune_jobs_total", dimensions: [("outcome", $0)]))
+        })
+        slots = (0..<slotCount).map { SlotGauges(slot: $0) }
+        brokerConnected.record(0)
+    }
+
+    func settled(_ result: JobResult) {
+        let outcome: String
+        switch result {
+        case .handedBack: outcome = "handed_back"
+        case .outcome(.committed): outcome = "committed"
+        case .outcome(.alreadyApplied): outcome = "duplicate"
+        case .outcome(.rejected): outcome = "rejected"
+        case .outcome(.transient): outcome = "transient"
+        case .outcome(.cancelled): outcome = "cancelled"
+        }
+        jobs[outcome]?.increment()
+    }
+
+    func slot(_ index: Int) -> SlotGauges { slots[index] }
+
+    /// A slot's state as one gauge per state, 1 for the current one (Prometheus' way to show an enum), and
+    /// whether its PostgreSQL connection is up.
+    final class SlotGauges: @unchecked Sendable {
+        enum State: String, CaseIterable { case idle, training, committing }
+        private let states: [State: Gauge]
+        let databaseConnected: Gauge
+
+        init(slot: Int) {
+            states = Dictionary(uniqueKeysWithValues: State.allCases.map {
+                ($0, Gauge(label: "attune_slot_state", dimensions: [("slot", "\(slot)"), ("state", $0.rawValue)]))
+            })
+            databaseConnected = Gauge(label: "attune_connection_up", dimensions: [("server", "postgresql"), ("slot", "\(slot)")])
+            databaseConnected.record(0)
+            set(.idle)
+        }
+
+        func set(_ state: State) {
+            for (each, gauge) in states { gauge.record(each == state ? 1 : 0) }
+        }
+    }
+}
