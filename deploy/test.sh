@@ -19,6 +19,8 @@ eval "$services"
 export ATTUNE_REQUIRE_SERVICES=1 ATTUNE_REQUIRE_TLS=1
 export ATTUNE_TEST_FIXTURES="$work/fixtures"
 "$ATTUNE_PYTHON" Tests/python/coreml_fixtures.py "$ATTUNE_TEST_FIXTURES" 2>&1 | grep -v "Failed to load" >&2
+# The Kubernetes manifests against Kubernetes' schemas, and docker-compose.yml.
+deploy/check-manifests.sh
 start=$(date +%s)
 swift build --build-tests 2>&1 | tail -n 3
 echo "build took $(( $(date +%s) - start )) s" >&2
