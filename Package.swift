@@ -19,6 +19,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird-auth", from: "2.5.0"),
     ],
     targets: [
         .systemLibrary(name: "CRabbitMQ", pkgConfig: "librabbitmq",
@@ -41,8 +42,9 @@ let package = Package(
                                                      .product(name: "Logging", package: "swift-log"),
                                                      .product(name: "Metrics", package: "swift-metrics")]),
         // The worker's HTTP side (metrics, health): Hummingbird and swift-prometheus stay out of the worker.
-        .target(name: "AttuneHTTP", dependencies: ["AttuneStore", "AttuneWorker",
+        .target(name: "AttuneHTTP", dependencies: ["AttuneSpec", "AttuneStore", "AttuneTraining", "AttuneWorker",
                                                    .product(name: "Hummingbird", package: "hummingbird"),
+                                                   .product(name: "HummingbirdAuth", package: "hummingbird-auth"),
                                                    .product(name: "Metrics", package: "swift-metrics"),
                                                    .product(name: "Prometheus", package: "swift-prometheus"),
                                                    .product(name: "Logging", package: "swift-log")]),

@@ -52,6 +52,12 @@ public final class ModelRegistry {
         }
     }
 
+    /// The newest imported version of `name`, nil if there is none.
+    public func newestBaseVersion(name: String) throws -> Int? {
+        let result = try connection.query("SELECT max(version) AS version FROM attune_base_models WHERE name = $1", [name])
+        return try result[0].isNull("version") ? nil : result[0].int("version")
+    }
+
     /// Every imported version of every base model, by name then version.
     public func listBaseModels() throws -> [BaseModelRecord] {
         try connection.query("SELECT \(Self.baseColumns) FROM attune_base_models b ORDER BY b.name, b.version")

@@ -1,0 +1,80 @@
+import AttuneSpec
+import AttuneStore
+import Foundation
+import Hummingbird
+import HummingbirdAuth
+import Logging
+
+/// `attune serve`: personalized models for devices. `GET /v1/models/{name}/users/{user}` answers the
+/// user's newest `.mlmodel` (the base model while the user has no version), with an ETag naming the exact
+/// version: a device that sends it back in `If-None-Match` gets 304 until a new version lands. `HEAD` gives
+/// the headers alone. Every request carries an application's bearer token (`attune token create`), which
+/// sees only its application's models: 401 without a valid token, 403 for another application's model.
+public enum DeliveryServer {
+    public static func application(host: String, port: Int, databaseURL: String, logger: Logger) -> some ApplicationProtocol {
+        let delivery = ModelDelivery(databaseURL: databaseURL)
+        let router = Router(context: BasicAuthRequestContext<AuthorizedApplication>.self)
+        router.get("healthz") { _, _ in "ok\n" }
+        let models = router.group("v1/models")
+            .add(middleware: TokenAuthenticator(delivery: delivery))
+        models.on(":name/users/:user", method: .get) { request, context in
+            try await serve(request, context, delivery, withBody: true)
+        }
+        models.on(":name/users/:user", method: .head) { request, context in
+            try await serve(request, context, delivery, withBody: false)
+        }
+        return Application(router: router, configuration: .init(address: .hostname(host, port: port)),
+                           onServerRunning: { channel in
+                               let bound = channel.localAddress
+                               logger.info("serving models on http://\(bound?.ipAddress ?? host):\(bound?.port ?? port)")
+                           }, logger: logger)
+    }
+
+    static func serve(_ request: Request, _ context: BasicAuthRequestContext<AuthorizedApplication>,
+                      _ delivery: ModelDelivery, withBody: Bool) async throws -> Response {
+        guard let application = context.identity else {
+            return Response(status: .unauthorized, headers: [.wwwAuthenticate: "Bearer"],
+                            body: .init(byteBuffer: ByteBuffer(string: "a bearer token is required (attune token create)\n")))
+        }
+        let name = try context.parameters.require("name"), user = try context.parameters.require("user")
+        guard application.models.contains(name) else {
+            return Response(status: .forbidden, body: .init(byteBuffer: ByteBuffer(
+                string: "application \(application.name) may not fetch model \(name)\n")))
+        }
+        guard Identifier.isValid(user) else {
+            return Response(status: .badRequest, body: .init(byteBuffer: ByteBuffer(string: "invalid user id\n")))
+        }
+        guard let current = try await delivery.current(model: name, user: user) else {
+            return Response(status: .notFound, body: .init(byteBuffer: ByteBuffer(string: "no model \(name)\n")))
+        }
+        var headers: HTTPFields = [.eTag: current.etag, .cacheControl: "no-cache"]
+        if let match = request.headers[.ifNoneMatch], Self.matches(match, current.etag) {
+            return Response(status: .notModified, headers: headers)
+        }
+        let bytes = try await delivery.bytes(model: name, user: user, current)
+        headers[.contentType] = "application/octet-stream"
+        headers[.contentLength] = "\(bytes.count)"
+        headers[.contentDisposition] = "attachment; filename=\"\(name).mlmodel\""
+        return Response(status: .ok, headers: headers,
+                        body: withBody ? .init(byteBuffer: ByteBuffer(bytes: bytes)) : .init())
+    }
+
+    /// RFC 9110's weak comparison for If-None-Match: a list of tags, or `*`.
+    static func matches(_ header: String, _ etag: String) -> Bool {
+        header.split(separator: ",").contains { item in
+            let tag = item.trimmingCharacters(in: .whitespaces)
+            return tag == "*" || (tag.hasPrefix("W/") ? String(tag.dropFirst(2)) : tag) == etag
+        }
+    }
+}
+
+/// Finds the application of a request's bearer token; a missing or unknown token leaves it anonymous.
+struct TokenAuthenticator: AuthenticatorMiddleware {
+    typealias Context = BasicAuthRequestContext<AuthorizedApplication>
+    let delivery: ModelDelivery
+
+    func authenticate(request: Request, context: Context) async throws -> AuthorizedApplication? {
+        guard let token = request.headers.bearer?.token else { return nil }
+        return try await delivery.withRegistry { try $0.application(forToken: token) }
+    }
+}

@@ -1,0 +1,90 @@
+import AttuneSpec
+import AttuneStore
+import AttuneTraining
+import Foundation
+
+/// What a device is served for one user of one model: the newest personal version written into its base
+/// (the base itself while the user has none), named by an ETag that changes exactly when the bytes do.
+public struct DeliveredModel: Sendable {
+    public let etag: String
+    public let baseVersion: Int
+    /// 0: the base model itself.
+    public let version: Int
+}
+
+/// Reads heads and builds `.mlmodel` files for `attune serve`, on a few PostgreSQL connections of its own
+/// (libpq blocks, so each call runs on a thread, never on the server's event loops).
+public final class ModelDelivery: @unchecked Sendable {
+    private let databaseURL: String
+    private let lock = NSLock()
+    private var idle: [ModelRegistry] = []
+    /// Decoded base models by "name@version": immutable once imported.
+    private var bases: [String: (spec: CoreML_Specification_Model, model: UpdatableModel)] = [:]
+
+    public init(databaseURL: String) {
+        self.databaseURL = databaseURL
+    }
+
+    /// Which version a device should have now; nil if the model does not exist.
+    public func current(model: String, user: String) async throws -> DeliveredModel? {
+        try await withRegistry { registry in
+            if let head = try registry.head(user: user, model: model) {
+                return DeliveredModel(etag: Self.etag(model, head.baseVersion, user, head.version),
+                                      baseVersion: head.baseVersion, version: head.version)
+            }
+            guard let base = try registry.newestBaseVersion(name: model) else { return nil }
+            return DeliveredModel(etag: Self.etag(model, base, user, 0), baseVersion: base, version: 0)
+        }
+    }
+
+    /// The `.mlmodel` bytes of `delivered`, as `attune model export` writes them.
+    public func bytes(model: String, user: String, _ delivered: DeliveredModel) async throws -> Data {
+        try await withRegistry { registry in
+            let base = try self.base(registry, model, delivered.baseVersion)
+            guard delivered.version > 0 else { return try ModelFile.encode(base.spec) }
+            let state = try Attune_V1_UpdateState(
+                serializedBytes: registry.personalVersion(user: user, model: model, version: delivered.version).state)
+            return try ModelFile.encode(base.model.applying(state))
+        }
+    }
+
+    /// Strong: one ETag, one byte sequence (bases are immutable, versions never reused).
+    static func etag(_ model: String, _ base: Int, _ user: String, _ version: Int) -> String {
+        "\"\(model)@\(base)/\(user)/v\(version)\""
+    }
+
+    private func base(_ registry: ModelRegistry, _ name: String, _ version: Int) throws
+        -> (spec: CoreML_Specification_Model, model: UpdatableModel) {
+        let key = "\(name)@\(version)"
+        if let cached = lock.withLock({ bases[key] }) { return cached }
+        let spec = try ModelFile.decode(registry.baseModel(name: name, version: version).bytes)
+        let decoded = (spec: spec, model: try UpdatableModel(spec: spec))
+        lock.withLock { bases[key] = decoded }
+        return decoded
+    }
+
+    /// Runs `body` on a thread with a connection from the pool (a new one when all are busy); a connection
+    /// that failed is dropped rather than returned.
+    public func withRegistry<T: Sendable>(_ body: @escaping @Sendable (ModelRegistry) throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { done in
+            Thread {
+                do {
+                    let registry = try self.lock.withLock({ self.idle.popLast() })
+                        ?? ModelRegistry(connection: PostgresConnection(url: self.databaseURL))
+                    do {
+                        let value = try body(registry)
+                        self.lock.withLock { self.idle.append(registry) }
+                        done.resume(returning: value)
+                    } catch let error as DatabaseError {
+                        done.resume(throwing: error)
+                    } catch {
+                        self.lock.withLock { self.idle.append(registry) }
+                        done.resume(throwing: error)
+                    }
+                } catch {
+                    done.resume(throwing: error)
+                }
+            }.start()
+        }
+    }
+}
