@@ -47,6 +47,7 @@ let package = Package(
                                                    .product(name: "HummingbirdAuth", package: "hummingbird-auth"),
                                                    .product(name: "Metrics", package: "swift-metrics"),
                                                    .product(name: "Prometheus", package: "swift-prometheus"),
+                                                   .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                                                    .product(name: "Logging", package: "swift-log")]),
         .executableTarget(name: "attune", dependencies: [
             "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue", "AttuneWorker", "AttuneImage", "AttuneHTTP",

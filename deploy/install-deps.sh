@@ -2,12 +2,14 @@
 # Installs what Attune needs on a Debian bookworm machine (idempotent; quiet when all is there).
 #   deploy/install-deps.sh            servers, C libraries for the build
 #   deploy/install-deps.sh --python   also a virtual environment with numpy, Pillow and coremltools (for the tests)
+#   deploy/install-deps.sh --browser  also chromium, its driver and selenium (the dashboard's browser test)
 # Needs root for apt-get (CI and the dev machines run as root). The Swift 6 toolchain itself is not a
 # Debian package: it must already be on PATH (swift.org's Linux tarball, or the machine image).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 packages=(postgresql postgresql-contrib rabbitmq-server librabbitmq-dev libpq-dev libblas-dev libpng-dev libturbojpeg0-dev
-          libopenblas0-pthread python3-venv gzip openssl)
+          libopenblas0-pthread python3-venv gzip openssl libjs-chart.js)
+[[ " $* " == *" --browser "* ]] && packages+=(chromium chromium-driver)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,11 +22,16 @@ if ((${#missing[@]})); then
 fi
 command -v swift >/dev/null || { echo "swift is not on PATH: install the Swift 6 toolchain first" >&2; exit 1; }
 
-if [[ "${1:-}" == "--python" ]]; then
+if [[ " $* " == *" --python "* || " $* " == *" --browser "* ]]; then
   venv=${ATTUNE_VENV:-$here/.venv}
   if ! "$venv/bin/python" -c "import numpy, coremltools, PIL" 2>/dev/null; then
     echo "creating $venv with numpy, Pillow and coremltools 9.0" >&2
     python3 -m venv "$venv" >&2
     "$venv/bin/pip" install -q --disable-pip-version-check numpy pillow coremltools==9.0 >&2
   fi
+fi
+if [[ " $* " == *" --browser "* ]]; then
+  venv=${ATTUNE_VENV:-$here/.venv}
+  "$venv/bin/python" -c "import selenium" 2>/dev/null ||
+    "$venv/bin/pip" install -q --disable-pip-version-check selenium >&2
 fi

@@ -3,7 +3,7 @@
 # against them (integration tests fail rather than skip when a server is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-deploy/install-deps.sh --python
+deploy/install-deps.sh --python --browser
 export ATTUNE_PYTHON=${ATTUNE_VENV:-$PWD/.venv}/bin/python
 # Debian's OpenBLAS 0.3.21 takes its Cooperlake kernel on processors with AVX-512 BF16 (AMD Zen 4 among them),
 # and that kernel's small sgemm returns wrong sums once they overflow (PipelineTests.testNonFiniteEmbeddingsAreRefused
@@ -16,7 +16,9 @@ trap 'deploy/services.sh stop "$work" >/dev/null 2>&1 || true; rm -rf "$work"' E
 # Both servers also listen with TLS (a throwaway CA; the TLS suite runs a worker, enqueue and watch there).
 services=$(ATTUNE_TLS=1 deploy/services.sh start "$work")
 eval "$services"
-export ATTUNE_REQUIRE_SERVICES=1 ATTUNE_REQUIRE_TLS=1
+export ATTUNE_REQUIRE_SERVICES=1 ATTUNE_REQUIRE_TLS=1 ATTUNE_REQUIRE_BROWSER=1
+# The dashboard test's screenshot (and any other artefact) stays here after the run.
+export ATTUNE_TEST_ARTIFACTS=${ATTUNE_TEST_ARTIFACTS:-$PWD/.artifacts}
 export ATTUNE_TEST_FIXTURES="$work/fixtures"
 "$ATTUNE_PYTHON" Tests/python/coreml_fixtures.py "$ATTUNE_TEST_FIXTURES" 2>&1 | grep -v "Failed to load" >&2
 # The Kubernetes manifests against Kubernetes' schemas, and docker-compose.yml.

@@ -11,10 +11,18 @@ import Logging
 /// the headers alone. Every request carries an application's bearer token (`attune token create`), which
 /// sees only its application's models: 401 without a valid token, 403 for another application's model.
 public enum DeliveryServer {
-    public static func application(host: String, port: Int, databaseURL: String, logger: Logger) -> some ApplicationProtocol {
+    /// - Parameter dashboard: the broker and Chart.js file for the operators' page at `/`; nil: no page.
+    public static func application(host: String, port: Int, databaseURL: String,
+                                   dashboard: (amqpURL: String, chartJS: String)? = nil,
+                                   logger: Logger) -> some ApplicationProtocol {
         let delivery = ModelDelivery(databaseURL: databaseURL)
         let router = Router(context: BasicAuthRequestContext<AuthorizedApplication>.self)
         router.get("healthz") { _, _ in "ok\n" }
+        if let dashboard {
+            let hub = EventHub(amqpURL: dashboard.amqpURL, logger: logger)
+            hub.start()
+            Dashboard.add(to: router, hub: hub, delivery: delivery, amqpURL: dashboard.amqpURL, chartJS: dashboard.chartJS)
+        }
         let models = router.group("v1/models")
             .add(middleware: TokenAuthenticator(delivery: delivery))
         models.on(":name/users/:user", method: .get) { request, context in

@@ -17,11 +17,16 @@ struct Serve: AsyncParsableCommand {
     @OptionGroup var database: DatabaseOptions
     @Option(help: "Port to listen on (0: any free one, logged).") var port: Int = 8080
     @Option(help: "Address to listen on.") var host: String = "0.0.0.0"
+    @OptionGroup var broker: BrokerOptions
+    @Flag(help: "No operators' dashboard at / (it reads every event from the broker).") var noDashboard = false
+    @Option(help: "Chart.js for the dashboard (Debian's libjs-chart.js).")
+    var chartJS: String = "/usr/share/javascript/chart.js/chart.min.js"
 
     func run() async throws {
         Attune.bootstrapLogging()
         let logger = Logger(label: "attune.serve")
-        let app = DeliveryServer.application(host: host, port: port, databaseURL: database.resolved(), logger: logger)
+        let app = DeliveryServer.application(host: host, port: port, databaseURL: database.resolved(),
+                                             dashboard: noDashboard ? nil : (broker.resolved(), chartJS), logger: logger)
         try await ServiceGroup(configuration: .init(services: [app], gracefulShutdownSignals: [.sigterm, .sigint],
                                                     logger: logger)).run()
     }

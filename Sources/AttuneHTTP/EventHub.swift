@@ -1,0 +1,92 @@
+import AttuneQueue
+import AttuneSpec
+import Foundation
+import Logging
+
+/// Every event on `attune.events`, for the dashboard: one consumer thread on an exclusive queue of its own
+/// (rabbitmq-c blocks and is not thread-safe) hands each event to every open stream, and keeps the last
+/// few thousand so that a page opened late still draws the jobs under way.
+public final class EventHub: @unchecked Sendable {
+    private let amqpURL: String
+    private let logger: Logger
+    private let lock = NSLock()
+    private var subscribers: [UUID: AsyncStream<String>.Continuation] = [:]
+    private var recent: [String] = []
+    private let keep = 5_000
+    private var stopped = false
+
+    public init(amqpURL: String, logger: Logger) {
+        self.amqpURL = amqpURL
+        self.logger = logger
+    }
+
+    /// Starts the consumer thread; it reconnects until `stop()`.
+    public func start() {
+        let thread = Thread { [self] in consume() }
+        thread.name = "attune-dashboard-events"
+        thread.start()
+    }
+
+    public func stop() { lock.withLock { stopped = true } }
+
+    /// The recent events, then every new one, each as its JSON line (an empty line now and then: a
+    /// keepalive). `end` finishes the stream, for a server that is shutting down.
+    public func stream() -> (lines: AsyncStream<String>, end: @Sendable () -> Void) {
+        let id = UUID()
+        let (lines, continuation) = AsyncStream.makeStream(of: String.self, bufferingPolicy: .bufferingNewest(10_000))
+        let backlog = lock.withLock {
+            subscribers[id] = continuation
+            return recent
+        }
+        for line in backlog { continuation.yield(line) }
+        continuation.onTermination = { [weak self] _ in self?.lock.withLock { _ = self?.subscribers.removeValue(forKey: id) } }
+        return (lines, { continuation.finish() })
+    }
+
+    /// An empty line to every stream now and then: writing it is how a stream finds its page gone.
+    static let keepaliveInterval: TimeInterval = 5
+
+    private func keepalive() {
+        for continuation in lock.withLock({ Array(subscribers.values) }) { continuation.yield("") }
+    }
+
+    private func publish(_ line: String) {
+        let targets = lock.withLock {
+            recent.append(line)
+            if recent.count > keep { recent.removeFirst(recent.count - keep) }
+            return Array(subscribers.values)
+        }
+        for continuation in targets { continuation.yield(line) }
+    }
+
+    private func consume() {
+        var backoff = 0.5
+        while !lock.withLock({ stopped }) {
+            do {
+                let connection = try AMQPConnection(url: amqpURL, connectionName: "attune-dashboard")
+                defer { connection.close() }
+                try JobQueues(connection).declare()
+                let queue = try connection.declareEventQueue(bindingKeys: ["#"])
+                try connection.consume(queue: queue)
+                backoff = 0.5
+                var lastKeepalive = Date()
+                while !lock.withLock({ stopped }) {
+                    if Date().timeIntervalSince(lastKeepalive) >= Self.keepaliveInterval {
+                        lastKeepalive = Date()
+                        keepalive()
+                    }
+                    guard let delivery = try connection.nextDelivery(timeout: 1) else { continue }
+                    try connection.ack(delivery.deliveryTag)
+                    guard let event = try? EventCodec.decode(delivery.body, contentType: delivery.contentType),
+                          let json = try? EventCodec.encode(event, as: .json) else { continue }
+                    let line = String(decoding: json.body, as: UTF8.self)
+                    publish(line)
+                }
+            } catch {
+                logger.warning("dashboard events: \(error); reconnecting")
+                Thread.sleep(forTimeInterval: backoff)
+                backoff = min(backoff * 2, 10)
+            }
+        }
+    }
+}
