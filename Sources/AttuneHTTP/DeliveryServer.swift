@@ -31,6 +31,10 @@ public enum DeliveryServer {
         models.on(":name/users/:user", method: .head) { request, context in
             try await serve(request, context, delivery, withBody: false)
         }
+        router.group("v1/collections").add(middleware: TokenAuthenticator(delivery: delivery))
+            .get(":name/users/:user") { request, context in
+                try await manifest(request, context, delivery)
+            }
         return Application(router: router, configuration: .init(address: .hostname(host, port: port)),
                            onServerRunning: { channel in
                                let bound = channel.localAddress
@@ -52,7 +56,7 @@ public enum DeliveryServer {
         guard Identifier.isValid(user) else {
             return Response(status: .badRequest, body: .init(byteBuffer: ByteBuffer(string: "invalid user id\n")))
         }
-        guard let current = try await delivery.current(model: name, user: user) else {
+        guard let current = try await delivery.current(model: name, user: user, attributes: attributes(request)) else {
             return Response(status: .notFound, body: .init(byteBuffer: ByteBuffer(string: "no model \(name)\n")))
         }
         var headers: HTTPFields = [.eTag: current.etag, .cacheControl: "no-cache"]
@@ -65,6 +69,41 @@ public enum DeliveryServer {
         headers[.contentDisposition] = "attachment; filename=\"\(name).mlmodel\""
         return Response(status: .ok, headers: headers,
                         body: withBody ? .init(byteBuffer: ByteBuffer(bytes: bytes)) : .init())
+    }
+
+    /// A device's attributes: its query parameters (`?region=eu&appVersion=2.1`).
+    static func attributes(_ request: Request) -> [String: String] {
+        var attributes: [String: String] = [:]
+        for (key, value) in request.uri.queryParameters { attributes[String(key)] = String(value) }
+        return attributes
+    }
+
+    /// A collection's models for one device, each with the ETag and path to fetch it, so that a device
+    /// updates the set together: `{"collection": …, "models": [{"model", "etag", "path"}]}`.
+    static func manifest(_ request: Request, _ context: BasicAuthRequestContext<AuthorizedApplication>,
+                         _ delivery: ModelDelivery) async throws -> Response {
+        guard let application = context.identity else {
+            return Response(status: .unauthorized, headers: [.wwwAuthenticate: "Bearer"])
+        }
+        let name = try context.parameters.require("name"), user = try context.parameters.require("user")
+        guard Identifier.isValid(user) else { return Response(status: .badRequest) }
+        let models = try await delivery.withRegistry { try $0.collection(name) }
+        guard !models.isEmpty else {
+            return Response(status: .notFound, body: .init(byteBuffer: ByteBuffer(string: "no collection \(name)\n")))
+        }
+        guard models.allSatisfy(application.models.contains) else {
+            return Response(status: .forbidden, body: .init(byteBuffer: ByteBuffer(
+                string: "application \(application.name) may not fetch every model of \(name)\n")))
+        }
+        var entries: [[String: String]] = []
+        let query = request.uri.query.map { "?" + $0 } ?? ""
+        for model in models {
+            guard let current = try await delivery.current(model: model, user: user, attributes: attributes(request)) else { continue }
+            entries.append(["model": model, "etag": current.etag, "path": "/v1/models/\(model)/users/\(user)\(query)"])
+        }
+        let body = try JSONSerialization.data(withJSONObject: ["collection": name, "models": entries], options: [.sortedKeys])
+        return Response(status: .ok, headers: [.contentType: "application/json", .cacheControl: "no-cache"],
+                        body: .init(byteBuffer: ByteBuffer(bytes: body)))
     }
 
     /// RFC 9110's weak comparison for If-None-Match: a list of tags, or `*`.

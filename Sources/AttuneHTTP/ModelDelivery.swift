@@ -25,14 +25,17 @@ public final class ModelDelivery: @unchecked Sendable {
         self.databaseURL = databaseURL
     }
 
-    /// Which version a device should have now; nil if the model does not exist.
-    public func current(model: String, user: String) async throws -> DeliveredModel? {
+    /// Which version a device should have now; nil if the model does not exist. `attributes` (the device's
+    /// query parameters: region, app version …) pick its population's deployed base; the user's personal
+    /// head is served while it personalizes that base, the deployed base itself otherwise (a line never
+    /// changes base, so a population moved to a new base gets it plain until the user's line is there).
+    public func current(model: String, user: String, attributes: [String: String] = [:]) async throws -> DeliveredModel? {
         try await withRegistry { registry in
-            if let head = try registry.head(user: user, model: model) {
-                return DeliveredModel(etag: Self.etag(model, head.baseVersion, user, head.version),
-                                      baseVersion: head.baseVersion, version: head.version)
+            guard let base = try registry.deployedBase(model: model, attributes: attributes) else { return nil }
+            if let head = try registry.head(user: user, model: model), head.baseVersion == base {
+                return DeliveredModel(etag: Self.etag(model, base, user, head.version), baseVersion: base,
+                                      version: head.version)
             }
-            guard let base = try registry.newestBaseVersion(name: model) else { return nil }
             return DeliveredModel(etag: Self.etag(model, base, user, 0), baseVersion: base, version: 0)
         }
     }

@@ -34,7 +34,8 @@ public struct JobLookup: Sendable {
     public var heads: [UserModel: HeadSnapshot]
     /// (user, model) whose head row exists at version 0 -> that row's base_version
     public var baseOfNewLines: [UserModel: Int]
-    /// model name -> newest imported base version (absent: no such model)
+    /// model name -> the base version new lines start on: the default deployment's, else the newest
+    /// import (absent: no such model)
     public var newestBase: [String: Int]
     /// (user, model) whose head is still the version the caller said it knows: no state was sent
     public var unchangedHeads: [UserModel: HeadVersion] = [:]

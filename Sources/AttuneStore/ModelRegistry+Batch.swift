@@ -4,7 +4,8 @@ import Foundation
 /// start from, one to commit all their versions in one transaction.
 extension ModelRegistry {
     /// One statement: which job ids were applied, the heads (with state bytes via lo_get) of the given
-    /// users, and the newest base version of each model name. Ids, users and models not found are
+    /// users, and the base version new lines of each model start on: its default deployment's, else the
+    /// newest import. Ids, users and models not found are
     /// simply absent from the answer.
     /// `known`: head versions whose state the caller holds already (it wrote them); a head still at that
     /// version comes back in `unchangedHeads`, without its state, which saves reading and sending it.
@@ -174,7 +175,9 @@ extension ModelRegistry {
         LEFT JOIN attune_personal_versions v
           ON v.user_id = h.user_id AND v.model = h.model AND v.version = h.version
         UNION ALL
-        SELECT 'base', NULL, b.name, max(b.version),
+        SELECT 'base', NULL, b.name,
+               coalesce((SELECT d.base_version FROM attune_deployments d WHERE d.model = b.name AND d.attribute = ''),
+                        max(b.version)),
                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
         FROM attune_base_models b WHERE b.name = ANY ($4::text[]) GROUP BY b.name
         UNION ALL
