@@ -60,7 +60,6 @@ final class CodecTests: XCTestCase {
     func testRefusesMalformedAndUnknownJSON() {
         let cases = [
             #"{"jobId": "a""#,                       // truncated
-            #"not json"#,
             #"{"jobId": 12}"#,                        // wrong type
             #"{"jobId": "a", "colour": "blue"}"#,     // unknown field: ignoreUnknownFields is off
             #"{"parameters": {"epochs": "many"}}"#,
@@ -72,6 +71,43 @@ final class CodecTests: XCTestCase {
                 }
                 XCTAssertTrue("\(error)".hasPrefix("cannot decode training job"), "\(error)")
             }
+        }
+    }
+
+    /// A body that is not text of its content type is named for what it is, not by a parser's complaint
+    /// about some token: the reason quotes its start (escaped) or the offset of the first byte that is not
+    /// UTF-8, and a JSON body sent as protobuf is told to use the JSON content type.
+    func testBodiesThatAreNotJSONSayWhatTheyAre() throws {
+        let cases: [(Data, MessageEncoding, String)] = [
+            (Data("hello, world".utf8), .json, #"the job body is not JSON: it starts with "hello, world""#),
+            (Data("<html><body>a proxy's error page</body></html>".utf8), .json,
+             #"the job body is not JSON: it starts with "<html><body>a proxy's er…""#),
+            (Data(#"{"jobId": "caf"#.utf8) + Data([0xE9]) + Data(#""}"#.utf8), .json,
+             "the job body is not valid UTF-8 (byte offset 14)"),
+            (Data([0xEF, 0xBB, 0xBF]) + Data("{}".utf8) + Data([0xC0, 0x80]), .json, "byte offset 5"),
+            (Data("\u{1B}[31mred\n".utf8), .json, #"the job body is not JSON: it starts with "\u001B[31mred\u000A""#),
+            (Data("  [1, 2]".utf8), .json, "the job body is JSON an array, not an object"),
+            (Data("42".utf8), .json, #"the job body is not a JSON object: it starts with "42""#),
+            (Data("   ".utf8), .json, "the job body is empty"),
+            (Data(#"{"jobId": "x"}"#.utf8), .protobuf, "looks like JSON"),
+        ]
+        for (body, encoding, expected) in cases {
+            XCTAssertThrowsError(try JobCodec.decode(body, contentType: encoding.contentType)) { error in
+                let text = "\(error)"
+                XCTAssertTrue(text.contains(expected), "\(text)\n  lacks: \(expected)")
+                guard case .unreadable(encoding, _)? = (error as? JobDecodingError)?.failure else {
+                    return XCTFail("\(error)")
+                }
+            }
+        }
+        XCTAssertThrowsError(try JobCodec.decode(Data("{}".utf8), contentType: "text/csv; charset=utf-8")) { error in
+            XCTAssertTrue("\(error)".contains(#"content_type "text/csv; charset=utf-8"; accepted are application/json"#),
+                          "\(error)")
+        }
+        // A body of the right kind that breaks the schema still names the field, as before.
+        XCTAssertThrowsError(try JobCodec.decode(Data(#"{"jobId": 12}"#.utf8), contentType: "application/json")) {
+            guard case .malformed(.json, let detail)? = ($0 as? JobDecodingError)?.failure else { return XCTFail("\($0)") }
+            XCTAssertTrue(detail.contains("jobId"), detail)
         }
     }
 

@@ -64,6 +64,44 @@ final class HostileInputTests: XCTestCase {
         }
     }
 
+    /// Bodies no worker can read are reported under their message id, with no user or model, on the routing
+    /// key `~.~.failed` (a word no valid id can be), and the reason says what the body is.
+    func testUnreadableBodiesAreReportedUnderAWordNoUserCanHave() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let watcher = try AMQPConnection(url: fleet.amqpURL, connectionName: "test-failures")
+        defer { watcher.close() }
+        try watcher.consume(queue: try watcher.declareEventQueue(bindingKeys: ["*.*.failed"]))
+        fleet.startWorker(fleet.configuration())
+        try fleet.publish(body: Data("hello, world".utf8), contentType: "application/json", messageId: "unread-1",
+                          routingKey: "dana")
+        try fleet.publish(body: Data(#"{"jobId": "unread-2"}"#.utf8), contentType: "text/plain",
+                          messageId: "unread-2", routingKey: "dana")
+        try fleet.publish(body: Data([0x7B, 0x22, 0xFF, 0x22, 0x7D]), contentType: "application/json",
+                          messageId: "unread-3", routingKey: "dana")
+        _ = try fleet.events(untilEnded: 3)
+        var failed: [String: (key: String, event: Attune_V1_Event)] = [:]
+        let deadline = Date().addingTimeInterval(10)
+        while failed.count < 3, Date() < deadline {
+            guard let delivery = try watcher.nextDelivery(timeout: 0.5) else { continue }
+            let event = try EventCodec.decode(delivery.body, contentType: delivery.contentType)
+            failed[event.jobID] = (delivery.routingKey, event)
+        }
+        XCTAssertEqual(Set(failed.keys), ["unread-1", "unread-2", "unread-3"])
+        for (key, event) in failed.values {
+            XCTAssertEqual(key, "~.~.failed")
+            XCTAssertEqual(event.userID, "")
+            XCTAssertEqual(event.model, "")
+            XCTAssertFalse(event.willRetry)
+        }
+        XCTAssertTrue(failed["unread-1"]?.event.reason.contains(#"is not JSON: it starts with "hello, world""#) == true,
+                      "\(failed["unread-1"]?.event.reason ?? "")")
+        XCTAssertTrue(failed["unread-2"]?.event.reason.contains(#"content_type "text/plain"; accepted are"#) == true,
+                      "\(failed["unread-2"]?.event.reason ?? "")")
+        XCTAssertTrue(failed["unread-3"]?.event.reason.contains("not valid UTF-8 (byte offset 2)") == true,
+                      "\(failed["unread-3"]?.event.reason ?? "")")
+    }
+
     func testModelNameWithAWildcard() throws {
         try assertDeadLetteredAndWorkerGoesOn(reasonContains: ["model"]) { fleet in
             try fleet.publish(Digits.job(user: "u", model: fleet.model + ".*", rows: 0..<5))
