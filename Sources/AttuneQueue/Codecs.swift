@@ -91,7 +91,9 @@ enum ProtoCodec {
             return .failure(.unsupportedContentType(contentType))
         }
         var jsonOptions = JSONDecodingOptions()
-        jsonOptions.ignoreUnknownFields = false
+        // Fields a newer schema adds are ignored, as protobuf's binary decoding does and as every JSON
+        // parser offers for rolling upgrades; JSONFieldAudit still refuses misspelt known ones.
+        jsonOptions.ignoreUnknownFields = true
         jsonOptions.messageDepthLimit = maxMessageDepth
         do {
             switch encoding {
@@ -103,6 +105,9 @@ enum ProtoCodec {
                 // Training jobs try the hand-written reader first; nil means "not sure", never "bad".
                 if M.self == Attune_V1_TrainingJob.self, let job = FastJobJSON.decode(body) as? M {
                     return .success(job)
+                }
+                if let problem = JSONFieldAudit.problem(body, schema: JSONFieldAudit.schema(of: M.self)) {
+                    return .failure(.malformed(encoding: .json, detail: problem))
                 }
                 return .success(try M(jsonUTF8Data: body, options: jsonOptions))
             }
@@ -131,7 +136,7 @@ public enum JobCodec {
     public static let defaultMaxBytes = 16 << 20
 
     /// The job in `body`, or a `JobDecodingError` saying why there is none (oversize body, missing or
-    /// unknown content type, bytes or JSON that do not match the schema, unknown JSON fields).
+    /// unknown content type, bytes or JSON that do not match the schema, a misspelt JSON field; unknown ones are ignored).
     public static func decode(_ body: Data, contentType: String?, maxBytes: Int = defaultMaxBytes) throws
         -> Attune_V1_TrainingJob {
         switch ProtoCodec.decode(Attune_V1_TrainingJob.self, body, contentType: contentType, maxBytes: maxBytes) {

@@ -34,7 +34,7 @@ extension FastJSONScanner {
                 guard Self.first(6, &seen), let v = s.updateParameters() else { return false }
                 job.parameters = v
             default:
-                return false
+                return s.skipUnknown(key, of: JSONFieldAudit.trainingJob)
             }
             return true
         }
@@ -45,7 +45,8 @@ extension FastJSONScanner {
         var sample = Attune_V1_Sample()
         var seen: UInt32 = 0
         let ok = object { s, key in
-            guard key == "features", Self.first(1, &seen) else { return false }
+            guard key == "features" else { return s.skipUnknown(key, of: JSONFieldAudit.sample) }
+            guard Self.first(1, &seen) else { return false }
             var features: [String: Attune_V1_FeatureValue] = [:]
             // Duplicate map keys (including canonically equal spellings, which String's == merges)
             // are left to SwiftProtobuf.
@@ -65,7 +66,13 @@ extension FastJSONScanner {
         var value = Attune_V1_FeatureValue()
         var seen: UInt32 = 0
         let ok = object { s, key in
-            guard Self.first(0, &seen) else { return false }
+            switch key {
+            case "doubleValue", "double_value", "int64Value", "int64_value", "stringValue", "string_value",
+                 "multiArray", "multi_array", "image":
+                guard Self.first(0, &seen) else { return false }
+            default:
+                return s.skipUnknown(key, of: JSONFieldAudit.featureValue)
+            }
             switch key {
             case "doubleValue", "double_value":
                 guard let v = s.double() else { return false }
@@ -83,7 +90,7 @@ extension FastJSONScanner {
                 guard let v = s.canonicalBase64() else { return false }
                 value.image = v
             default:
-                return false
+                preconditionFailure("every other key was skipped above")
             }
             return true
         }
@@ -115,7 +122,7 @@ extension FastJSONScanner {
                 }) else { return false }
                 array.values = values
             default:
-                return false
+                return s.skipUnknown(key, of: JSONFieldAudit.multiArray)
             }
             return true
         }
@@ -158,11 +165,41 @@ extension FastJSONScanner {
                 guard Self.first(10, &seen), let v = s.int64() else { return false }
                 p.k = v
             default:
-                return false
+                // learningRateSchedule is left to SwiftProtobuf, like any rare member.
+                if key == "learningRateSchedule" || key == "learning_rate_schedule" { return false }
+                return s.skipUnknown(key, of: JSONFieldAudit.updateParameters)
             }
             return true
         }
         return ok ? p : nil
+    }
+
+    /// Skips the value of a key `message` does not define, as SwiftProtobuf does with unknown fields
+    /// ignored; false (leave it to SwiftProtobuf and JSONFieldAudit) for a key that is a misspelling of one
+    /// of its fields, or a value this reader is not sure SwiftProtobuf would skip alike.
+    mutating func skipUnknown(_ key: String, of message: JSONFieldAudit.Shape) -> Bool {
+        guard case .message(_, let fields) = message else { return false }
+        let wanted = JSONFieldAudit.normalized(key)
+        guard !fields.keys.contains(where: { JSONFieldAudit.normalized($0) == wanted }) else { return false }
+        // Starting 8 levels down keeps what this path accepts within JSONFieldAudit's limit, counted
+        // from the body's root: no message here sits deeper than 6.
+        return skipValue(depth: 8)
+    }
+
+    /// Any JSON value, each token as strictly as the readers above take them; nesting is bounded so a
+    /// hostile body cannot recurse deep (SwiftProtobuf's path then refuses it through JSONFieldAudit).
+    mutating func skipValue(depth: Int) -> Bool {
+        guard depth < JSONFieldAudit.maxNesting else { return false }
+        skipWhitespace()
+        switch peek {
+        case UInt8(ascii: "\""): return string() != nil
+        case UInt8(ascii: "{"): return object { s, _ in s.skipValue(depth: depth + 1) }
+        case UInt8(ascii: "["): return array { s in s.skipValue(depth: depth + 1) }
+        case UInt8(ascii: "t"): return literal("true")
+        case UInt8(ascii: "f"): return literal("false")
+        case UInt8(ascii: "n"): return literal("null")
+        default: return double() != nil
+        }
     }
 
     /// Only padded standard base64 exactly as Foundation writes it (and as SwiftProtobuf encodes

@@ -1,6 +1,7 @@
-import AttuneQueue
+@testable import AttuneQueue
 import AttuneSpec
 import Foundation
+import SwiftProtobuf
 import XCTest
 
 final class CodecTests: XCTestCase {
@@ -61,7 +62,7 @@ final class CodecTests: XCTestCase {
         let cases = [
             #"{"jobId": "a""#,                       // truncated
             #"{"jobId": 12}"#,                        // wrong type
-            #"{"jobId": "a", "colour": "blue"}"#,     // unknown field: ignoreUnknownFields is off
+            #"{"jobId": "a", "JobID": "blue"}"#,      // a known field misspelt
             #"{"parameters": {"epochs": "many"}}"#,
         ]
         for text in cases {
@@ -71,6 +72,134 @@ final class CodecTests: XCTestCase {
                 }
                 XCTAssertTrue("\(error)".hasPrefix("cannot decode training job"), "\(error)")
             }
+        }
+    }
+
+    /// Fields a newer schema adds are ignored (a producer may send them before every worker knows them),
+    /// on the fast path and SwiftProtobuf's alike; a key that differs from a known field only in letter
+    /// case, '_' or '-' is refused, naming the field it should be; and unknown values cannot nest deep.
+    func testUnknownFieldsAreIgnoredButMisspeltKnownOnesAreRefused() throws {
+        var job = makeJob(id: "rolling-1")
+        job.parameters.epochs = 3
+        let plain = try job.jsonUTF8Data()
+        func with(_ extra: String, in container: String) -> Data {
+            var text = String(decoding: plain, as: UTF8.self)
+            let range = text.range(of: container)!
+            text.insert(contentsOf: extra, at: range.upperBound)
+            return Data(text.utf8)
+        }
+        let later: [Data] = [
+            with(#""priority": 5, "tags": ["a", {"b": [1, 2.5e3, null, true]}], "#, in: "{"),
+            with(#""weight": {"value": 0.25}, "#, in: #""parameters":{"#),
+            with(#""validationSplit": 0.1, "#, in: #""parameters":{"#),
+            with(#""dtype": "FLOAT32", "#, in: #""multiArray":{"#),
+            with(#""weight": 2, "#, in: #""image":{"#),
+            with(#""source": "camera", "#, in: #""samples":[{"#),
+            with(#""learningRateSchedule": {"values": [0.1, 0.1, 0.1], "warmupEpochs": 1}, "#, in: #""parameters":{"#),
+        ]
+        for body in later {
+            let text = String(decoding: body, as: UTF8.self)
+            var decoded = try JobCodec.decode(body, contentType: "application/json")
+            decoded.parameters.clearLearningRateSchedule()
+            XCTAssertEqual(decoded, job, text)
+            if !text.contains("learningRateSchedule") {
+                XCTAssertEqual(FastJobJSON.decode(body), job, "the fast path skips unknown fields too: \(text)")
+            }
+        }
+        let misspelt: [(Data, String)] = [
+            (with(#""learning_Rate": 0.5, "#, in: #""parameters":{"#), #"field "learning_Rate" of UpdateParameters"#),
+            (with(#""LearningRate": 0.5, "#, in: #""parameters":{"#), #"spell it "learningRate""#),
+            (with(#""mini-batch-size": 4, "#, in: #""parameters":{"#), #"spell it "miniBatchSize""#),
+            (with(#""Epochs": 4, "#, in: #""parameters":{"#), #"spell it "epochs""#),
+            (with(#""userID": "bob", "#, in: "{"), #"field "userID" of TrainingJob"#),
+            (with(#""Values": [1], "#, in: #""multiArray":{"#), #"of MultiArray"#),
+            (with(#""doublevalue": 1, "#, in: #""image":{"#), #"spell it "doubleValue""#),
+        ]
+        for (body, expected) in misspelt {
+            XCTAssertNil(FastJobJSON.decode(body))
+            XCTAssertThrowsError(try JobCodec.decode(body, contentType: "application/json")) { error in
+                XCTAssertTrue("\(error)".contains(expected), "\(error)\n  lacks: \(expected)")
+            }
+        }
+        // A known field of another message is just unknown here: "epochs" belongs to parameters.
+        XCTAssertEqual(try JobCodec.decode(with(#""epochs": 9, "#, in: "{"), contentType: "application/json"), job)
+        // An unknown value nested 100,000 deep, which SwiftProtobuf would skip by recursing per object.
+        let deep = String(repeating: #"{"a":"#, count: 100_000) + "1" + String(repeating: "}", count: 100_000)
+        XCTAssertThrowsError(try JobCodec.decode(with(#""later": \#(deep), "#, in: "{"), contentType: "application/json")) {
+            XCTAssertTrue("\($0)".contains("nested deeper than 32 levels"), "\($0)")
+        }
+        // Cancel requests follow the same rule.
+        XCTAssertEqual(try CancelCodec.decode(Data(#"{"jobId": "j", "requestedBy": "ops"}"#.utf8),
+                                              contentType: "application/json").jobID, "j")
+        XCTAssertThrowsError(try CancelCodec.decode(Data(#"{"jobId": "j", "Reason": "x"}"#.utf8),
+                                                    contentType: "application/json"))
+    }
+
+    /// JSONFieldAudit's names are the proto's: every key SwiftProtobuf writes for a job with every field
+    /// set (by JSON or proto name) is in the audit's table for its message, and every name in the table
+    /// is one SwiftProtobuf knows.
+    func testTheAuditKnowsExactlyTheSchemasFields() throws {
+        var job = makeJob(id: "all-fields")
+        job.baseVersion = 2
+        job.parameters = .with {
+            $0.epochs = 2; $0.learningRate = 0.1; $0.miniBatchSize = 4; $0.momentum = 0.5; $0.beta1 = 0.9
+            $0.beta2 = 0.99; $0.eps = 1e-8; $0.shuffle = true; $0.seed = 3; $0.k = 5
+            $0.learningRateSchedule = .with { $0.values = [0.1, 0.2]; $0.stepFactor = 0.5; $0.stepEpochs = 1; $0.exponentialDecay = 0.9 }
+        }
+        job.samples = [
+            .with { $0.features = ["a": .with { $0.multiArray = .with { $0.shape = [1]; $0.values = [1] } }] },
+            .with { $0.features = ["a": .with { $0.doubleValue = 1 }] },
+            .with { $0.features = ["a": .with { $0.int64Value = 1 }] },
+            .with { $0.features = ["a": .with { $0.stringValue = "x" }] },
+            .with { $0.features = ["a": .with { $0.image = Data([1]) }] },
+        ]
+        for protoNames in [false, true] {
+            var options = JSONEncodingOptions()
+            options.preserveProtoFieldNames = protoNames
+            let object = try JSONSerialization.jsonObject(with: try job.jsonUTF8Data(options: options))
+            var seen = Set<String>()
+            func check(_ value: Any, _ shape: JSONFieldAudit.Shape) {
+                switch (value, shape) {
+                case (let object as [String: Any], .message(let name, let fields)):
+                    for (key, member) in object {
+                        guard let inner = fields[key] else { return XCTFail("\(name) lacks \(key)") }
+                        seen.insert("\(name).\(key)")
+                        check(member, inner)
+                    }
+                case (let object as [String: Any], .map(let inner)):
+                    for member in object.values { check(member, inner) }
+                case (let array as [Any], .list(let inner)):
+                    for element in array { check(element, inner) }
+                default:
+                    break
+                }
+            }
+            check(object, JSONFieldAudit.trainingJob)
+            // 6 + 1 + 5 + 2 + 11 + 4: every field of TrainingJob, Sample, FeatureValue, MultiArray,
+            // UpdateParameters and LearningRateSchedule.
+            XCTAssertEqual(seen.count, 29, "\(seen.sorted())")
+        }
+        func names(_ shape: JSONFieldAudit.Shape) -> [(String, String)] {
+            guard case .message(let name, let fields) = shape else { return [] }
+            return fields.keys.map { (name, $0) } + fields.values.flatMap { inner -> [(String, String)] in
+                switch inner {
+                case .list(let m), .map(let m): return names(m)
+                default: return names(inner)
+                }
+            }
+        }
+        var strict = JSONDecodingOptions()
+        strict.ignoreUnknownFields = false
+        let types: [String: any SwiftProtobuf.Message.Type] = [
+            "TrainingJob": Attune_V1_TrainingJob.self, "Sample": Attune_V1_Sample.self,
+            "FeatureValue": Attune_V1_FeatureValue.self, "MultiArray": Attune_V1_MultiArray.self,
+            "UpdateParameters": Attune_V1_UpdateParameters.self,
+            "LearningRateSchedule": Attune_V1_LearningRateSchedule.self, "CancelRequest": Attune_V1_CancelRequest.self,
+        ]
+        for (message, key) in names(JSONFieldAudit.trainingJob) + names(JSONFieldAudit.cancelRequest) {
+            let type = try XCTUnwrap(types[message])
+            XCTAssertNoThrow(try type.init(jsonUTF8Data: Data(#"{"\#(key)": null}"#.utf8), options: strict),
+                             "\(message).\(key)")
         }
     }
 

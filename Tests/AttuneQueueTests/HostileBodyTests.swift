@@ -97,7 +97,7 @@ final class HostileBodyTests: XCTestCase {
 
         // The reason names the top-level field at fault and what is wrong with it.
         let fields = [#"{"jobId": "t", "samples": "abc"}"#: "samples", #"{"parameters": {"epochs": 1.5}, "jobId": "t"}"#: "parameters",
-                      #"{"jobId": "t", "colour": "blue"}"#: "colour"]
+                      #"{"jobId": "t", "job_ID": "blue"}"#: "job_ID"]
         for (text, field) in fields {
             XCTAssertThrowsError(try JobCodec.decode(Data(text.utf8), contentType: "application/json")) { error in
                 XCTAssertTrue("\(error)".contains("\"\(field)\""), "\(error)")
