@@ -148,6 +148,38 @@ final class RepeatedJobIdTests: XCTestCase {
         XCTAssertEqual(try letters.first.map { try JobCodec.decode($0.body, contentType: $0.contentType) }, changed)
     }
 
+    /// A producer publishing one job twice back to back, to the same partition: trained once, settled
+    /// twice (the second `completed` with `duplicate: true`), whether both copies land in one batch (the
+    /// worker starts after them) or the second follows the first into a slot that remembers the user.
+    func testOneIdPublishedTwiceBackToBackIsTrainedOnce() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let queued = Digits.job(user: "gina", model: fleet.model, rows: 0..<20, epochs: 2)
+        try fleet.publish(queued)
+        try fleet.publish(queued, as: .json)
+        fleet.startWorker(fleet.configuration())
+        let warmUp = Digits.job(user: "hank", model: fleet.model, rows: 20..<30, epochs: 1)
+        var events = try fleet.events(untilEnded: 2)
+        try fleet.publish(warmUp)
+        events += try fleet.events(untilEnded: 1)
+        let running = Digits.job(user: "hank", model: fleet.model, rows: 30..<50, epochs: 2)
+        try fleet.publish(running)
+        try fleet.publish(running)
+        events += try fleet.events(untilEnded: 2)
+
+        for (job, user) in [(queued, "gina"), (running, "hank")] {
+            let mine = events.filter { $0.jobID == job.jobID }
+            XCTAssertEqual(mine.filter { $0.kind == .trainingBegin }.count, 1, "\(user): \(mine.map(\.kind))")
+            let completed = mine.filter { $0.kind == .completed }
+            XCTAssertEqual(completed.map(\.duplicate), [false, true], user)
+            XCTAssertEqual(Set(completed.map(\.version)).count, 1, user)
+            XCTAssertTrue(mine.allSatisfy { $0.kind != .failed }, "\(mine)")
+        }
+        XCTAssertEqual(try fleet.registry.history(user: "gina", model: fleet.model).map(\.jobId), [queued.jobID])
+        XCTAssertEqual(try fleet.registry.history(user: "hank", model: fleet.model).map(\.jobId),
+                       [warmUp.jobID, running.jobID])
+    }
+
     func testTwoContentsOfOneIdRacingOnTwoSlotsApplyOnlyOne() throws {
         // Both may pass the check before training; the loser then learns at commit that the id is taken.
         let fleet = try FleetHarness()
