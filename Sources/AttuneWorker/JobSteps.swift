@@ -255,7 +255,7 @@ final class JobSteps {
         }
         let version = NewPersonalVersion(
             user: job.userID, model: job.model, baseVersion: baseVersion, parentVersion: head.version,
-            jobId: job.jobID, state: try result.state.serializedData(), loss: result.finalLoss,
+            jobId: job.jobID, state: try result.state.serializedData(), loss: result.loss,
             samples: result.samples, epochs: result.epochs, durationSeconds: result.durationSeconds,
             worker: configuration.workerName, jobDigest: candidate.digest, parameters: parameters.recordJSON)
         return Staged(candidate: candidate, version: version, result: result)
@@ -288,7 +288,7 @@ final class JobSteps {
             if case .success(.committed) = outcome {} else { written.removeValue(forKey: candidate.key) }
             switch outcome {
             case .success(.committed(let version)):
-                results[candidate.index] = .outcome(.committed(version: version, loss: entry.result.finalLoss,
+                results[candidate.index] = .outcome(.committed(version: version, loss: entry.result.loss,
                                                                durationSeconds: entry.result.durationSeconds))
                 if written.count >= maxWritten { written.removeAll(keepingCapacity: true) }
                 written[candidate.key] = Head(version: version, baseVersion: entry.version.baseVersion,

@@ -179,7 +179,7 @@ final class JobStepsTests: XCTestCase {
             if event.kind == .trainingBegin { begun.append(event.jobID) }
         }, isAbandoning: { false }).map(\.result)
         XCTAssertEqual(begun, [job.jobID, next.jobID])
-        XCTAssertEqual(results[0], .outcome(.committed(version: 1, loss: store.committed[0].loss ?? 0,
+        XCTAssertEqual(results[0], .outcome(.committed(version: 1, loss: store.committed[0].loss,
                                                        durationSeconds: store.committed[0].durationSeconds)))
         XCTAssertEqual(results[1], .outcome(.alreadyApplied(version: 1)))
         guard case .outcome(.committed(version: 2, _, _)) = results[2] else { return XCTFail("\(results[2])") }

@@ -53,6 +53,33 @@ final class ModelKindTests: XCTestCase {
         let accuracy = try personal.accuracy(samples: (100..<160).map { Digits.sample($0) }, state: nil)
         print(String(format: "k-NN through the worker: held-out accuracy %.3f after 40 samples", accuracy))
         XCTAssertGreaterThan(accuracy, 0.7)
+
+        // A k-NN minimizes nothing: no loss in its versions, its completed events or its history.
+        XCTAssertEqual(events.filter { $0.kind == .completed }.map(\.loss), [0, 0], "0: absent from the JSON")
+        XCTAssertEqual(try fleet.registry.history(user: "dana", model: name).map(\.loss), [nil, nil])
+        try assertHistoryShowsNoLoss(fleet, user: "dana", name: name)
+        // Versions written before migration 0007 held the error fraction there (1.0 for the stars); it clears them.
+        try fleet.registry.connection.query("UPDATE attune_personal_versions SET loss = 1 WHERE model = $1", [name])
+        let migration = Paths.repository.appendingPathComponent("migrations/0007_no_loss_for_knn.sql")
+        try fleet.registry.connection.query(String(contentsOf: migration, encoding: .utf8))
+        XCTAssertEqual(try fleet.registry.history(user: "dana", model: name).map(\.loss), [nil, nil])
+        XCTAssertEqual(try fleet.registry.history(user: "dana", model: name).map(\.jobId).count, 2)
+    }
+
+    func assertHistoryShowsNoLoss(_ fleet: FleetHarness, user: String, name: String,
+                                  file: StaticString = #filePath, line: UInt = #line) throws {
+        let text = try runAttune(["model", "history", "--name", name, "--user", user], fleet: fleet)
+        let rows = text.split(separator: "\n").dropFirst()
+        XCTAssertFalse(rows.isEmpty, text, file: file, line: line)
+        for row in rows {
+            let columns = row.split(separator: " ", omittingEmptySubsequences: true)
+            XCTAssertEqual(columns.count > 4 ? String(columns[4]) : "", "—", text, file: file, line: line)
+        }
+        let json = try runAttune(["model", "history", "--name", name, "--user", user, "--json"], fleet: fleet)
+        for row in json.split(separator: "\n") {
+            let object = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(row.utf8)) as? [String: Any])
+            XCTAssertTrue(object["loss"] is NSNull, "\(row)", file: file, line: line)
+        }
     }
 
     /// An 8×8 "star": a bright plus sign with a little per-variant noise, nothing like a digit.
@@ -80,6 +107,7 @@ final class ModelKindTests: XCTestCase {
         let after = try personal.accuracy(samples: (100..<160).map { Digits.sample($0) }, state: nil)
         print(String(format: "pipeline through the worker: held-out accuracy %.3f -> %.3f", before, after))
         XCTAssertGreaterThan(after, before + 0.3)
+        try assertHistoryShowsNoLoss(fleet, user: "eve", name: name)
     }
 
     /// A JSON job carrying PNG bytes (base64, as the protobuf JSON mapping writes bytes) for an image input.
