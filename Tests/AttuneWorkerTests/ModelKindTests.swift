@@ -151,6 +151,37 @@ final class ModelKindTests: XCTestCase {
         XCTAssertEqual(try base.accuracy(samples: job.samples, state: nil) <= base.accuracy(samples: job.samples, state: state), true)
     }
 
+    /// CSV rows are flat; for a model whose input is [1, 8, 8] a row of 64 numbers takes that shape in
+    /// `enqueue`, `evaluate` and `predict`, and a row of another count is refused naming the shape.
+    func testCSVRowsTakeAMultiDimensionalInputsShape() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let (name, _) = try importFixture("conv-updatable.mlmodel", into: fleet)
+        fleet.startWorker(fleet.configuration())
+        let csv = Paths.repository.appendingPathComponent("examples/data/digits.csv.gz").path
+        let columns = ["--csv", csv, "--input-feature", "image"]
+        _ = try runAttune(["enqueue", "--model", name, "--user", "ivan", "--rows", "0:40", "--format", "json"] + columns,
+                          fleet: fleet)
+        let events = try fleet.events(untilEnded: 1)
+        XCTAssertEqual(events.last?.kind, .completed, "\(events.map(\.reason))")
+        XCTAssertEqual(events.last?.samples, 40)
+        let evaluated = try runAttune(["model", "evaluate", "--name", name, "--user", "ivan", "--rows", "100:140"] + columns,
+                                      fleet: fleet)
+        XCTAssertTrue(evaluated.contains("on 40 samples"), evaluated)
+        let predicted = try runAttune(["model", "predict", "--name", name, "--user", "ivan", "--rows", "100:103"] + columns,
+                                      fleet: fleet)
+        XCTAssertEqual(predicted.split(separator: "\n").filter { $0.hasPrefix("#") }.count, 3, predicted)
+
+        let short = FileManager.default.temporaryDirectory.appendingPathComponent("short-\(UUID().uuidString).csv")
+        defer { try? FileManager.default.removeItem(at: short) }
+        try "1,2,3,4,5,6,7,8,9,3\n".write(to: short, atomically: true, encoding: .utf8)
+        let refused = try ChildProcess.run(Paths.attuneExecutable, ["model", "predict", "--name", name, "--csv", short.path,
+                                                                    "--input-feature", "image"],
+                                           environment: ["ATTUNE_DATABASE_URL": fleet.databaseURL])
+        XCTAssertNotEqual(refused.status, 0)
+        XCTAssertTrue(refused.output.contains("shape [1, 8, 8] (64 values"), refused.output)
+    }
+
     /// `attune model predict --compare` shows what a user's personalization changed.
     func testPredictCommandComparesAVersionWithTheBase() throws {
         let fleet = try FleetHarness()
