@@ -134,6 +134,8 @@ enum ProtoCodec {
 public enum JobCodec {
     /// Bodies above this are refused unless the caller passes its own limit.
     public static let defaultMaxBytes = 16 << 20
+    /// Deepest nesting of objects and arrays a JSON job may have, unknown fields included.
+    public static let maxJSONNesting = JSONFieldAudit.maxNesting
 
     /// The job in `body`, or a `JobDecodingError` saying why there is none (oversize body, missing or
     /// unknown content type, bytes or JSON that do not match the schema, a misspelt JSON field; unknown ones are ignored).
