@@ -186,7 +186,8 @@ public enum EventCodec {
 
     public static func encode(_ event: Attune_V1_Event, as encoding: MessageEncoding = .json) throws
         -> (body: Data, contentType: String) {
-        // Events are published a dozen times per job; the hand-written JSON writer matches jsonUTF8Data().
+        // Events are published a dozen times per job; the hand-written JSON writer matches jsonUTF8Data()
+        // (but writes completed's duplicate and failed's willRetry even when false).
         if encoding == .json { return (EventJSON.encode(event), encoding.contentType) }
         return try ProtoCodec.encode(event, as: encoding)
     }
