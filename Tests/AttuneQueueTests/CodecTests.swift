@@ -106,6 +106,24 @@ final class CodecTests: XCTestCase {
                 XCTAssertEqual(FastJobJSON.decode(body), job, "the fast path skips unknown fields too: \(text)")
             }
         }
+        // A field of the generated schema that the fast reader does not read is never skipped as unknown:
+        // it goes to SwiftProtobuf (as a field added to the proto would, before the fast reader learns it).
+        let scheduled = with(#""learningRateSchedule": {"values": [0.1, 0.2, 0.3]}, "#, in: #""parameters":{"#)
+        XCTAssertNil(FastJobJSON.decode(scheduled))
+        XCTAssertEqual(try JobCodec.decode(scheduled, contentType: "application/json").parameters.learningRateSchedule.values,
+                       [0.1, 0.2, 0.3])
+        XCTAssertTrue(FastJSONScanner.isSchemaField("learning_rate_schedule", of: Attune_V1_UpdateParameters.self))
+        XCTAssertTrue(FastJSONScanner.isSchemaField("jobId", of: Attune_V1_TrainingJob.self))
+        XCTAssertFalse(FastJSONScanner.isSchemaField("priority", of: Attune_V1_TrainingJob.self))
+        XCTAssertFalse(FastJSONScanner.isSchemaField(#"a"b"#, of: Attune_V1_TrainingJob.self))
+        // Even where JSONFieldAudit's table lacks the field (a field added to the proto and to no table yet).
+        Data(#"{"values": [0.1]}"#.utf8).withUnsafeBytes { raw in
+            var scanner = FastJSONScanner(raw)
+            XCTAssertFalse(scanner.skipUnknown("learningRateSchedule", of: .message("UpdateParameters", [:]),
+                                               Attune_V1_UpdateParameters.self))
+            XCTAssertTrue(scanner.skipUnknown("laterField", of: .message("UpdateParameters", [:]),
+                                              Attune_V1_UpdateParameters.self))
+        }
         let misspelt: [(Data, String)] = [
             (with(#""learning_Rate": 0.5, "#, in: #""parameters":{"#), #"field "learning_Rate" of UpdateParameters"#),
             (with(#""LearningRate": 0.5, "#, in: #""parameters":{"#), #"spell it "learningRate""#),
