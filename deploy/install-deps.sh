@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Installs what Attune needs on a Debian bookworm machine (idempotent; quiet when all is there).
 #   deploy/install-deps.sh            servers, C libraries for the build
-#   deploy/install-deps.sh --python   also a virtual environment with numpy, Pillow and coremltools (for the tests)
+#   deploy/install-deps.sh --python   also a virtual environment with numpy, Pillow, coremltools and pika (for the tests)
 #   deploy/install-deps.sh --browser  also chromium, its driver and selenium (the dashboard's browser test)
 # Needs root for apt-get (CI and the dev machines run as root). The Swift 6 toolchain itself is not a
 # Debian package: it must already be on PATH (swift.org's Linux tarball, or the machine image).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 packages=(postgresql postgresql-contrib rabbitmq-server librabbitmq-dev libpq-dev libblas-dev libpng-dev libturbojpeg0-dev
-          libopenblas0-pthread python3-venv gzip openssl libjs-chart.js)
+          libopenblas0-pthread python3-venv gzip openssl libjs-chart.js protobuf-compiler)
 [[ " $* " == *" --browser "* ]] && packages+=(chromium chromium-driver)
 missing=()
 for p in "${packages[@]}"; do
@@ -28,6 +28,10 @@ if [[ " $* " == *" --python "* || " $* " == *" --browser "* ]]; then
     echo "creating $venv with numpy, Pillow and coremltools 9.0" >&2
     python3 -m venv "$venv" >&2
     "$venv/bin/pip" install -q --disable-pip-version-check numpy pillow coremltools==9.0 >&2
+  fi
+  # examples/python (run by the tests) publishes and consumes with pika.
+  if ! "$venv/bin/python" -c "import pika" 2>/dev/null; then
+    "$venv/bin/pip" install -q --disable-pip-version-check pika >&2
   fi
 fi
 if [[ " $* " == *" --browser "* ]]; then

@@ -40,6 +40,9 @@ public enum DecodingFailure: Error, Sendable, Equatable {
     case missingContentType
     case unsupportedContentType(String)
     case malformed(encoding: MessageEncoding, detail: String)
+    /// The body is not text of its content type at all (not UTF-8, not JSON, JSON under the protobuf type):
+    /// `detail` says what it is instead, to follow "the job body".
+    case unreadable(encoding: MessageEncoding, detail: String)
 
     func explain(_ what: String) -> String {
         switch self {
@@ -48,9 +51,13 @@ public enum DecodingFailure: Error, Sendable, Equatable {
         case .missingContentType:
             return "\(what) has no content_type; publish it with content_type application/x-protobuf or application/json"
         case let .unsupportedContentType(type):
-            return "\(what) has content_type '\(type)'; only application/x-protobuf and application/json are understood"
+            return "\(what) has content_type \(DecodingDiagnosis.quoted(Data(type.utf8))); accepted are "
+                + "application/json (the protobuf JSON mapping) and application/x-protobuf (binary; also "
+                + "application/protobuf or application/vnd.google.protobuf), parameters such as charset ignored"
         case let .malformed(encoding, detail):
             return "\(what) body is not a valid \(encoding == .json ? "JSON" : "protobuf") encoding of the schema: \(detail)"
+        case let .unreadable(_, detail):
+            return "\(what) body \(detail)"
         }
     }
 }
@@ -84,7 +91,9 @@ enum ProtoCodec {
             return .failure(.unsupportedContentType(contentType))
         }
         var jsonOptions = JSONDecodingOptions()
-        jsonOptions.ignoreUnknownFields = false
+        // Fields a newer schema adds are ignored, as protobuf's binary decoding does and as every JSON
+        // parser offers for rolling upgrades; JSONFieldAudit still refuses misspelt known ones.
+        jsonOptions.ignoreUnknownFields = true
         jsonOptions.messageDepthLimit = maxMessageDepth
         do {
             switch encoding {
@@ -97,9 +106,15 @@ enum ProtoCodec {
                 if M.self == Attune_V1_TrainingJob.self, let job = FastJobJSON.decode(body) as? M {
                     return .success(job)
                 }
+                if let problem = JSONFieldAudit.problem(body, schema: JSONFieldAudit.schema(of: M.self)) {
+                    return .failure(.malformed(encoding: .json, detail: problem))
+                }
                 return .success(try M(jsonUTF8Data: body, options: jsonOptions))
             }
         } catch {
+            if let problem = DecodingDiagnosis.bodyProblem(body, encoding: encoding) {
+                return .failure(.unreadable(encoding: encoding, detail: problem))
+            }
             let detail = DecodingDiagnosis.explain(error, body: body, as: M.self, options: jsonOptions)
             return .failure(.malformed(encoding: encoding, detail: detail))
         }
@@ -119,9 +134,11 @@ enum ProtoCodec {
 public enum JobCodec {
     /// Bodies above this are refused unless the caller passes its own limit.
     public static let defaultMaxBytes = 16 << 20
+    /// Deepest nesting of objects and arrays a JSON job may have, unknown fields included.
+    public static let maxJSONNesting = JSONFieldAudit.maxNesting
 
     /// The job in `body`, or a `JobDecodingError` saying why there is none (oversize body, missing or
-    /// unknown content type, bytes or JSON that do not match the schema, unknown JSON fields).
+    /// unknown content type, bytes or JSON that do not match the schema, a misspelt JSON field; unknown ones are ignored).
     public static func decode(_ body: Data, contentType: String?, maxBytes: Int = defaultMaxBytes) throws
         -> Attune_V1_TrainingJob {
         switch ProtoCodec.decode(Attune_V1_TrainingJob.self, body, contentType: contentType, maxBytes: maxBytes) {
@@ -169,7 +186,8 @@ public enum EventCodec {
 
     public static func encode(_ event: Attune_V1_Event, as encoding: MessageEncoding = .json) throws
         -> (body: Data, contentType: String) {
-        // Events are published a dozen times per job; the hand-written JSON writer matches jsonUTF8Data().
+        // Events are published a dozen times per job; the hand-written JSON writer matches jsonUTF8Data()
+        // (but writes completed's duplicate and failed's willRetry even when false).
         if encoding == .json { return (EventJSON.encode(event), encoding.contentType) }
         return try ProtoCodec.encode(event, as: encoding)
     }
@@ -178,6 +196,10 @@ public enum EventCodec {
 /// Routing keys on the `attune.events` topic exchange: `<model>.<user>.<event>`. Model names and user ids
 /// are restricted to `[A-Za-z0-9_-]`, so they never contain the `.` that separates topic words.
 public enum EventRouting {
+    /// The topic word for a model or user a job did not validly name (a body that cannot be read, an id
+    /// outside the allowed set). `~` is outside that set, so it can never be a real model's or user's word.
+    public static let unidentified = "~"
+
     /// The last word of an event's routing key.
     public static func name(of kind: Attune_V1_EventKind) -> String {
         switch kind {
@@ -192,7 +214,11 @@ public enum EventRouting {
     }
 
     public static func key(model: String, user: String, kind: Attune_V1_EventKind) -> String {
-        "\(model).\(user).\(name(of: kind))"
+        "\(word(model)).\(word(user)).\(name(of: kind))"
+    }
+
+    private static func word(_ id: String) -> String {
+        Identifier.isValid(id) ? id : unidentified
     }
 
     /// A binding key matching every event of `model` (any model when nil) for `user` (any user when nil).

@@ -2,8 +2,11 @@ import AttuneSpec
 import Foundation
 
 /// The canonical proto3 JSON of an event, byte for byte as SwiftProtobuf 1.x's `jsonUTF8Data()` writes
-/// it, without its generic visitor and name-map lookups. Consumers parse these bodies with any JSON
-/// library, but tests compare bytes, so every choice here copies SwiftProtobuf's: fields in number order,
+/// it, without its generic visitor and name-map lookups, with one addition: a `completed` event always
+/// carries `duplicate` and a `failed` event always carries `willRetry`, false included. Canonical JSON
+/// leaves a false bool out, and a consumer reading plain JSON would have to know that absent means false
+/// for the two fields it acts on; any protobuf JSON parser takes an explicit default. Consumers parse these
+/// bodies with any JSON library, but tests compare bytes, so every choice here copies SwiftProtobuf's: fields in number order,
 /// proto3 defaults omitted (a double is omitted only when its bit pattern is zero, so -0.0 is written),
 /// int64 quoted, enums by proto name (a number when unknown), doubles as `debugDescription` with
 /// NaN/±Infinity quoted, and its string escaping (C0 and C1 controls as uppercase `\u00XX`).
@@ -29,10 +32,16 @@ enum EventJSON {
             out.double(event.durationSeconds)
         }
         if !event.reason.isEmpty { out.field(#""reason":"#); out.string(event.reason) }
-        if event.willRetry { out.field(#""willRetry":"#); out.literal("true") }
+        if event.willRetry || event.kind == .failed {
+            out.field(#""willRetry":"#)
+            if event.willRetry { out.literal("true") } else { out.literal("false") }
+        }
         if !event.worker.isEmpty { out.field(#""worker":"#); out.string(event.worker) }
         if event.timestampMs != 0 { out.field(#""timestampMs":"#); out.quoted(event.timestampMs) }
-        if event.duplicate { out.field(#""duplicate":"#); out.literal("true") }
+        if event.duplicate || event.kind == .completed {
+            out.field(#""duplicate":"#)
+            if event.duplicate { out.literal("true") } else { out.literal("false") }
+        }
         if !event.cancelStage.isEmpty { out.field(#""cancelStage":"#); out.string(event.cancelStage) }
         return out.finish()
     }

@@ -5,8 +5,10 @@ import Foundation
 /// generic JSON decoding at a fifth of worker CPU, mostly number parsing and per-field dispatch.
 ///
 /// The contract is one-sided: a job it returns is `==` to what SwiftProtobuf would decode from the same
-/// bytes; anything unusual (null, duplicate or unknown keys, quoted doubles, NaN/Infinity, integers in
-/// float form, non-canonical base64, ...) gives nil and SwiftProtobuf decodes or refuses as it always did.
+/// bytes (read with unknown fields ignored); anything unusual (null, duplicate keys, a misspelt known key,
+/// quoted doubles, NaN/Infinity, integers in float form, non-canonical base64, ...) gives nil and
+/// SwiftProtobuf decodes or refuses as it always did. Unknown keys are skipped here as SwiftProtobuf skips
+/// them, so a producer one schema ahead keeps the fast path.
 /// It never throws, so every error message and limit stays SwiftProtobuf's and ours in ProtoCodec.
 enum FastJobJSON {
     static func decode(_ body: Data) -> Attune_V1_TrainingJob? {

@@ -1,5 +1,6 @@
 import AttuneSpec
 import Foundation
+import SwiftProtobuf
 
 /// One reader per message of attune.proto that a training job contains. Keys are the JSON names and
 /// the proto field names, both of which SwiftProtobuf's name map accepts.
@@ -34,7 +35,7 @@ extension FastJSONScanner {
                 guard Self.first(6, &seen), let v = s.updateParameters() else { return false }
                 job.parameters = v
             default:
-                return false
+                return s.skipUnknown(key, of: JSONFieldAudit.trainingJob, Attune_V1_TrainingJob.self)
             }
             return true
         }
@@ -45,7 +46,8 @@ extension FastJSONScanner {
         var sample = Attune_V1_Sample()
         var seen: UInt32 = 0
         let ok = object { s, key in
-            guard key == "features", Self.first(1, &seen) else { return false }
+            guard key == "features" else { return s.skipUnknown(key, of: JSONFieldAudit.sample, Attune_V1_Sample.self) }
+            guard Self.first(1, &seen) else { return false }
             var features: [String: Attune_V1_FeatureValue] = [:]
             // Duplicate map keys (including canonically equal spellings, which String's == merges)
             // are left to SwiftProtobuf.
@@ -65,7 +67,13 @@ extension FastJSONScanner {
         var value = Attune_V1_FeatureValue()
         var seen: UInt32 = 0
         let ok = object { s, key in
-            guard Self.first(0, &seen) else { return false }
+            switch key {
+            case "doubleValue", "double_value", "int64Value", "int64_value", "stringValue", "string_value",
+                 "multiArray", "multi_array", "image":
+                guard Self.first(0, &seen) else { return false }
+            default:
+                return s.skipUnknown(key, of: JSONFieldAudit.featureValue, Attune_V1_FeatureValue.self)
+            }
             switch key {
             case "doubleValue", "double_value":
                 guard let v = s.double() else { return false }
@@ -83,7 +91,7 @@ extension FastJSONScanner {
                 guard let v = s.canonicalBase64() else { return false }
                 value.image = v
             default:
-                return false
+                preconditionFailure("every other key was skipped above")
             }
             return true
         }
@@ -115,7 +123,7 @@ extension FastJSONScanner {
                 }) else { return false }
                 array.values = values
             default:
-                return false
+                return s.skipUnknown(key, of: JSONFieldAudit.multiArray, Attune_V1_MultiArray.self)
             }
             return true
         }
@@ -158,11 +166,58 @@ extension FastJSONScanner {
                 guard Self.first(10, &seen), let v = s.int64() else { return false }
                 p.k = v
             default:
-                return false
+                // learningRateSchedule, read by no case above, is a schema field: skipUnknown leaves it
+                // to SwiftProtobuf, like any rare member.
+                return s.skipUnknown(key, of: JSONFieldAudit.updateParameters, Attune_V1_UpdateParameters.self)
             }
             return true
         }
         return ok ? p : nil
+    }
+
+    /// Skips the value of a key `message` does not define, as SwiftProtobuf does with unknown fields
+    /// ignored; false (leave it to SwiftProtobuf and JSONFieldAudit) for a key that is a misspelling of one
+    /// of its fields, a field of the generated schema that the readers above do not read (one added to
+    /// the proto since: it must reach SwiftProtobuf, not be skipped), or a value this reader is not sure
+    /// SwiftProtobuf would skip alike.
+    mutating func skipUnknown<M: SwiftProtobuf.Message>(_ key: String, of message: JSONFieldAudit.Shape,
+                                                        _ type: M.Type) -> Bool {
+        guard case .message(_, let fields) = message else { return false }
+        let wanted = JSONFieldAudit.normalized(key)
+        guard !fields.keys.contains(where: { JSONFieldAudit.normalized($0) == wanted }),
+              !Self.isSchemaField(key, of: type) else { return false }
+        // Starting 8 levels down keeps what this path accepts within JSONFieldAudit's limit, counted
+        // from the body's root: no message here sits deeper than 6.
+        return skipValue(depth: 8)
+    }
+
+    /// Whether SwiftProtobuf's generated `type` has a field named `key` (JSON or proto name): only a
+    /// field's name decodes `{"key": null}` when unknown fields are refused.
+    static func isSchemaField<M: SwiftProtobuf.Message>(_ key: String, of type: M.Type) -> Bool {
+        let nameBytes = key.utf8.allSatisfy { byte in
+            byte == UInt8(ascii: "_") || (byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9"))
+                || (byte | 0x20 >= UInt8(ascii: "a") && byte | 0x20 <= UInt8(ascii: "z"))
+        }
+        guard !key.isEmpty, nameBytes else { return false }
+        var strict = JSONDecodingOptions()
+        strict.ignoreUnknownFields = false
+        return (try? M(jsonUTF8Data: Data("{\"\(key)\":null}".utf8), options: strict)) != nil
+    }
+
+    /// Any JSON value, each token as strictly as the readers above take them; nesting is bounded so a
+    /// hostile body cannot recurse deep (SwiftProtobuf's path then refuses it through JSONFieldAudit).
+    mutating func skipValue(depth: Int) -> Bool {
+        guard depth < JSONFieldAudit.maxNesting else { return false }
+        skipWhitespace()
+        switch peek {
+        case UInt8(ascii: "\""): return string() != nil
+        case UInt8(ascii: "{"): return object { s, _ in s.skipValue(depth: depth + 1) }
+        case UInt8(ascii: "["): return array { s in s.skipValue(depth: depth + 1) }
+        case UInt8(ascii: "t"): return literal("true")
+        case UInt8(ascii: "f"): return literal("false")
+        case UInt8(ascii: "n"): return literal("null")
+        default: return double() != nil
+        }
     }
 
     /// Only padded standard base64 exactly as Foundation writes it (and as SwiftProtobuf encodes

@@ -12,11 +12,16 @@ public enum TrainingProgress: Sendable, Equatable {
 public struct UpdateResult: Sendable {
     /// The new personal version's tensors.
     public let state: Attune_V1_UpdateState
-    /// Mean loss of the last epoch.
+    /// Mean loss of the last epoch. A k-NN has no loss: there it is the fraction of the batch the version
+    /// before predicted wrongly, as its one `epochEnd` reports, and `loss` is nil.
     public let finalLoss: Double
+    /// The task's loss, for the version's record and the `completed` event; nil where there is none.
+    public var loss: Double? { hasLoss ? finalLoss : nil }
     public let epochs: Int
     public let samples: Int
     public let durationSeconds: Double
+    /// False for k-NN updates (and pipelines, which end in one): they append samples and minimize nothing.
+    var hasLoss = true
 }
 
 /// One update of one personal model, as `MLUpdateTask` runs it: the model's kind decides what an update

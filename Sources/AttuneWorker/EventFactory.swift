@@ -9,10 +9,11 @@ public struct EventFactory: Sendable {
     let worker: String
 
     public init(job: Attune_V1_TrainingJob, worker: String) {
-        jobID = job.jobID
-        // Ids that failed validation still need a routing key that cannot be misread.
-        user = Identifier.isValid(job.userID) ? job.userID : "_"
-        model = Identifier.isValid(job.model) ? job.model : "_"
+        // An event names only valid ids: an id that failed validation (or a body that never said) is left
+        // out, so a consumer never mistakes it for a real user's, and the routing key says `~` for it.
+        jobID = Identifier.isValid(job.jobID) ? job.jobID : ""
+        user = Identifier.isValid(job.userID) ? job.userID : ""
+        model = Identifier.isValid(job.model) ? job.model : ""
         self.worker = worker
     }
 

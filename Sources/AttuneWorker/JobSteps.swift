@@ -23,6 +23,9 @@ final class JobSteps {
     /// slot, and then the lookup need not read and send the state again.
     private var written: [UserModel: Head] = [:]
     private let maxWritten = 10_000
+    /// Job ids this slot committed lately: a second copy of one (a producer publishing twice, a redelivery)
+    /// must be looked up, not trained from remembered heads and caught only at the commit.
+    private var committedIds: Set<String> = []
     private var cancellation: (String) -> String? = { _ in nil }
 
     init(store: JobStore, configuration: WorkerConfiguration) {
@@ -80,14 +83,28 @@ final class JobSteps {
                 results[index] = .outcome(FailureClassifier.outcome(for: error, jobIds: [delivery.messageId ?? "?"]))
             }
         }
-        for race in 0..<maxHeadRaces where !pending.isEmpty {
-            if race > 0 { retrains += pending.count }
-            pending = attempt(pending, trustMemory: race == 0, results: &results, report: report,
-                              isAbandoning: isAbandoning, beforeCommit: beforeCommit)
-        }
-        for candidate in pending {
-            results[candidate.index] = .outcome(.transient(
-                reason: "the head of \(candidate.job.model)/\(candidate.job.userID) kept moving during \(maxHeadRaces) attempts"))
+        // A job id twice in one batch: the first copy goes through the steps, the next only after it, so the
+        // lookup finds it applied and settles it as a duplicate (or refuses other content) without training.
+        var firstPass = true
+        while !pending.isEmpty {
+            var ids = Set<String>()
+            var later: [Candidate] = []
+            pending = pending.filter { candidate in
+                if ids.insert(candidate.job.jobID).inserted { return true }
+                later.append(candidate)
+                return false
+            }
+            for race in 0..<maxHeadRaces where !pending.isEmpty {
+                if race > 0 { retrains += pending.count }
+                pending = attempt(pending, trustMemory: race == 0 && firstPass, results: &results, report: report,
+                                  isAbandoning: isAbandoning, beforeCommit: beforeCommit)
+            }
+            for candidate in pending {
+                results[candidate.index] = .outcome(.transient(
+                    reason: "the head of \(candidate.job.model)/\(candidate.job.userID) kept moving during \(maxHeadRaces) attempts"))
+            }
+            pending = later
+            firstPass = false
         }
         return zip(jobs, results).map { ($0, $1 ?? .handedBack) }
     }
@@ -104,7 +121,8 @@ final class JobSteps {
         let lookup: JobLookup
         let keys = unique(candidates.map(\.key))
         do {
-            if trustMemory, let remembered = rememberedLookup(keys) {
+            if trustMemory, !candidates.contains(where: { committedIds.contains($0.job.jobID) }),
+               let remembered = rememberedLookup(keys) {
                 lookup = remembered
             } else {
                 var known: [UserModel: Int] = [:]
@@ -237,7 +255,7 @@ final class JobSteps {
         }
         let version = NewPersonalVersion(
             user: job.userID, model: job.model, baseVersion: baseVersion, parentVersion: head.version,
-            jobId: job.jobID, state: try result.state.serializedData(), loss: result.finalLoss,
+            jobId: job.jobID, state: try result.state.serializedData(), loss: result.loss,
             samples: result.samples, epochs: result.epochs, durationSeconds: result.durationSeconds,
             worker: configuration.workerName, jobDigest: candidate.digest, parameters: parameters.recordJSON)
         return Staged(candidate: candidate, version: version, result: result)
@@ -270,11 +288,13 @@ final class JobSteps {
             if case .success(.committed) = outcome {} else { written.removeValue(forKey: candidate.key) }
             switch outcome {
             case .success(.committed(let version)):
-                results[candidate.index] = .outcome(.committed(version: version, loss: entry.result.finalLoss,
+                results[candidate.index] = .outcome(.committed(version: version, loss: entry.result.loss,
                                                                durationSeconds: entry.result.durationSeconds))
                 if written.count >= maxWritten { written.removeAll(keepingCapacity: true) }
                 written[candidate.key] = Head(version: version, baseVersion: entry.version.baseVersion,
                                               state: entry.result.state)
+                if committedIds.count >= maxWritten { committedIds.removeAll(keepingCapacity: true) }
+                committedIds.insert(candidate.job.jobID)
             case .success(.duplicate(let existing)):
                 results[candidate.index] = .outcome(RepeatedJob.outcome(jobId: candidate.job.jobID,
                                                                         digest: candidate.digest, applied: existing))

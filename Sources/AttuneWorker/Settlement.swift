@@ -47,7 +47,7 @@ public enum Settlement {
                                       event: events.make(.failed) { $0.reason = reason; $0.willRetry = true })
         case .outcome(.committed(let version, let loss, let duration)):
             return SettlementDecision(action: .ack, event: events.make(.completed) {
-                $0.version = Int64(version); $0.loss = loss; $0.durationSeconds = duration
+                $0.version = Int64(version); $0.loss = loss ?? 0; $0.durationSeconds = duration
                 $0.samples = Int64(samples)
             })
         case .outcome(.alreadyApplied(let version)):

@@ -132,7 +132,7 @@ final class TrainingSlot {
         for (job, result) in finished {
             switch result {
             case .outcome(.committed(let version, let loss, _)):
-                logger.debug("job \(job.jobID) committed \(job.model)/\(job.userID) v\(version) loss \(loss)")
+                logger.debug("job \(job.jobID) committed \(job.model)/\(job.userID) v\(version) loss \(loss.map { "\($0)" } ?? "none")")
             case .outcome(.alreadyApplied(let version)):
                 logger.info("job \(job.jobID) was already applied as v\(version); acked without training")
             case .outcome(.rejected(let reason)):

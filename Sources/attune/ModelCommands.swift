@@ -7,7 +7,7 @@ import Foundation
 struct Model: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Base models and users' personal versions.",
-        subcommands: [Import.self, Export.self, List.self, History.self, Evaluate.self, Predict.self,
+        subcommands: [Import.self, Export.self, List.self, Describe.self, History.self, Evaluate.self, Predict.self,
                       Prune.self, Rollback.self])
 }
 
@@ -83,7 +83,7 @@ extension Model {
                   + pad("SECONDS", 9) + pad("JOB", 38) + "WORKER")
             for v in versions {
                 print(pad("\(v.version)", 9) + pad("\(v.baseVersion)", 6) + pad("\(v.samples)", 9) + pad("\(v.epochs)", 8)
-                      + pad(v.loss.map { String(format: "%.4f", $0) } ?? "-", 10) + pad(String(format: "%.3f", v.durationSeconds), 9)
+                      + pad(v.loss.map { String(format: "%.4f", $0) } ?? "—", 10) + pad(String(format: "%.3f", v.durationSeconds), 9)
                       + pad(v.jobId, 38) + v.worker + Model.lifecycleNote(v))
             }
         }
@@ -100,7 +100,8 @@ extension Model {
             "samples": v.samples, "epochs": v.epochs, "durationSeconds": v.durationSeconds, "worker": v.worker,
             "stateSizeBytes": v.stateSizeBytes, "createdAt": ISO8601DateFormatter().string(from: v.createdAt),
         ]
-        if let loss = v.loss, loss.isFinite { object["loss"] = loss }
+        // null, not absent, for a task without a loss (k-NN, pipelines): every version has the key.
+        if let loss = v.loss, loss.isFinite { object["loss"] = loss } else { object["loss"] = NSNull() }
         if let digest = v.jobDigest { object["jobDigest"] = digest }
         if let prunedAt = v.prunedAt { object["prunedAt"] = ISO8601DateFormatter().string(from: prunedAt) }
         if let restoredFrom = v.restoredFrom { object["restoredFrom"] = restoredFrom }

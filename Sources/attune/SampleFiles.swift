@@ -40,8 +40,9 @@ struct SampleFileOptions: ParsableArguments {
             guard cells.count >= 2, values.count == cells.count - 1 else {
                 throw CommandFailure(description: "\(path): row \(index) is not numbers followed by a label: \(line.prefix(60))")
             }
+            // No shape: a row is flat, and a sample without one takes the model's input shape when its
+            // value count matches (a [1, 8, 8] input takes 64 columns); a wrong count is refused by the model.
             var array = Attune_V1_FeatureValue()
-            array.multiArray.shape = [Int64(values.count)]
             array.multiArray.values = values
             var label = Attune_V1_FeatureValue()
             let rawLabel = cells.last!

@@ -58,7 +58,9 @@ enum EventLine {
     static func text(_ event: Attune_V1_Event) -> String {
         let time = Date(timeIntervalSince1970: Double(event.timestampMs) / 1000)
         let stamp = ISO8601DateFormatter.string(from: time, timeZone: .current, formatOptions: [.withTime, .withColonSeparatorInTime])
-        let who = "\(event.model)/\(event.userID) job \(event.jobID.prefix(8))"
+        // A job that named no valid model or user reports without them, as its routing key's `~`.
+        let who = "\(event.model.isEmpty ? "~" : event.model)/\(event.userID.isEmpty ? "~" : event.userID) "
+            + "job \(event.jobID.isEmpty ? "?" : String(event.jobID.prefix(8)))"
         switch event.kind {
         case .trainingBegin:
             return "\(stamp) \(who) started from v\(event.version): \(event.samples) samples, \(event.epochs) epochs [\(event.worker)]"
@@ -69,7 +71,9 @@ enum EventLine {
         case .completed where event.duplicate:
             return "\(stamp) \(who) already applied as v\(event.version); nothing trained"
         case .completed:
-            return "\(stamp) \(who) completed v\(event.version) loss \(String(format: "%.4f", event.loss)) in \(duration(event.durationSeconds))"
+            // k-NN and pipeline models have no loss: the event leaves it out (0).
+            let loss = event.loss == 0 ? "" : " loss \(String(format: "%.4f", event.loss))"
+            return "\(stamp) \(who) completed v\(event.version)\(loss) in \(duration(event.durationSeconds))"
         case .failed:
             return "\(stamp) \(who) FAILED (\(event.willRetry ? "will retry" : "dead-lettered")): \(event.reason)"
         default:

@@ -6,11 +6,26 @@ import XCTest
 @testable import AttuneQueue
 
 /// Event bodies must be the bytes SwiftProtobuf's `jsonUTF8Data()` writes, so consumers and recorded
-/// fixtures see no difference from the hand-written encoder.
+/// fixtures see no difference from the hand-written encoder, except that `completed` always says
+/// `duplicate` and `failed` always says `willRetry`.
 final class EventJSONTests: XCTestCase {
+    /// SwiftProtobuf's bytes with the explicit false spliced in where SwiftProtobuf writes the field when
+    /// true (inside a JSON string a quote is always escaped, so `"duplicate":true` can only be the field).
+    static func expectedJSON(_ event: Attune_V1_Event) throws -> Data {
+        var flagged = event
+        var splice: String?
+        if event.kind == .completed && !event.duplicate { flagged.duplicate = true; splice = "duplicate" }
+        if event.kind == .failed && !event.willRetry { flagged.willRetry = true; splice = "willRetry" }
+        let data = try flagged.jsonUTF8Data()
+        guard let splice else { return data }
+        let text = String(decoding: data, as: UTF8.self)
+        let range = try XCTUnwrap(text.range(of: "\"\(splice)\":true"))
+        return Data(text.replacingCharacters(in: range, with: "\"\(splice)\":false").utf8)
+    }
+
     private func assertSameAsSwiftProtobuf(_ event: Attune_V1_Event, _ message: @autoclosure () -> String,
                                            file: StaticString = #filePath, line: UInt = #line) throws {
-        let expected = try event.jsonUTF8Data()
+        let expected = try Self.expectedJSON(event)
         let actual = EventJSON.encode(event)
         if actual != expected {
             XCTFail("\(message())\n  fast: \(String(decoding: actual, as: UTF8.self))\n  swiftprotobuf: "
@@ -36,7 +51,14 @@ final class EventJSONTests: XCTestCase {
         }
         var completed = Attune_V1_Event()
         completed.kind = .completed
-        XCTAssertEqual(String(decoding: EventJSON.encode(completed), as: UTF8.self), #"{"kind":"COMPLETED"}"#)
+        XCTAssertEqual(String(decoding: EventJSON.encode(completed), as: UTF8.self), #"{"kind":"COMPLETED","duplicate":false}"#)
+        var failed = Attune_V1_Event()
+        failed.kind = .failed
+        failed.reason = #"a "quoted" reason"#
+        XCTAssertEqual(String(decoding: EventJSON.encode(failed), as: UTF8.self),
+                       #"{"kind":"FAILED","reason":"a \"quoted\" reason","willRetry":false}"#)
+        // Any protobuf JSON parser takes the explicit defaults.
+        XCTAssertEqual(try Attune_V1_Event(jsonUTF8Data: EventJSON.encode(failed)), failed)
     }
 
     func testDoublesMatchSwiftProtobuf() throws {

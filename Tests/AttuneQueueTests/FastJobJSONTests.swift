@@ -51,6 +51,33 @@ final class FastJobJSONTests: XCTestCase {
         XCTAssertGreaterThan(accepted, count / 2)
     }
 
+    /// Members a newer schema adds, in every message of random jobs: the fast path skips them and still
+    /// agrees with SwiftProtobuf (which ignores them), and it keeps most of those jobs.
+    func testUnknownMembersAreSkippedAlike() throws {
+        var rng = SplitMix64(seed: 77)
+        let values = [#"1"#, #"-2.5e-3"#, #""text""#, #"null"#, #"true"#, #"[]"#, #"{}"#, #"[1, {"a": [null, "b"]}]"#,
+                      #"{"nested": {"deeper": [1, 2, 3]}}"#, #""\u00e9\n""#]
+        var accepted = 0
+        let count = 500
+        for _ in 0..<count {
+            let job = RandomJobs.job(&rng)
+            var text = String(decoding: try job.jsonUTF8Data(), as: UTF8.self)
+            // After the opening brace of objects that hold fields (not the features maps).
+            var starts = text.indices.filter { i in
+                text[i] == "{" && text[text.index(after: i)...].hasPrefix("\"") && !text[..<i].hasSuffix(#""features":"#)
+            }
+            starts.shuffle(using: &rng)
+            for start in starts.prefix(3).sorted(by: >) {
+                let value = values[Int.random(in: 0..<values.count, using: &rng)]
+                text.insert(contentsOf: #""laterField": \#(value), "#, at: text.index(after: start))
+            }
+            if assertFastAgrees(Data(text.utf8)) { accepted += 1 }
+            XCTAssertEqual(protobufDecode(Data(text.utf8)), job, text)
+        }
+        print("FastJobJSON took \(accepted) of \(count) random jobs with unknown members")
+        XCTAssertGreaterThan(accepted, count * 8 / 10)
+    }
+
     func testNumberSpellings() {
         let spellings = ["0", "-0", "0.0", "-0.0", "5", "5.0", "0.1", "1e2", "1E2", "1e+2", "1e-2", "-1.5e-3",
                          "123456789012345", "1234567890123456789", "12345678901234567890123", "9007199254740993",

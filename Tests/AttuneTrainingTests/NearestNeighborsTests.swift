@@ -87,6 +87,7 @@ final class NearestNeighborsTests: XCTestCase {
         // The empty model predicts the default for all five: every one is wrong.
         XCTAssertEqual(events, [.trainingBegin(samples: 5, epochs: 1), .epochEnd(epoch: 1, loss: 1)])
         XCTAssertEqual(result.finalLoss, 1)
+        XCTAssertNil(result.loss, "a k-NN minimizes nothing: its versions record no loss")
         XCTAssertEqual(result.samples, 5)
         XCTAssertEqual(result.epochs, 1)
         XCTAssertEqual(result.state.knnSamples.count, 1)

@@ -64,6 +64,44 @@ final class HostileInputTests: XCTestCase {
         }
     }
 
+    /// Bodies no worker can read are reported under their message id, with no user or model, on the routing
+    /// key `~.~.failed` (a word no valid id can be), and the reason says what the body is.
+    func testUnreadableBodiesAreReportedUnderAWordNoUserCanHave() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let watcher = try AMQPConnection(url: fleet.amqpURL, connectionName: "test-failures")
+        defer { watcher.close() }
+        try watcher.consume(queue: try watcher.declareEventQueue(bindingKeys: ["*.*.failed"]))
+        fleet.startWorker(fleet.configuration())
+        try fleet.publish(body: Data("hello, world".utf8), contentType: "application/json", messageId: "unread-1",
+                          routingKey: "dana")
+        try fleet.publish(body: Data(#"{"jobId": "unread-2"}"#.utf8), contentType: "text/plain",
+                          messageId: "unread-2", routingKey: "dana")
+        try fleet.publish(body: Data([0x7B, 0x22, 0xFF, 0x22, 0x7D]), contentType: "application/json",
+                          messageId: "unread-3", routingKey: "dana")
+        _ = try fleet.events(untilEnded: 3)
+        var failed: [String: (key: String, event: Attune_V1_Event)] = [:]
+        let deadline = Date().addingTimeInterval(10)
+        while failed.count < 3, Date() < deadline {
+            guard let delivery = try watcher.nextDelivery(timeout: 0.5) else { continue }
+            let event = try EventCodec.decode(delivery.body, contentType: delivery.contentType)
+            failed[event.jobID] = (delivery.routingKey, event)
+        }
+        XCTAssertEqual(Set(failed.keys), ["unread-1", "unread-2", "unread-3"])
+        for (key, event) in failed.values {
+            XCTAssertEqual(key, "~.~.failed")
+            XCTAssertEqual(event.userID, "")
+            XCTAssertEqual(event.model, "")
+            XCTAssertFalse(event.willRetry)
+        }
+        XCTAssertTrue(failed["unread-1"]?.event.reason.contains(#"is not JSON: it starts with "hello, world""#) == true,
+                      "\(failed["unread-1"]?.event.reason ?? "")")
+        XCTAssertTrue(failed["unread-2"]?.event.reason.contains(#"content_type "text/plain"; accepted are"#) == true,
+                      "\(failed["unread-2"]?.event.reason ?? "")")
+        XCTAssertTrue(failed["unread-3"]?.event.reason.contains("not valid UTF-8 (byte offset 2)") == true,
+                      "\(failed["unread-3"]?.event.reason ?? "")")
+    }
+
     func testModelNameWithAWildcard() throws {
         try assertDeadLetteredAndWorkerGoesOn(reasonContains: ["model"]) { fleet in
             try fleet.publish(Digits.job(user: "u", model: fleet.model + ".*", rows: 0..<5))
@@ -108,6 +146,38 @@ final class RepeatedJobIdTests: XCTestCase {
         let letters = try fleet.deadLetters(expected: 1)
         XCTAssertEqual(letters.count, 1)
         XCTAssertEqual(try letters.first.map { try JobCodec.decode($0.body, contentType: $0.contentType) }, changed)
+    }
+
+    /// A producer publishing one job twice back to back, to the same partition: trained once, settled
+    /// twice (the second `completed` with `duplicate: true`), whether both copies land in one batch (the
+    /// worker starts after them) or the second follows the first into a slot that remembers the user.
+    func testOneIdPublishedTwiceBackToBackIsTrainedOnce() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let queued = Digits.job(user: "gina", model: fleet.model, rows: 0..<20, epochs: 2)
+        try fleet.publish(queued)
+        try fleet.publish(queued, as: .json)
+        fleet.startWorker(fleet.configuration())
+        let warmUp = Digits.job(user: "hank", model: fleet.model, rows: 20..<30, epochs: 1)
+        var events = try fleet.events(untilEnded: 2)
+        try fleet.publish(warmUp)
+        events += try fleet.events(untilEnded: 1)
+        let running = Digits.job(user: "hank", model: fleet.model, rows: 30..<50, epochs: 2)
+        try fleet.publish(running)
+        try fleet.publish(running)
+        events += try fleet.events(untilEnded: 2)
+
+        for (job, user) in [(queued, "gina"), (running, "hank")] {
+            let mine = events.filter { $0.jobID == job.jobID }
+            XCTAssertEqual(mine.filter { $0.kind == .trainingBegin }.count, 1, "\(user): \(mine.map(\.kind))")
+            let completed = mine.filter { $0.kind == .completed }
+            XCTAssertEqual(completed.map(\.duplicate), [false, true], user)
+            XCTAssertEqual(Set(completed.map(\.version)).count, 1, user)
+            XCTAssertTrue(mine.allSatisfy { $0.kind != .failed }, "\(mine)")
+        }
+        XCTAssertEqual(try fleet.registry.history(user: "gina", model: fleet.model).map(\.jobId), [queued.jobID])
+        XCTAssertEqual(try fleet.registry.history(user: "hank", model: fleet.model).map(\.jobId),
+                       [warmUp.jobID, running.jobID])
     }
 
     func testTwoContentsOfOneIdRacingOnTwoSlotsApplyOnlyOne() throws {

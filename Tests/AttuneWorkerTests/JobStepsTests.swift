@@ -144,11 +144,16 @@ final class JobStepsTests: XCTestCase {
         let steps = steps(store)
         let first = Digits.job(user: "ivy", model: "d", rows: 0..<10)
         _ = try run(steps, [first])
-        // Redelivered after a crash: the slot trusts its memory, trains it again, and the commit finds
-        // the id applied; the chained job after it is refused there and retrained from the real head.
+        // Redelivered: the slot committed that id itself, so it looks the batch up rather than trusting
+        // its memory of the head, and settles the copy as a duplicate without training it.
         let second = Digits.job(user: "ivy", model: "d", rows: 10..<20)
-        let results = try run(steps, [first, second])
-        XCTAssertEqual(store.lookups, 2, "the first batch's lookup, and the retrain round's")
+        var begun: [String] = []
+        let results = steps.run(try incoming([first, second]), report: { event in
+            if event.kind == .trainingBegin { begun.append(event.jobID) }
+        }, isAbandoning: { false }).map(\.result)
+        XCTAssertEqual(begun, [second.jobID], "the copy of an id this slot committed is not trained")
+        XCTAssertEqual(steps.retrains, 0)
+        XCTAssertEqual(store.lookups, 2, "the first batch's lookup, and this one's")
         XCTAssertEqual(results[0], .outcome(.alreadyApplied(version: 1)))
         guard case .outcome(.committed(version: 2, _, _)) = results[1] else { return XCTFail("\(results[1])") }
         XCTAssertEqual(store.committed.map(\.jobId), [first.jobID, second.jobID])
@@ -157,6 +162,32 @@ final class JobStepsTests: XCTestCase {
         _ = try run(steps, [Digits.job(user: "ivy", model: "d", rows: 20..<30)])
         XCTAssertEqual(store.lookups, 3)
         XCTAssertEqual(store.heads[UserModel(user: "ivy", model: "d")]?.version, 3)
+    }
+
+    /// One id twice in a batch (a producer publishing twice back to back): the first copy trains and
+    /// commits, the second is then looked up and settled as a duplicate of it, never trained; a third
+    /// copy with other content is refused. Other jobs of the user go on in order.
+    func testAJobIdTwiceInOneBatchIsTrainedOnce() throws {
+        let store = try makeStore()
+        let steps = steps(store)
+        let job = Digits.job(user: "joe", model: "d", rows: 0..<10)
+        let next = Digits.job(user: "joe", model: "d", rows: 10..<20)
+        var changed = job
+        changed.samples.reverse()
+        var begun: [String] = []
+        let results = steps.run(try incoming([job, job, next, changed]), report: { event in
+            if event.kind == .trainingBegin { begun.append(event.jobID) }
+        }, isAbandoning: { false }).map(\.result)
+        XCTAssertEqual(begun, [job.jobID, next.jobID])
+        XCTAssertEqual(results[0], .outcome(.committed(version: 1, loss: store.committed[0].loss,
+                                                       durationSeconds: store.committed[0].durationSeconds)))
+        XCTAssertEqual(results[1], .outcome(.alreadyApplied(version: 1)))
+        guard case .outcome(.committed(version: 2, _, _)) = results[2] else { return XCTFail("\(results[2])") }
+        guard case .outcome(.rejected(let reason)) = results[3] else { return XCTFail("\(results[3])") }
+        XCTAssertTrue(reason.contains("other content"), reason)
+        XCTAssertEqual(store.committed.map(\.jobId), [job.jobID, next.jobID])
+        XCTAssertEqual(store.commits, 1, "the copies needed no commit of their own")
+        XCTAssertEqual(steps.retrains, 0)
     }
 
     func testAppliedIdsAreNotTrainedAndBadJobsDoNotStopTheBatch() throws {

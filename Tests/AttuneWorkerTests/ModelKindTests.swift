@@ -53,6 +53,33 @@ final class ModelKindTests: XCTestCase {
         let accuracy = try personal.accuracy(samples: (100..<160).map { Digits.sample($0) }, state: nil)
         print(String(format: "k-NN through the worker: held-out accuracy %.3f after 40 samples", accuracy))
         XCTAssertGreaterThan(accuracy, 0.7)
+
+        // A k-NN minimizes nothing: no loss in its versions, its completed events or its history.
+        XCTAssertEqual(events.filter { $0.kind == .completed }.map(\.loss), [0, 0], "0: absent from the JSON")
+        XCTAssertEqual(try fleet.registry.history(user: "dana", model: name).map(\.loss), [nil, nil])
+        try assertHistoryShowsNoLoss(fleet, user: "dana", name: name)
+        // Versions written before migration 0007 held the error fraction there (1.0 for the stars); it clears them.
+        try fleet.registry.connection.query("UPDATE attune_personal_versions SET loss = 1 WHERE model = $1", [name])
+        let migration = Paths.repository.appendingPathComponent("migrations/0007_no_loss_for_knn.sql")
+        try fleet.registry.connection.query(String(contentsOf: migration, encoding: .utf8))
+        XCTAssertEqual(try fleet.registry.history(user: "dana", model: name).map(\.loss), [nil, nil])
+        XCTAssertEqual(try fleet.registry.history(user: "dana", model: name).map(\.jobId).count, 2)
+    }
+
+    func assertHistoryShowsNoLoss(_ fleet: FleetHarness, user: String, name: String,
+                                  file: StaticString = #filePath, line: UInt = #line) throws {
+        let text = try runAttune(["model", "history", "--name", name, "--user", user], fleet: fleet)
+        let rows = text.split(separator: "\n").dropFirst()
+        XCTAssertFalse(rows.isEmpty, text, file: file, line: line)
+        for row in rows {
+            let columns = row.split(separator: " ", omittingEmptySubsequences: true)
+            XCTAssertEqual(columns.count > 4 ? String(columns[4]) : "", "—", text, file: file, line: line)
+        }
+        let json = try runAttune(["model", "history", "--name", name, "--user", user, "--json"], fleet: fleet)
+        for row in json.split(separator: "\n") {
+            let object = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(row.utf8)) as? [String: Any])
+            XCTAssertTrue(object["loss"] is NSNull, "\(row)", file: file, line: line)
+        }
     }
 
     /// An 8×8 "star": a bright plus sign with a little per-variant noise, nothing like a digit.
@@ -80,6 +107,7 @@ final class ModelKindTests: XCTestCase {
         let after = try personal.accuracy(samples: (100..<160).map { Digits.sample($0) }, state: nil)
         print(String(format: "pipeline through the worker: held-out accuracy %.3f -> %.3f", before, after))
         XCTAssertGreaterThan(after, before + 0.3)
+        try assertHistoryShowsNoLoss(fleet, user: "eve", name: name)
     }
 
     /// A JSON job carrying PNG bytes (base64, as the protobuf JSON mapping writes bytes) for an image input.
@@ -121,6 +149,37 @@ final class ModelKindTests: XCTestCase {
         let (_, state) = try exportedHead(fleet, user: "fay", name: name, base: base)
         XCTAssertNotEqual(state, base.initialState())
         XCTAssertEqual(try base.accuracy(samples: job.samples, state: nil) <= base.accuracy(samples: job.samples, state: state), true)
+    }
+
+    /// CSV rows are flat; for a model whose input is [1, 8, 8] a row of 64 numbers takes that shape in
+    /// `enqueue`, `evaluate` and `predict`, and a row of another count is refused naming the shape.
+    func testCSVRowsTakeAMultiDimensionalInputsShape() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let (name, _) = try importFixture("conv-updatable.mlmodel", into: fleet)
+        fleet.startWorker(fleet.configuration())
+        let csv = Paths.repository.appendingPathComponent("examples/data/digits.csv.gz").path
+        let columns = ["--csv", csv, "--input-feature", "image"]
+        _ = try runAttune(["enqueue", "--model", name, "--user", "ivan", "--rows", "0:40", "--format", "json"] + columns,
+                          fleet: fleet)
+        let events = try fleet.events(untilEnded: 1)
+        XCTAssertEqual(events.last?.kind, .completed, "\(events.map(\.reason))")
+        XCTAssertEqual(events.last?.samples, 40)
+        let evaluated = try runAttune(["model", "evaluate", "--name", name, "--user", "ivan", "--rows", "100:140"] + columns,
+                                      fleet: fleet)
+        XCTAssertTrue(evaluated.contains("on 40 samples"), evaluated)
+        let predicted = try runAttune(["model", "predict", "--name", name, "--user", "ivan", "--rows", "100:103"] + columns,
+                                      fleet: fleet)
+        XCTAssertEqual(predicted.split(separator: "\n").filter { $0.hasPrefix("#") }.count, 3, predicted)
+
+        let short = FileManager.default.temporaryDirectory.appendingPathComponent("short-\(UUID().uuidString).csv")
+        defer { try? FileManager.default.removeItem(at: short) }
+        try "1,2,3,4,5,6,7,8,9,3\n".write(to: short, atomically: true, encoding: .utf8)
+        let refused = try ChildProcess.run(Paths.attuneExecutable, ["model", "predict", "--name", name, "--csv", short.path,
+                                                                    "--input-feature", "image"],
+                                           environment: ["ATTUNE_DATABASE_URL": fleet.databaseURL])
+        XCTAssertNotEqual(refused.status, 0)
+        XCTAssertTrue(refused.output.contains("shape [1, 8, 8] (64 values"), refused.output)
     }
 
     /// `attune model predict --compare` shows what a user's personalization changed.

@@ -1,4 +1,6 @@
+import AttuneQueue
 import AttuneSpec
+import Foundation
 import XCTest
 
 @testable import AttuneWorker
@@ -51,6 +53,36 @@ final class SettlementTests: XCTestCase {
             XCTAssertEqual(decision.event.willRetry, row.willRetry, "\(row.result)")
             XCTAssertEqual(decision.event.jobID, "j-1")
             XCTAssertEqual(decision.event.userID, "alice")
+        }
+    }
+
+    /// A job that does not validly name its user or model is reported without them, under the topic word
+    /// `~`, which no valid id can be: a consumer never mistakes it for a real user's event.
+    func testAnUnidentifiableJobIsReportedUnderAWordNoIdCanBe() throws {
+        let unreadable = IncomingJob(receipt: .init(generation: 1, tag: 1), body: Data("hello".utf8),
+                                     contentType: "text/plain", messageId: "job-42").placeholder
+        var badUser = Attune_V1_TrainingJob()
+        badUser.jobID = "job-43"
+        badUser.userID = "alice.bob"
+        badUser.model = "digits"
+        var badIds = badUser
+        badIds.jobID = "job 44"
+        badIds.userID = "_"
+        badIds.model = "*"
+        let cases: [(Attune_V1_TrainingJob, job: String, user: String, model: String, key: String)] = [
+            (unreadable, "job-42", "", "", "~.~.failed"),
+            (badUser, "job-43", "", "digits", "digits.~.failed"),
+            (badIds, "", "_", "", "~._.failed"),
+        ]
+        for (job, jobID, user, model, key) in cases {
+            let event = Settlement.decide(.outcome(.rejected(reason: "bad")), previousAttempts: 0, retry: retry,
+                                          events: EventFactory(job: job, worker: "w-1"), workerName: "w-1",
+                                          samples: 0).event
+            XCTAssertEqual(event.jobID, jobID)
+            XCTAssertEqual(event.userID, user)
+            XCTAssertEqual(event.model, model)
+            XCTAssertEqual(EventRouting.key(model: event.model, user: event.userID, kind: event.kind), key)
+            XCTAssertFalse(Identifier.isValid(EventRouting.unidentified))
         }
     }
 

@@ -4,7 +4,8 @@ import AttuneSpec
 /// order; a label never seen becomes a class. There are no epochs: progress reports `trainingBegin`, then
 /// one `epochEnd` whose loss is the fraction of the batch that the version before the update predicts
 /// wrongly with the task's k (its error on samples it had not seen; 1 for an empty model unless a label
-/// is the default). That loss is also the result's `finalLoss`.
+/// is the default). That fraction is also the result's `finalLoss`; it is not a loss, so the result's `loss`
+/// is nil and the version records none.
 extension NearestNeighborsModel {
     func train(state: Attune_V1_UpdateState?, batch: TrainingBatch, parameters: ResolvedParameters,
                progress: (TrainingProgress) -> Void, isCancelled: () -> Bool) throws -> UpdateResult {
@@ -32,6 +33,6 @@ extension NearestNeighborsModel {
         let elapsed = start.duration(to: clock.now)
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
         return UpdateResult(state: stored.encoded(dimensions: dimensions, labelKind: labelKind), finalLoss: loss,
-                            epochs: 1, samples: batch.count, durationSeconds: seconds)
+                            epochs: 1, samples: batch.count, durationSeconds: seconds, hasLoss: false)
     }
 }

@@ -119,7 +119,7 @@ public struct PipelineModel: Sendable {
         let elapsed = start.duration(to: clock.now)
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
         return UpdateResult(state: result.state, finalLoss: result.finalLoss, epochs: result.epochs,
-                            samples: result.samples, durationSeconds: seconds)
+                            samples: result.samples, durationSeconds: seconds, hasLoss: result.hasLoss)
     }
 
     public func predict(features: [String: Attune_V1_FeatureValue], state: Attune_V1_UpdateState?) throws -> Prediction {
