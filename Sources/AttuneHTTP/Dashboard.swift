@@ -146,7 +146,7 @@ enum Dashboard {
     }
     function onEvent(e) {
       if (!e.jobId) return;
-      const job = jobs.get(e.jobId) ?? { id: e.jobId, user: e.userId, model: e.model, state: "queued", epoch: 0 };
+      const job = jobs.get(e.jobId) ?? { id: e.jobId, user: e.userId ?? "~", model: e.model ?? "~", state: "queued", epoch: 0 };
       jobs.set(e.jobId, job); job.updated = Date.now();
       switch (e.kind) {
         case "TRAINING_BEGIN": job.state = "training"; job.epochs = Number(e.epochs ?? 0); break;
