@@ -858,7 +858,7 @@ def render(args, r, best_key, sweep, best_peer, pgbench):
             lines += ["", f"Where a job's time went, {r[key]['label']} (ms, p50 / p99 of each stage over the jobs; "
                       "the stages of one job need not be its slowest together): " + format_stages(r[key]["stages"]) + "."]
     incomplete = [x["label"] for x in r.values() if isinstance(x, dict) and x.get("done", 0) < x.get("jobs", 0)]
-    failed = [f"{x['label']}: {x['failed']}" for x in r.values() if x and x.get("failed")]
+    failed = [f"{x['label']}: {x['failed']}" for x in r.values() if isinstance(x, dict) and x.get("failed")]
     if incomplete:
         lines.append("INCOMPLETE (some jobs never reported completed): " + "; ".join(incomplete))
     if failed:
