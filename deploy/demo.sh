@@ -2,6 +2,8 @@
 # The demo on real servers: import a digits model trained on other writers, start two workers and a
 # watcher, personalize it for three users from their own handwritten digits, and show each user's
 # held-out accuracy before and after, and which of their digits the personal model now reads differently.
+# Alice's job carries her 40 held-out digits as its validation set: every epoch_end reports how her
+# model does on them while it trains.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/fleet-session.sh demo
@@ -25,7 +27,9 @@ for i in "${!users[@]}"; do
 done
 
 echo "== two workers and a watcher"
-"$attune" watch --model digits --exit-after $(( ${#users[@]} * jobs_per_user )) --idle-timeout 120 &
+# The watcher's lines go to the screen and to a file, from which alice's epochs are picked out below.
+"$attune" watch --model digits --exit-after $(( ${#users[@]} * jobs_per_user )) --idle-timeout 120 \
+  > >(tee "$work/watch.log") &
 watcher=$!
 "$attune" worker --name worker-1 >"$work/worker-1.log" 2>&1 & pids+=($!)
 "$attune" worker --name worker-2 >"$work/worker-2.log" 2>&1 & pids+=($!)
@@ -34,14 +38,20 @@ sleep 1
 echo "== enqueueing a job of 60 samples for each of ${users[*]}"
 start=$(date +%s.%N)
 for i in "${!users[@]}"; do
+  validation=()
+  # Validation samples are never trained on, so they stay held out for the evaluation after.
+  [ "${users[$i]}" = alice ] && validation=(--validation-csv "$data" --validation-rows "$(test_rows "$i")")
   "$attune" enqueue --model digits --user "${users[$i]}" --csv "$data" --rows "$(train_rows "$i")" \
-    --chunk 60 --format json >/dev/null
+    --chunk 60 --format json "${validation[@]}" >/dev/null
 done
 wait "$watcher"
 elapsed=$(echo "$(date +%s.%N) - $start" | bc -l 2>/dev/null || python3 -c "print($(date +%s.%N) - $start)")
 jobs=$(( ${#users[@]} * jobs_per_user ))
 printf '== %d jobs in %.2f s: %.2f jobs/s\n' "$jobs" "$elapsed" "$(python3 -c "print($jobs / $elapsed)")"
 
+echo "== alice's validation accuracy per epoch (her 40 held-out digits, from her job's epoch_end events)"
+for _ in $(seq 50); do grep -q "digits/alice .*completed" "$work/watch.log" && break; sleep 0.1; done
+grep "digits/alice .* epoch " "$work/watch.log" | sed -E 's/.* epoch ([0-9]+)\/([0-9]+) loss ([0-9.]+), validation loss ([0-9.]+) accuracy ([0-9.]+)/  epoch \1\/\2: training loss \3, validation loss \4, validation accuracy \5/'
 echo "== held-out accuracy after personalization"
 for i in "${!users[@]}"; do
   "$attune" model evaluate --name digits --user "${users[$i]}" --csv "$data" --rows "$(test_rows "$i")"

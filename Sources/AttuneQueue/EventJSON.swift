@@ -43,6 +43,9 @@ enum EventJSON {
             if event.duplicate { out.literal("true") } else { out.literal("false") }
         }
         if !event.cancelStage.isEmpty { out.field(#""cancelStage":"#); out.string(event.cancelStage) }
+        // proto3 `optional`: written whenever set, zero included (absent means no validation metric).
+        if event.hasValidationLoss { out.field(#""validationLoss":"#); out.double(event.validationLoss) }
+        if event.hasValidationAccuracy { out.field(#""validationAccuracy":"#); out.double(event.validationAccuracy) }
         return out.finish()
     }
 }

@@ -23,23 +23,31 @@ extension FastJSONScanner {
                 guard Self.first(4, &seen), let v = s.int64() else { return false }
                 job.baseVersion = v
             case "samples":
-                guard Self.first(5, &seen) else { return false }
-                var samples: [Attune_V1_Sample] = []
-                guard s.array({ s in
-                    guard let sample = s.sample() else { return false }
-                    samples.append(sample)
-                    return true
-                }) else { return false }
-                job.samples = samples
+                guard Self.first(5, &seen), let v = s.samples() else { return false }
+                job.samples = v
             case "parameters":
                 guard Self.first(6, &seen), let v = s.updateParameters() else { return false }
                 job.parameters = v
+            case "validationSamples", "validation_samples":
+                guard Self.first(7, &seen), let v = s.samples() else { return false }
+                job.validationSamples = v
             default:
                 return s.skipUnknown(key, of: JSONFieldAudit.trainingJob, Attune_V1_TrainingJob.self)
             }
             return true
         }
         return ok ? job : nil
+    }
+
+    /// `[sample, ...]`: a job's samples or its validation samples.
+    mutating func samples() -> [Attune_V1_Sample]? {
+        var samples: [Attune_V1_Sample] = []
+        guard array({ s in
+            guard let sample = s.sample() else { return false }
+            samples.append(sample)
+            return true
+        }) else { return nil }
+        return samples
     }
 
     mutating func sample() -> Attune_V1_Sample? {

@@ -189,7 +189,7 @@ extension JSONFieldAudit {
     static let trainingJob = message("TrainingJob", [
         ("jobId", "job_id", .value), ("userId", "user_id", .value), ("model", "model", .value),
         ("baseVersion", "base_version", .value), ("samples", "samples", .list(sample)),
-        ("parameters", "parameters", updateParameters),
+        ("parameters", "parameters", updateParameters), ("validationSamples", "validation_samples", .list(sample)),
     ])
 
     static let cancelRequest = message("CancelRequest", [("jobId", "job_id", .value), ("reason", "reason", .value)])

@@ -14,23 +14,8 @@ enum JobBinaryEncoder {
     /// The deterministic bytes of `job` (with `job_id` left out when `omittingJobID`), or nil when some
     /// message in it carries unknown fields.
     static func deterministicBytes(_ job: Attune_V1_TrainingJob, omittingJobID: Bool) -> [UInt8]? {
-        guard job.unknownFields.data.isEmpty else { return nil }
-        // Sorting once here serves both the sizing and the writing pass.
-        var sorted: [[(key: String, value: Attune_V1_FeatureValue)]] = []
-        sorted.reserveCapacity(job.samples.count)
-        var sampleSizes: [Int] = []
-        sampleSizes.reserveCapacity(job.samples.count)
-        for sample in job.samples {
-            guard sample.unknownFields.data.isEmpty else { return nil }
-            let entries = sample.features.sorted { $0.key < $1.key }
-            var size = 0
-            for entry in entries {
-                guard let valueSize = featureValueSize(entry.value) else { return nil }
-                size += delimitedSize(entrySize(key: entry.key, valueSize: valueSize))
-            }
-            sorted.append(entries)
-            sampleSizes.append(size)
-        }
+        guard job.unknownFields.data.isEmpty, let samples = sortedSamples(job.samples),
+              let validation = sortedSamples(job.validationSamples) else { return nil }
         var parametersSize: Int?
         if job.hasParameters {
             // A learning-rate schedule is rare enough to leave to SwiftProtobuf.
@@ -43,8 +28,9 @@ enum JobBinaryEncoder {
         if !job.userID.isEmpty { total += delimitedSize(job.userID.utf8.count) }
         if !job.model.isEmpty { total += delimitedSize(job.model.utf8.count) }
         if job.baseVersion != 0 { total += 1 + varintSize(job.baseVersion) }
-        for size in sampleSizes { total += delimitedSize(size) }
+        for size in samples.sizes { total += delimitedSize(size) }
         if let parametersSize { total += delimitedSize(parametersSize) }
+        for size in validation.sizes { total += delimitedSize(size) }
 
         return [UInt8](unsafeUninitializedCapacity: total) { buffer, count in
             var out = ProtoWriter(buffer.baseAddress!)
@@ -52,7 +38,7 @@ enum JobBinaryEncoder {
             if !job.userID.isEmpty { out.string(job.userID, field: 2) }
             if !job.model.isEmpty { out.string(job.model, field: 3) }
             if job.baseVersion != 0 { out.int64(job.baseVersion, field: 4) }
-            for (entries, size) in zip(sorted, sampleSizes) {
+            for (entries, size) in zip(samples.entries, samples.sizes) {
                 out.header(field: 5, length: size)
                 for entry in entries { writeEntry(entry.key, entry.value, to: &out) }
             }
@@ -60,10 +46,36 @@ enum JobBinaryEncoder {
                 out.header(field: 6, length: parametersSize)
                 writeParameters(job.parameters, to: &out)
             }
+            for (entries, size) in zip(validation.entries, validation.sizes) {
+                out.header(field: 7, length: size)
+                for entry in entries { writeEntry(entry.key, entry.value, to: &out) }
+            }
             count = out.written(since: buffer.baseAddress!)
             // A size that disagrees with what was written would hash the wrong bytes (or worse): stop.
             precondition(count == total, "JobBinaryEncoder sized \(total) bytes but wrote \(count)")
         }
+    }
+
+    /// Each sample's features sorted by key (sorting once serves both the sizing and the writing pass) and
+    /// its encoded size; nil when some message in them carries unknown fields.
+    static func sortedSamples(_ list: [Attune_V1_Sample])
+        -> (entries: [[(key: String, value: Attune_V1_FeatureValue)]], sizes: [Int])? {
+        var sorted: [[(key: String, value: Attune_V1_FeatureValue)]] = []
+        sorted.reserveCapacity(list.count)
+        var sizes: [Int] = []
+        sizes.reserveCapacity(list.count)
+        for sample in list {
+            guard sample.unknownFields.data.isEmpty else { return nil }
+            let entries = sample.features.sorted { $0.key < $1.key }
+            var size = 0
+            for entry in entries {
+                guard let valueSize = featureValueSize(entry.value) else { return nil }
+                size += delimitedSize(entrySize(key: entry.key, valueSize: valueSize))
+            }
+            sorted.append(entries)
+            sizes.append(size)
+        }
+        return (sorted, sizes)
     }
 
     // MARK: sizes

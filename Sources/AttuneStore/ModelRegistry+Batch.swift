@@ -83,6 +83,7 @@ extension ModelRegistry {
                 PostgresArray(batch.map(\.loss)), PostgresArray(batch.map(\.samples)), PostgresArray(batch.map(\.epochs)),
                 PostgresArray(batch.map(\.durationSeconds)), PostgresArray(batch.map(\.worker)),
                 PostgresArray(batch.map(\.jobDigest)), PostgresArray(batch.map { $0.parameters ?? "" }),
+                PostgresArray(batch.map { $0.validation ?? "" }),
             ])
             for row in result.rows {
                 let ordinal = try row.int("ordinal")
@@ -138,7 +139,7 @@ extension ModelRegistry {
                existing_job_digest AS job_digest, existing_created_at AS created_at
         FROM attune_commit_versions($1::text[], $2::text[], $3::integer[], $4::integer[], $5::text[], $6,
                                     $7::integer[], $8::float8[], $9::integer[], $10::integer[], $11::float8[],
-                                    $12::text[], $13::text[], $14::text[])
+                                    $12::text[], $13::text[], $14::text[], $15::text[])
         """
 
     /// Records that `jobId` must not be committed, unless it already was. Takes turns with the commit of

@@ -140,13 +140,14 @@ public final class ModelRegistry {
     /// All stored versions of one user's model, oldest first.
     public func history(user: String, model: String) throws -> [PersonalVersionRecord] {
         try connection.query("""
-            SELECT \(Self.versionColumns), v.parameters::text AS parameters,
+            SELECT \(Self.versionColumns), v.parameters::text AS parameters, v.validation::text AS validation,
                    extract(epoch FROM v.pruned_at)::float8 AS pruned_at, v.restored_from
             FROM attune_personal_versions v
             WHERE v.user_id = $1 AND v.model = $2 ORDER BY v.version
             """, [user, model]).rows.map { row in
                 var record = try Self.versionRecord(row)
                 record.parameters = try row.optionalString("parameters")
+                record.validation = try row.optionalString("validation")
                 record.prunedAt = try row.optionalDouble("pruned_at").map { Date(timeIntervalSince1970: $0) }
                 record.restoredFrom = try row.optionalInt("restored_from")
                 return record
@@ -203,11 +204,12 @@ public final class ModelRegistry {
                 try conn.query("""
                     INSERT INTO attune_personal_versions
                         (user_id, model, version, base_version, parent_version, job_id, state_lo,
-                         state_size_bytes, loss, samples, epochs, duration_seconds, worker, job_digest, parameters)
-                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::jsonb)
+                         state_size_bytes, loss, samples, epochs, duration_seconds, worker, job_digest, parameters,
+                         validation)
+                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::jsonb, $16::jsonb)
                     """, [v.user, v.model, version, v.baseVersion, v.parentVersion, v.jobId, oid,
                           Int64(v.state.count), v.loss, v.samples, v.epochs, v.durationSeconds, v.worker,
-                          v.jobDigest, v.parameters])
+                          v.jobDigest, v.parameters, v.validation])
                 try conn.query("""
                     UPDATE attune_personal_heads SET version = $3, updated_at = now()
                     WHERE user_id = $1 AND model = $2

@@ -46,6 +46,9 @@ public struct PersonalVersionRecord: Sendable, Equatable {
     /// The parameters the update task ran with, as JSON (see `NewPersonalVersion.parameters`); read by
     /// `history`, nil elsewhere and for versions committed before they were kept.
     public var parameters: String? = nil
+    /// How the task did on the job's validation samples, as JSON (see `NewPersonalVersion.validation`);
+    /// read by `history`, nil elsewhere and for versions without a validation set.
+    public var validation: String? = nil
     /// When `attune model prune` deleted this version's state (its record stays); read by `history`.
     public var prunedAt: Date? = nil
     /// For a version `attune model rollback` made: the version whose state it copied; read by `history`.
@@ -72,10 +75,13 @@ public struct NewPersonalVersion: Sendable {
     /// The parameters the task ran with, a JSON object (epochs, mini-batch size, optimizer settings, shuffle,
     /// seed, and each epoch's learning rate under a schedule), kept with the version as MLflow keeps a run's.
     public var parameters: String?
+    /// The validation set's metrics after the last epoch, a JSON object (`samples`, `loss`, `accuracy`,
+    /// null where the model has none); nil when the job had no validation samples.
+    public var validation: String?
 
     public init(user: String, model: String, baseVersion: Int, parentVersion: Int, jobId: String,
                 state: Data, loss: Double?, samples: Int, epochs: Int, durationSeconds: Double,
-                worker: String, jobDigest: String? = nil, parameters: String? = nil) {
+                worker: String, jobDigest: String? = nil, parameters: String? = nil, validation: String? = nil) {
         self.user = user
         self.model = model
         self.baseVersion = baseVersion
@@ -89,6 +95,7 @@ public struct NewPersonalVersion: Sendable {
         self.worker = worker
         self.jobDigest = jobDigest
         self.parameters = parameters
+        self.validation = validation
     }
 }
 

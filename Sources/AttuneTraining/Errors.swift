@@ -141,29 +141,43 @@ public enum InvalidTrainingInput: Error, CustomStringConvertible, Sendable, Equa
     case parameterNotAllowed(name: String, reason: String)
     /// A learningRateSchedule that is malformed or reaches a rate the model does not allow.
     case learningRateSchedule(LearningRateScheduleProblem)
+    /// More validationSamples than fit beside the job's samples: the two count together against the
+    /// worker's per-job sample limit.
+    case validationSampleCount(count: Int, samples: Int, max: Int)
+    /// A validation sample the model cannot take, refused as a training sample would be; its index is in
+    /// the job's validationSamples.
+    indirect case validationSample(InvalidTrainingInput)
 
-    public var description: String {
+    public var description: String { description(naming: { "sample \($0)" }) }
+
+    /// `sample` names a sample by its index, in the list the error is about.
+    private func description(naming sample: (Int) -> String) -> String {
         switch self {
         case .sampleCount(let count, let max):
             return "a training job needs 1...\(max) samples, got \(count); split larger batches into several jobs"
-        case .missingFeature(let sample, let feature):
-            return "sample \(sample): feature '\(feature)' is missing; every sample needs the model input and the label (or target)"
-        case .unknownFeature(let sample, let feature, let expected):
-            return "sample \(sample): unknown feature '\(feature)'; the model takes only \(expected.joined(separator: ", "))"
-        case .wrongType(let sample, let feature, let expected, let found):
-            return "sample \(sample): feature '\(feature)' must be \(expected), got \(found)"
-        case .wrongShape(let sample, let feature, let expected, let shape, let valueCount):
+        case .missingFeature(let index, let feature):
+            return "\(sample(index)): feature '\(feature)' is missing; every sample needs the model input and the label (or target)"
+        case .unknownFeature(let index, let feature, let expected):
+            return "\(sample(index)): unknown feature '\(feature)'; the model takes only \(expected.joined(separator: ", "))"
+        case .wrongType(let index, let feature, let expected, let found):
+            return "\(sample(index)): feature '\(feature)' must be \(expected), got \(found)"
+        case .wrongShape(let index, let feature, let expected, let shape, let valueCount):
             let product = expected.reduce(1, *)
-            return "sample \(sample): feature '\(feature)' must be a multiArray of shape \(expected) "
+            return "\(sample(index)): feature '\(feature)' must be a multiArray of shape \(expected) "
                 + "(\(product) values, shape may be omitted), got shape \(shape) with \(valueCount) values"
-        case .nonFinite(let sample, let feature, let index):
-            return "sample \(sample): feature '\(feature)' has a NaN or infinite value at index \(index); "
+        case .nonFinite(let index, let feature, let position):
+            return "\(sample(index)): feature '\(feature)' has a NaN or infinite value at index \(position); "
                 + "only finite numbers can be trained on"
-        case .image(let sample, let feature, let reason):
-            return "sample \(sample): feature '\(feature)': \(reason)"
-        case .unknownLabel(let sample, let feature, let label, let known):
+        case .image(let index, let feature, let reason):
+            return "\(sample(index)): feature '\(feature)': \(reason)"
+        case .unknownLabel(let index, let feature, let label, let known):
             let shown = known.prefix(20).joined(separator: ", ") + (known.count > 20 ? ", ..." : "")
-            return "sample \(sample): label '\(label)' in feature '\(feature)' is not one of the model's class labels (\(shown))"
+            return "\(sample(index)): label '\(label)' in feature '\(feature)' is not one of the model's class labels (\(shown))"
+        case .validationSampleCount(let count, let samples, let max):
+            return "a job carries at most \(max) samples, samples and validationSamples together; this one has "
+                + "\(samples) + \(count) validationSamples: hold out fewer samples or split the job"
+        case .validationSample(let problem):
+            return problem.description(naming: { "validationSamples[\($0)]" })
         case .parameterOutOfRange(let name, let value, let allowed):
             return "update parameter \(name) = \(value) is not allowed by the model; allowed: \(allowed)"
         case .parameterNotAllowed(let name, let reason):

@@ -1,12 +1,13 @@
 import AttuneSpec
 
 /// What an update task reports while it runs (as `MLUpdateProgressHandlers`). Epochs and mini-batches
-/// are 1-based; losses are means of the categorical cross-entropy over the samples concerned, each
-/// measured with the weights before that mini-batch's step.
+/// are 1-based; losses are means of the model's loss over the samples concerned, each measured with the
+/// weights before that mini-batch's step. `validation` is the held-out samples' metrics with the weights
+/// at the epoch's end, nil when the task has no validation set.
 public enum TrainingProgress: Sendable, Equatable {
     case trainingBegin(samples: Int, epochs: Int)
     case miniBatchEnd(epoch: Int, batch: Int, loss: Double)
-    case epochEnd(epoch: Int, loss: Double)
+    case epochEnd(epoch: Int, loss: Double, validation: ValidationMetrics? = nil)
 }
 
 public struct UpdateResult: Sendable {
@@ -20,6 +21,8 @@ public struct UpdateResult: Sendable {
     public let epochs: Int
     public let samples: Int
     public let durationSeconds: Double
+    /// The validation set's metrics after the last epoch; nil without a validation set.
+    public var validation: ValidationMetrics? = nil
     /// False for k-NN updates (and pipelines, which end in one): they append samples and minimize nothing.
     var hasLoss = true
 }
@@ -33,14 +36,18 @@ public struct UpdateTask: Sendable {
     public let state: Attune_V1_UpdateState?
     public let batch: TrainingBatch
     public let parameters: ResolvedParameters
+    /// Held-out samples (`UpdatableModel.prepareValidation`) evaluated after every epoch; they never
+    /// touch the weights, the shuffle or anything else the version's bits depend on.
+    public let validation: TrainingBatch?
 
     /// `state` nil starts from the base model (personal version 0).
     public init(model: UpdatableModel, state: Attune_V1_UpdateState?, batch: TrainingBatch,
-                parameters: ResolvedParameters) {
+                parameters: ResolvedParameters, validation: TrainingBatch? = nil) {
         self.model = model
         self.state = state
         self.batch = batch
         self.parameters = parameters
+        self.validation = validation
     }
 
     /// Runs the task on the calling thread. `isCancelled` is asked before every mini-batch.
@@ -48,14 +55,14 @@ public struct UpdateTask: Sendable {
                     isCancelled: () -> Bool = { false }) throws -> UpdateResult {
         switch model {
         case .neuralNetwork(let network):
-            return try network.train(state: state, batch: batch, parameters: parameters, progress: progress,
-                                     isCancelled: isCancelled)
+            return try network.train(state: state, batch: batch, parameters: parameters, validation: validation,
+                                     progress: progress, isCancelled: isCancelled)
         case .nearestNeighbors(let knn):
-            return try knn.train(state: state, batch: batch, parameters: parameters, progress: progress,
-                                 isCancelled: isCancelled)
+            return try knn.train(state: state, batch: batch, parameters: parameters, validation: validation,
+                                 progress: progress, isCancelled: isCancelled)
         case .pipeline(let pipeline):
-            return try pipeline.train(state: state, batch: batch, parameters: parameters, progress: progress,
-                                      isCancelled: isCancelled)
+            return try pipeline.train(state: state, batch: batch, parameters: parameters, validation: validation,
+                                      progress: progress, isCancelled: isCancelled)
         }
     }
 }

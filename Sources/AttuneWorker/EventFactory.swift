@@ -1,4 +1,5 @@
 import AttuneSpec
+import AttuneTraining
 import Foundation
 
 /// Stamps events with what identifies the job, so every event a worker emits can be routed and read alone.
@@ -27,5 +28,14 @@ public struct EventFactory: Sendable {
         event.timestampMs = Int64(Date().timeIntervalSince1970 * 1000)
         fill(&event)
         return event
+    }
+}
+
+extension Attune_V1_Event {
+    /// The validation metrics a task measured, each only where the model has it: absent is "none", which
+    /// a zero loss or accuracy must not be mistaken for.
+    mutating func setValidation(_ metrics: ValidationMetrics?) {
+        if let loss = metrics?.loss { validationLoss = loss }
+        if let accuracy = metrics?.accuracy { validationAccuracy = accuracy }
     }
 }

@@ -7,8 +7,9 @@ import Logging
 /// How one delivery of a job ended; the slot turns each into exactly one broker action.
 public enum JobOutcome: Sendable, Equatable {
     /// A new version was committed: ack.
-    /// `loss` is nil for k-NN and pipeline models, which have none.
-    case committed(version: Int, loss: Double?, durationSeconds: Double)
+    /// `loss` is nil for k-NN and pipeline models, which have none; `validation` is nil without validation
+    /// samples.
+    case committed(version: Int, loss: Double?, durationSeconds: Double, validation: ValidationMetrics? = nil)
     /// The job id was applied before (a redelivery or a re-publish): ack without training.
     case alreadyApplied(version: Int)
     /// The job can never succeed as sent: dead-letter it with the reason.

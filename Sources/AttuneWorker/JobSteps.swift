@@ -210,6 +210,8 @@ final class JobSteps {
         let model = try baseModel(name: job.model, version: baseVersion)
         let parameters = try model.resolveParameters(job.parameters)
         let batch = try model.prepareBatch(job.samples, maxSamples: configuration.limits.maxSamples)
+        let validation = try model.prepareValidation(job.validationSamples, trainingSamples: job.samples.count,
+                                                     maxSamples: configuration.limits.maxSamples)
         let budget = configuration.maxTaskSeconds
         let started = Date()
         var overBudget = false
@@ -224,7 +226,8 @@ final class JobSteps {
         let throttle = Throttle(interval: configuration.miniBatchEventInterval)
         let result: UpdateResult
         do {
-            result = try UpdateTask(model: model, state: head.state, batch: batch, parameters: parameters).run(
+            result = try UpdateTask(model: model, state: head.state, batch: batch, parameters: parameters,
+                                    validation: validation).run(
                 progress: { progress in
                     switch progress {
                     case .trainingBegin(let samples, let epochs):
@@ -237,9 +240,10 @@ final class JobSteps {
                         report(events.make(.miniBatchEnd) {
                             $0.epoch = Int64(epoch); $0.miniBatch = Int64(batch); $0.loss = loss
                         })
-                    case .epochEnd(let epoch, let loss):
+                    case .epochEnd(let epoch, let loss, let validated):
                         report(events.make(.epochEnd) {
                             $0.epoch = Int64(epoch); $0.epochs = Int64(parameters.epochs); $0.loss = loss
+                            $0.setValidation(validated)
                         })
                     }
                 }, isCancelled: isCancelled)
@@ -257,7 +261,8 @@ final class JobSteps {
             user: job.userID, model: job.model, baseVersion: baseVersion, parentVersion: head.version,
             jobId: job.jobID, state: try result.state.serializedData(), loss: result.loss,
             samples: result.samples, epochs: result.epochs, durationSeconds: result.durationSeconds,
-            worker: configuration.workerName, jobDigest: candidate.digest, parameters: parameters.recordJSON)
+            worker: configuration.workerName, jobDigest: candidate.digest, parameters: parameters.recordJSON,
+            validation: result.validation?.recordJSON)
         return Staged(candidate: candidate, version: version, result: result)
     }
 
@@ -289,7 +294,8 @@ final class JobSteps {
             switch outcome {
             case .success(.committed(let version)):
                 results[candidate.index] = .outcome(.committed(version: version, loss: entry.result.loss,
-                                                               durationSeconds: entry.result.durationSeconds))
+                                                               durationSeconds: entry.result.durationSeconds,
+                                                               validation: entry.result.validation))
                 if written.count >= maxWritten { written.removeAll(keepingCapacity: true) }
                 written[candidate.key] = Head(version: version, baseVersion: entry.version.baseVersion,
                                               state: entry.result.state)

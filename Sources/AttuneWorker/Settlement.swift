@@ -45,10 +45,11 @@ public enum Settlement {
             let reason = "worker \(workerName) shut down before the job finished; requeued uncommitted"
             return SettlementDecision(action: .requeue,
                                       event: events.make(.failed) { $0.reason = reason; $0.willRetry = true })
-        case .outcome(.committed(let version, let loss, let duration)):
+        case .outcome(.committed(let version, let loss, let duration, let validation)):
             return SettlementDecision(action: .ack, event: events.make(.completed) {
                 $0.version = Int64(version); $0.loss = loss ?? 0; $0.durationSeconds = duration
                 $0.samples = Int64(samples)
+                $0.setValidation(validation)
             })
         case .outcome(.alreadyApplied(let version)):
             return SettlementDecision(action: .ack, event: events.make(.completed) {

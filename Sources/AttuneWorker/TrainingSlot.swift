@@ -116,7 +116,7 @@ final class TrainingSlot {
         for ((job, result), settlement) in zip(finished, settled) {
             metrics.settled(result)
             metrics.jobDuration.recordNanoseconds(Int64(elapsed))
-            if case .outcome(.committed(_, _, let seconds)) = result {
+            if case .outcome(.committed(_, _, let seconds, _)) = result {
                 metrics.samplesTrained.increment(by: Int64(job.samples.count))
                 metrics.trainingDuration.recordNanoseconds(Int64(seconds * 1e9))
             }
@@ -131,7 +131,7 @@ final class TrainingSlot {
     private func log(_ finished: [(job: Attune_V1_TrainingJob, result: JobResult)]) {
         for (job, result) in finished {
             switch result {
-            case .outcome(.committed(let version, let loss, _)):
+            case .outcome(.committed(let version, let loss, _, _)):
                 logger.debug("job \(job.jobID) committed \(job.model)/\(job.userID) v\(version) loss \(loss.map { "\($0)" } ?? "none")")
             case .outcome(.alreadyApplied(let version)):
                 logger.info("job \(job.jobID) was already applied as v\(version); acked without training")

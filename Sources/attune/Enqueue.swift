@@ -31,6 +31,13 @@ struct Enqueue: ParsableCommand {
     var stepFactor: Double?
     @Option(help: "Learning-rate schedule: epochs between --step-factor decays.") var stepEpochs: Int?
     @Option(help: "Learning-rate schedule: multiply the rate by this after each epoch.") var exponentialDecay: Double?
+    @Option(help: ArgumentHelp("Hold out the last fraction F (0 < F < 1) of the samples as every job's validation set "
+        + "(never trained on; epoch_end events report its loss and accuracy), as Keras' validation_split.",
+        valueName: "F"))
+    var validationSplit: Double?
+    @Option(help: ArgumentHelp("CSV file (columns as --csv) whose rows are every job's validation set.", valueName: "file"))
+    var validationCsv: String?
+    @Option(help: "Rows of --validation-csv to use, as START:END (END excluded).") var validationRows: String?
 
     func run() throws {
         try Identifier.validate(model, field: "model")
@@ -41,7 +48,8 @@ struct Enqueue: ParsableCommand {
         case "json": encoding = .json
         default: throw ValidationError("--format is protobuf or json")
         }
-        let all = try samples.load()
+        var all = try samples.load()
+        let validation = try validationSamples(splitting: &all)
         let size = max(1, chunk ?? max(all.count, 1))
         let chunks = stride(from: 0, to: max(all.count, 1), by: size).map { Array(all[$0..<min($0 + size, all.count)]) }
         if jobID != nil && chunks.count > 1 { throw ValidationError("--job-id names one job; drop it or --chunk") }
@@ -57,11 +65,48 @@ struct Enqueue: ParsableCommand {
             job.model = model
             job.baseVersion = Int64(baseVersion)
             job.samples = part
+            job.validationSamples = validation
             job.parameters = try overrides()
             let (body, contentType) = try JobCodec.encode(job, as: encoding)
             try JobQueues(connection).publishJob(body: body, contentType: contentType, user: job.userID,
                                                  messageId: job.jobID)
             print(job.jobID)
+        }
+    }
+
+    /// The validation set every job carries: split off the end of `loaded`, read from --validation-csv, or
+    /// the validationSamples of the --json job file; empty when none is asked for.
+    private func validationSamples(splitting loaded: inout [Attune_V1_Sample]) throws -> [Attune_V1_Sample] {
+        if validationRows != nil && validationCsv == nil {
+            throw ValidationError("--validation-rows selects rows of --validation-csv; give that file too")
+        }
+        switch (validationSplit, validationCsv) {
+        case (let fraction?, nil):
+            guard fraction > 0, fraction < 1 else {
+                throw ValidationError("--validation-split takes a fraction between 0 and 1, for example 0.2")
+            }
+            // As Keras: the last samples, taken before anything is shuffled, so the split is reproducible.
+            let held = Int((Double(loaded.count) * fraction).rounded())
+            guard held >= 1, held < loaded.count else {
+                throw ValidationError("--validation-split \(fraction) of \(loaded.count) samples leaves \(held) for "
+                    + "validation and \(loaded.count - held) to train on; each needs at least one")
+            }
+            let validation = Array(loaded.suffix(held))
+            loaded.removeLast(held)
+            return validation
+        case (nil, let file?):
+            var options = samples
+            options.csv = file
+            options.json = nil
+            options.rows = validationRows
+            let validation = try options.load()
+            guard !validation.isEmpty else { throw ValidationError("--validation-csv \(file) has no rows to validate on") }
+            return validation
+        case (nil, nil):
+            guard let file = samples.json else { return [] }
+            return try Attune_V1_TrainingJob(jsonUTF8Data: Data(contentsOf: URL(fileURLWithPath: file))).validationSamples
+        case (_?, _?):
+            throw ValidationError("give at most one of --validation-split and --validation-csv")
         }
     }
 

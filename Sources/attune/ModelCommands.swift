@@ -80,12 +80,32 @@ extension Model {
                 return
             }
             print(pad("VERSION", 9) + pad("BASE", 6) + pad("SAMPLES", 9) + pad("EPOCHS", 8) + pad("LOSS", 10)
-                  + pad("SECONDS", 9) + pad("JOB", 38) + "WORKER")
+                  + pad("VAL LOSS", 10) + pad("VAL ACC", 9) + pad("SECONDS", 9) + pad("JOB", 38) + "WORKER")
             for v in versions {
+                // Blank, not —, without a validation set: — says the model has no such metric.
+                let validation = Model.ValidationRecord(json: v.validation)
+                let validationLoss = validation.map { $0.loss.map { String(format: "%.4f", $0) } ?? "—" } ?? ""
+                let validationAccuracy = validation.map { $0.accuracy.map { String(format: "%.3f", $0) } ?? "—" } ?? ""
                 print(pad("\(v.version)", 9) + pad("\(v.baseVersion)", 6) + pad("\(v.samples)", 9) + pad("\(v.epochs)", 8)
-                      + pad(v.loss.map { String(format: "%.4f", $0) } ?? "—", 10) + pad(String(format: "%.3f", v.durationSeconds), 9)
+                      + pad(v.loss.map { String(format: "%.4f", $0) } ?? "—", 10) + pad(validationLoss, 10)
+                      + pad(validationAccuracy, 9) + pad(String(format: "%.3f", v.durationSeconds), 9)
                       + pad(v.jobId, 38) + v.worker + Model.lifecycleNote(v))
             }
+        }
+    }
+
+    /// The validation metrics a version records (`ValidationMetrics.recordJSON`); nil without any.
+    struct ValidationRecord {
+        let samples: Int
+        let loss: Double?
+        let accuracy: Double?
+
+        init?(json: String?) {
+            guard let json, let object = try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any],
+                  let samples = (object["samples"] as? NSNumber)?.intValue else { return nil }
+            self.samples = samples
+            loss = (object["loss"] as? NSNumber)?.doubleValue
+            accuracy = (object["accuracy"] as? NSNumber)?.doubleValue
         }
     }
 
@@ -108,6 +128,12 @@ extension Model {
         if let parameters = v.parameters, let parsed = try? JSONSerialization.jsonObject(with: Data(parameters.utf8)) {
             object["parameters"] = parsed
         }
+        // Every version has the three keys, null without a validation set (and for a metric the model
+        // lacks: a k-NN's loss, a regressor's accuracy), as `loss` is.
+        let validation = ValidationRecord(json: v.validation)
+        object["validationSamples"] = validation.map { $0.samples as Any } ?? NSNull()
+        object["validationLoss"] = validation?.loss.map { $0 as Any } ?? NSNull()
+        object["validationAccuracy"] = validation?.accuracy.map { $0 as Any } ?? NSNull()
         return String(decoding: try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]), as: UTF8.self)
     }
 

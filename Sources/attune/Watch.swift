@@ -55,6 +55,14 @@ enum EventLine {
         seconds < 1 ? String(format: "%.1f ms", seconds * 1000) : String(format: "%.2f s", seconds)
     }
 
+    /// ", validation loss 0.2140 accuracy 0.925", as much of it as the event carries, or nothing.
+    static func validation(_ event: Attune_V1_Event) -> String {
+        var parts: [String] = []
+        if event.hasValidationLoss { parts.append("loss " + String(format: "%.4f", event.validationLoss)) }
+        if event.hasValidationAccuracy { parts.append("accuracy " + String(format: "%.3f", event.validationAccuracy)) }
+        return parts.isEmpty ? "" : ", validation " + parts.joined(separator: " ")
+    }
+
     static func text(_ event: Attune_V1_Event) -> String {
         let time = Date(timeIntervalSince1970: Double(event.timestampMs) / 1000)
         let stamp = ISO8601DateFormatter.string(from: time, timeZone: .current, formatOptions: [.withTime, .withColonSeparatorInTime])
@@ -66,6 +74,7 @@ enum EventLine {
             return "\(stamp) \(who) started from v\(event.version): \(event.samples) samples, \(event.epochs) epochs [\(event.worker)]"
         case .epochEnd:
             return "\(stamp) \(who) epoch \(event.epoch)/\(event.epochs) loss \(String(format: "%.4f", event.loss))"
+                + validation(event)
         case .miniBatchEnd:
             return "\(stamp) \(who) epoch \(event.epoch) batch \(event.miniBatch) loss \(String(format: "%.4f", event.loss))"
         case .completed where event.duplicate:
@@ -73,7 +82,7 @@ enum EventLine {
         case .completed:
             // k-NN and pipeline models have no loss: the event leaves it out (0).
             let loss = event.loss == 0 ? "" : " loss \(String(format: "%.4f", event.loss))"
-            return "\(stamp) \(who) completed v\(event.version)\(loss) in \(duration(event.durationSeconds))"
+            return "\(stamp) \(who) completed v\(event.version)\(loss)\(validation(event)) in \(duration(event.durationSeconds))"
         case .failed:
             return "\(stamp) \(who) FAILED (\(event.willRetry ? "will retry" : "dead-lettered")): \(event.reason)"
         default:

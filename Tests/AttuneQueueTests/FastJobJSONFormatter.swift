@@ -23,6 +23,11 @@ struct JobFormatter<R: RandomNumberGenerator> {
                 object([("\"features\"", object(sample.features.sorted { $0.key < $1.key }.map { (string($0.key), featureValue($0.value)) }))])
             })))
         }
+        if !job.validationSamples.isEmpty {
+            members.append((name("validationSamples", "validation_samples"), list(job.validationSamples.map { sample in
+                object([("\"features\"", object(sample.features.sorted { $0.key < $1.key }.map { (string($0.key), featureValue($0.value)) }))])
+            })))
+        }
         if job.hasParameters { members.append(("parameters", parameters(job.parameters))) }
         members.shuffle(using: &rng)
         return object(members.map { ($0.0.hasPrefix("\"") ? $0.0 : "\"\($0.0)\"", $0.1) })

@@ -100,6 +100,13 @@ enum RandomJobs {
             if Bool.random(using: &rng) { p.k = int64(&rng) }
             job.parameters = p
         }
+        if Bool.random(using: &rng) {
+            for _ in 0..<Int.random(in: 0...3, using: &rng) {
+                var sample = Attune_V1_Sample()
+                for _ in 0..<Int.random(in: 0...3, using: &rng) { sample.features[string(&rng)] = featureValue(&rng) }
+                job.validationSamples.append(sample)
+            }
+        }
         return job
     }
 

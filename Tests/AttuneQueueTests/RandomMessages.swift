@@ -105,13 +105,16 @@ struct RandomMessages {
         if bool() { job.userID = string(maxLength: 130) }
         if bool() { job.model = string() }
         if bool() { job.baseVersion = int64() }
-        for _ in 0..<int(0...6) {
-            var sample = Attune_V1_Sample()
-            for _ in 0..<int(0...5) { sample.features[string(maxLength: 4)] = featureValue() }
-            job.samples.append(sample)
-        }
+        for _ in 0..<int(0...6) { job.samples.append(sample()) }
         if bool() { job.parameters = parameters() }
+        if bool() { for _ in 0..<int(0...3) { job.validationSamples.append(sample()) } }
         return job
+    }
+
+    mutating func sample() -> Attune_V1_Sample {
+        var sample = Attune_V1_Sample()
+        for _ in 0..<int(0...5) { sample.features[string(maxLength: 4)] = featureValue() }
+        return sample
     }
 
     mutating func event() -> Attune_V1_Event {
@@ -135,6 +138,8 @@ struct RandomMessages {
         if bool() { event.timestampMs = int64() }
         if bool() { event.duplicate = bool() }
         if bool() { event.cancelStage = string(maxLength: 12) }
+        if bool() { event.validationLoss = double() }
+        if bool() { event.validationAccuracy = double() }
         return event
     }
 }

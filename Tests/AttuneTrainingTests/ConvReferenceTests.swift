@@ -56,7 +56,7 @@ extension ReferenceTests {
         let parameters = try model.resolveParameters(overrides)
         var epochLosses: [Double] = []
         let result = try UpdateTask(model: .neuralNetwork(model), state: nil, batch: batch, parameters: parameters).run { event in
-            if case .epochEnd(_, let loss) = event { epochLosses.append(loss) }
+            if case .epochEnd(_, let loss, _) = event { epochLosses.append(loss) }
         }
 
         let problem: [String: Any] = [

@@ -26,7 +26,7 @@ final class DigitsTests: XCTestCase {
         let before = try model.accuracy(samples: samples, state: nil)
         var epochLosses: [Double] = []
         let result = try UpdateTask(model: .neuralNetwork(model), state: nil, batch: batch, parameters: model.defaults).run { event in
-            if case .epochEnd(_, let loss) = event { epochLosses.append(loss) }
+            if case .epochEnd(_, let loss, _) = event { epochLosses.append(loss) }
         }
         let after = try model.accuracy(samples: samples, state: result.state)
         let rate = Double(result.samples * result.epochs) / result.durationSeconds

@@ -92,7 +92,7 @@ final class LearningRateScheduleReferenceTests: XCTestCase {
 
         var epochLosses: [Double] = []
         let result = try UpdateTask(model: .neuralNetwork(model), state: nil, batch: batch, parameters: parameters).run {
-            if case .epochEnd(_, let loss) = $0 { epochLosses.append(loss) }
+            if case .epochEnd(_, let loss, _) = $0 { epochLosses.append(loss) }
         }
         let unscheduled = try UpdateTask(model: .neuralNetwork(model), state: nil, batch: batch,
                                          parameters: constant).run { _ in }

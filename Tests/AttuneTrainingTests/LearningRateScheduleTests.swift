@@ -137,7 +137,7 @@ final class LearningRateScheduleTests: XCTestCase {
         let overrides = parameters { $0.seed = 11; $0.epochs = 4; change(&$0) }
         var losses: [Double] = []
         let result = try UpdateTask(model: model, state: nil, batch: batch, parameters: model.resolveParameters(overrides))
-            .run { if case .epochEnd(_, let loss) = $0 { losses.append(loss) } }
+            .run { if case .epochEnd(_, let loss, _) = $0 { losses.append(loss) } }
         epochLosses = losses
         return result
     }

@@ -64,7 +64,7 @@ final class LossOptimizerReferenceTests: XCTestCase {
         XCTAssertNotEqual(batch.count % parameters.miniBatchSize, 0, "want a partial last mini-batch", file: file, line: line)
         var epochLosses: [Double] = []
         let result = try UpdateTask(model: .neuralNetwork(model), state: nil, batch: batch, parameters: parameters).run { event in
-            if case .epochEnd(_, let loss) = event { epochLosses.append(loss) }
+            if case .epochEnd(_, let loss, _) = event { epochLosses.append(loss) }
         }
 
         let width = batch.inputWidth, outputWidth = model.plan.outputWidth

@@ -31,7 +31,7 @@ final class ReferenceTests: XCTestCase {
                                                       shuffle: true, seed: 987_654_321))
         var epochLosses: [Double] = []
         let result = try UpdateTask(model: .neuralNetwork(model), state: nil, batch: batch, parameters: parameters).run { event in
-            if case .epochEnd(_, let loss) = event { epochLosses.append(loss) }
+            if case .epochEnd(_, let loss, _) = event { epochLosses.append(loss) }
         }
 
         let problem: [String: Any] = [

@@ -50,7 +50,7 @@ final class RegressionTests: XCTestCase {
         var o = Attune_V1_UpdateParameters()
         o.epochs = 20
         let result = try UpdateTask(model: model, state: nil, batch: batch, parameters: model.resolveParameters(o)).run { event in
-            if case .epochEnd(_, let loss) = event { epochLosses.append(loss) }
+            if case .epochEnd(_, let loss, _) = event { epochLosses.append(loss) }
         }
         guard case .meanSquaredError(let after) = try model.evaluate(samples: heldOut, state: result.state) else {
             return XCTFail("a regressor is evaluated by its mean squared error")
@@ -91,7 +91,7 @@ final class RegressionTests: XCTestCase {
         let batch = try model.prepareBatch(samples, maxSamples: 1000)
         var losses: [Double] = []
         _ = try UpdateTask(model: model, state: nil, batch: batch, parameters: model.defaults).run { event in
-            if case .epochEnd(_, let loss) = event { losses.append(loss) }
+            if case .epochEnd(_, let loss, _) = event { losses.append(loss) }
         }
         print("digits regression (SGD momentum 0.9, MSE): epoch losses \(losses.map { String(format: "%.3f", $0) })")
         XCTAssertLessThan(losses.last!, losses.first! * 0.5)

@@ -49,7 +49,7 @@ final class UpdateTaskTests: XCTestCase {
                 XCTAssertEqual(number, batchLosses.count + 1)
                 XCTAssertTrue((1...3).contains(epoch))
                 batchLosses.append(loss)
-            case .epochEnd(_, let loss):
+            case .epochEnd(_, let loss, _):
                 XCTAssertEqual(batchLosses.count, 3)
                 // The epoch loss is the mean over samples, so the partial batch counts for 2 of 10.
                 XCTAssertEqual(loss, (4 * batchLosses[0] + 4 * batchLosses[1] + 2 * batchLosses[2]) / 10, accuracy: 1e-12)

@@ -93,7 +93,7 @@ final class JobStepsTests: XCTestCase {
         let results = try run(steps(store), jobs)
         XCTAssertEqual(store.lookups, 1)
         XCTAssertEqual(store.commits, 1)
-        XCTAssertEqual(results.compactMap { if case .outcome(.committed(let v, _, _)) = $0 { v } else { nil } }, [1, 1, 2])
+        XCTAssertEqual(results.compactMap { if case .outcome(.committed(let v, _, _, _)) = $0 { v } else { nil } }, [1, 1, 2])
         XCTAssertEqual(store.committed.map(\.parentVersion), [0, 0, 1])
         // Ann's second job trained from her first job's weights, not from the base.
         let alone = try makeStore()
@@ -134,7 +134,7 @@ final class JobStepsTests: XCTestCase {
             store.heads[UserModel(user: "cat", model: "d")] = (2, 1, firstState)
         }
         let results = try run(steps, [second])
-        guard case .outcome(.committed(version: 3, _, _)) = results[0] else { return XCTFail("\(results)") }
+        guard case .outcome(.committed(version: 3, _, _, _)) = results[0] else { return XCTFail("\(results)") }
         XCTAssertEqual(steps.retrains, 1)
         XCTAssertEqual(store.committed.last?.parentVersion, 2)
     }
@@ -155,7 +155,7 @@ final class JobStepsTests: XCTestCase {
         XCTAssertEqual(steps.retrains, 0)
         XCTAssertEqual(store.lookups, 2, "the first batch's lookup, and this one's")
         XCTAssertEqual(results[0], .outcome(.alreadyApplied(version: 1)))
-        guard case .outcome(.committed(version: 2, _, _)) = results[1] else { return XCTFail("\(results[1])") }
+        guard case .outcome(.committed(version: 2, _, _, _)) = results[1] else { return XCTFail("\(results[1])") }
         XCTAssertEqual(store.committed.map(\.jobId), [first.jobID, second.jobID])
         // After a partition changed hands the slot forgets what it wrote and looks up.
         steps.forgetWrittenHeads()
@@ -182,7 +182,7 @@ final class JobStepsTests: XCTestCase {
         XCTAssertEqual(results[0], .outcome(.committed(version: 1, loss: store.committed[0].loss,
                                                        durationSeconds: store.committed[0].durationSeconds)))
         XCTAssertEqual(results[1], .outcome(.alreadyApplied(version: 1)))
-        guard case .outcome(.committed(version: 2, _, _)) = results[2] else { return XCTFail("\(results[2])") }
+        guard case .outcome(.committed(version: 2, _, _, _)) = results[2] else { return XCTFail("\(results[2])") }
         guard case .outcome(.rejected(let reason)) = results[3] else { return XCTFail("\(results[3])") }
         XCTAssertTrue(reason.contains("other content"), reason)
         XCTAssertEqual(store.committed.map(\.jobId), [job.jobID, next.jobID])
@@ -202,7 +202,7 @@ final class JobStepsTests: XCTestCase {
         XCTAssertEqual(results[0], .outcome(.alreadyApplied(version: 1)))
         guard case .outcome(.rejected(let reason)) = results[1] else { return XCTFail("\(results[1])") }
         XCTAssertTrue(reason.contains("not-a-class"), reason)
-        guard case .outcome(.committed(version: 1, _, _)) = results[2] else { return XCTFail("\(results[2])") }
+        guard case .outcome(.committed(version: 1, _, _, _)) = results[2] else { return XCTFail("\(results[2])") }
         XCTAssertEqual(store.committed.count, 2, "the applied job was not committed again")
     }
 

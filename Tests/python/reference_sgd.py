@@ -30,10 +30,16 @@ Input JSON:
                   {"exponential_decay"} (learning_rate * exponential_decay ** e); the optimizer's rate is set
                   before each epoch, its velocity or moments and t carry on
   forward_only: true to run the network once and write {"outputs": [[float]]} instead of training
+  validation_inputs, validation_targets (optional, as inputs and targets), validation_classes (optional,
+                  each validation sample's class): held-out samples evaluated after every epoch with that
+                  epoch's weights: the mean of the same per-sample loss, and the fraction whose largest output
+                  is their class, with the smallest gap between a sample's two largest outputs (how close a
+                  prediction came to flipping)
 Spatial layers follow Core ML: valid: out = floor((in - k) / s) + 1; same: out = ceil(in / s) with total
 padding max((out - 1) * s + k - in, 0), floor(half) before and the rest after. Max pooling ignores padded
 cells; average pooling divides by the in-image cells (exclude_padding) or by kh * kw.
-Output JSON: {"tensors": {"<layer>.weights": [...], "<layer>.bias": [...]}, "epoch_losses": [...]}
+Output JSON: {"tensors": {"<layer>.weights": [...], "<layer>.bias": [...]}, "epoch_losses": [...]}, plus
+  with a validation set "validation_losses", "validation_accuracies" and "validation_margins" (one per epoch)
 """
 import json
 import sys
@@ -334,6 +340,12 @@ def main():
     rng = SplitMix64(problem["seed"])
     order = list(range(n))
     epoch_losses = []
+    validation = {"validation_losses": [], "validation_accuracies": [], "validation_margins": []}
+    if "validation_inputs" in problem:
+        v_x = np.array(problem["validation_inputs"], dtype=np.float64)
+        v_x = v_x.reshape((len(v_x),) + x_all.shape[1:])
+        v_t = np.array(problem["validation_targets"], dtype=np.float64 if loss == "mse" else np.int64)
+        v_classes = problem.get("validation_classes")
     for epoch in range(problem["epochs"]):
         optimizer.lr = epoch_learning_rate(problem, epoch)
         if problem["shuffle"]:
@@ -351,12 +363,23 @@ def main():
                 if layers[i]["b"] is not None:
                     optimizer.step((i, "b"), layers[i]["b"], gb)
         epoch_losses.append(total / n)
+        if "validation_inputs" in problem:
+            v_losses, _ = loss_and_grads(layers, v_x, v_t, loss)
+            validation["validation_losses"].append(float(v_losses.mean()))
+            if v_classes is not None:
+                out = forward(layers, v_x)[-1].reshape(len(v_x), -1)
+                validation["validation_accuracies"].append(float((out.argmax(axis=1) == np.array(v_classes)).mean()))
+                top = np.sort(out, axis=1)
+                validation["validation_margins"].append(float((top[:, -1] - top[:, -2]).min()))
     tensors = {}
     for i in trainable:
         tensors[layers[i]["name"] + ".weights"] = layers[i]["W"].reshape(-1).tolist()
         if layers[i]["b"] is not None:
             tensors[layers[i]["name"] + ".bias"] = layers[i]["b"].tolist()
-    json.dump({"tensors": tensors, "epoch_losses": epoch_losses}, open(sys.argv[2], "w"))
+    result = {"tensors": tensors, "epoch_losses": epoch_losses}
+    if "validation_inputs" in problem:
+        result.update(validation)
+    json.dump(result, open(sys.argv[2], "w"))
 
 
 if __name__ == "__main__":

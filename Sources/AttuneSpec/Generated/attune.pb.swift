@@ -369,6 +369,14 @@ public nonisolated struct Attune_V1_TrainingJob: @unchecked Sendable {
   /// Clears the value of `parameters`. Subsequent reads from it will return its default value.
   public mutating func clearParameters() {_uniqueStorage()._parameters = nil}
 
+  /// Held-out samples the task never trains on, as Keras' validation_data: after each epoch the worker
+  /// evaluates them with that epoch's weights and reports the validation loss and accuracy in EPOCH_END
+  /// (and the last epoch's in COMPLETED). Checked like samples; optional.
+  public var validationSamples: [Attune_V1_Sample] {
+    get {_storage._validationSamples}
+    set {_uniqueStorage()._validationSamples = newValue}
+  }
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
@@ -471,6 +479,28 @@ public nonisolated struct Attune_V1_Event: @unchecked Sendable {
     get {_storage._cancelStage}
     set {_uniqueStorage()._cancelStage = newValue}
   }
+
+  /// EPOCH_END and COMPLETED of a job with validation_samples: the model's loss (its own cross-entropy or
+  /// mean squared error, a mean over the validation samples) after that epoch (COMPLETED: the last one).
+  /// Absent without a validation set and for k-NN and pipeline models, which have no loss.
+  public var validationLoss: Double {
+    get {_storage._validationLoss ?? 0}
+    set {_uniqueStorage()._validationLoss = newValue}
+  }
+  /// Returns true if `validationLoss` has been explicitly set.
+  public var hasValidationLoss: Bool {_storage._validationLoss != nil}
+  /// Clears the value of `validationLoss`. Subsequent reads from it will return its default value.
+  public mutating func clearValidationLoss() {_uniqueStorage()._validationLoss = nil}
+
+  /// Likewise: the fraction of validation samples whose predicted class is their label (classifiers only).
+  public var validationAccuracy: Double {
+    get {_storage._validationAccuracy ?? 0}
+    set {_uniqueStorage()._validationAccuracy = newValue}
+  }
+  /// Returns true if `validationAccuracy` has been explicitly set.
+  public var hasValidationAccuracy: Bool {_storage._validationAccuracy != nil}
+  /// Clears the value of `validationAccuracy`. Subsequent reads from it will return its default value.
+  public mutating func clearValidationAccuracy() {_uniqueStorage()._validationAccuracy = nil}
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
@@ -835,7 +865,7 @@ nonisolated extension Attune_V1_LearningRateSchedule: SwiftProtobuf.Message, Swi
 
 nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".TrainingJob"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{3}base_version\0\u{1}samples\0\u{1}parameters\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{3}base_version\0\u{1}samples\0\u{1}parameters\0\u{3}validation_samples\0")
 
   fileprivate class _StorageClass {
     var _jobID: String = String()
@@ -844,6 +874,7 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
     var _baseVersion: Int64 = 0
     var _samples: [Attune_V1_Sample] = []
     var _parameters: Attune_V1_UpdateParameters? = nil
+    var _validationSamples: [Attune_V1_Sample] = []
 
       // This property is used as the initial default value for new instances of the type.
       // The type itself is protecting the reference to its storage via CoW semantics.
@@ -860,6 +891,7 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
       _baseVersion = source._baseVersion
       _samples = source._samples
       _parameters = source._parameters
+      _validationSamples = source._validationSamples
     }
   }
 
@@ -884,6 +916,7 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
         case 4: try { try decoder.decodeSingularInt64Field(value: &_storage._baseVersion) }()
         case 5: try { try decoder.decodeRepeatedMessageField(value: &_storage._samples) }()
         case 6: try { try decoder.decodeSingularMessageField(value: &_storage._parameters) }()
+        case 7: try { try decoder.decodeRepeatedMessageField(value: &_storage._validationSamples) }()
         default: break
         }
       }
@@ -914,6 +947,9 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
       try { if let v = _storage._parameters {
         try visitor.visitSingularMessageField(value: v, fieldNumber: 6)
       } }()
+      if !_storage._validationSamples.isEmpty {
+        try visitor.visitRepeatedMessageField(value: _storage._validationSamples, fieldNumber: 7)
+      }
     }
     try unknownFields.traverse(visitor: &visitor)
   }
@@ -929,6 +965,7 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
         if _storage._baseVersion != rhs_storage._baseVersion {return false}
         if _storage._samples != rhs_storage._samples {return false}
         if _storage._parameters != rhs_storage._parameters {return false}
+        if _storage._validationSamples != rhs_storage._validationSamples {return false}
         return true
       }
       if !storagesAreEqual {return false}
@@ -940,7 +977,7 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
 
 nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Event"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}kind\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{1}version\0\u{1}epoch\0\u{1}epochs\0\u{3}mini_batch\0\u{1}loss\0\u{1}samples\0\u{3}duration_seconds\0\u{1}reason\0\u{3}will_retry\0\u{1}worker\0\u{3}timestamp_ms\0\u{1}duplicate\0\u{3}cancel_stage\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}kind\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{1}version\0\u{1}epoch\0\u{1}epochs\0\u{3}mini_batch\0\u{1}loss\0\u{1}samples\0\u{3}duration_seconds\0\u{1}reason\0\u{3}will_retry\0\u{1}worker\0\u{3}timestamp_ms\0\u{1}duplicate\0\u{3}cancel_stage\0\u{3}validation_loss\0\u{3}validation_accuracy\0")
 
   fileprivate class _StorageClass {
     var _kind: Attune_V1_EventKind = .unspecified
@@ -960,6 +997,8 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
     var _timestampMs: Int64 = 0
     var _duplicate: Bool = false
     var _cancelStage: String = String()
+    var _validationLoss: Double? = nil
+    var _validationAccuracy: Double? = nil
 
       // This property is used as the initial default value for new instances of the type.
       // The type itself is protecting the reference to its storage via CoW semantics.
@@ -987,6 +1026,8 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
       _timestampMs = source._timestampMs
       _duplicate = source._duplicate
       _cancelStage = source._cancelStage
+      _validationLoss = source._validationLoss
+      _validationAccuracy = source._validationAccuracy
     }
   }
 
@@ -1022,6 +1063,8 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
         case 15: try { try decoder.decodeSingularInt64Field(value: &_storage._timestampMs) }()
         case 16: try { try decoder.decodeSingularBoolField(value: &_storage._duplicate) }()
         case 17: try { try decoder.decodeSingularStringField(value: &_storage._cancelStage) }()
+        case 18: try { try decoder.decodeSingularDoubleField(value: &_storage._validationLoss) }()
+        case 19: try { try decoder.decodeSingularDoubleField(value: &_storage._validationAccuracy) }()
         default: break
         }
       }
@@ -1030,6 +1073,10 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
 
   public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
     try withExtendedLifetime(_storage) { (_storage: _StorageClass) in
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every if/case branch local when no optimizations
+      // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
+      // https://github.com/apple/swift-protobuf/issues/1182
       if _storage._kind != .unspecified {
         try visitor.visitSingularEnumField(value: _storage._kind, fieldNumber: 1)
       }
@@ -1081,6 +1128,12 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
       if !_storage._cancelStage.isEmpty {
         try visitor.visitSingularStringField(value: _storage._cancelStage, fieldNumber: 17)
       }
+      try { if let v = _storage._validationLoss {
+        try visitor.visitSingularDoubleField(value: v, fieldNumber: 18)
+      } }()
+      try { if let v = _storage._validationAccuracy {
+        try visitor.visitSingularDoubleField(value: v, fieldNumber: 19)
+      } }()
     }
     try unknownFields.traverse(visitor: &visitor)
   }
@@ -1107,6 +1160,8 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
         if _storage._timestampMs != rhs_storage._timestampMs {return false}
         if _storage._duplicate != rhs_storage._duplicate {return false}
         if _storage._cancelStage != rhs_storage._cancelStage {return false}
+        if _storage._validationLoss != rhs_storage._validationLoss {return false}
+        if _storage._validationAccuracy != rhs_storage._validationAccuracy {return false}
         return true
       }
       if !storagesAreEqual {return false}

@@ -8,7 +8,8 @@ import AttuneSpec
 /// is nil and the version records none.
 extension NearestNeighborsModel {
     func train(state: Attune_V1_UpdateState?, batch: TrainingBatch, parameters: ResolvedParameters,
-               progress: (TrainingProgress) -> Void, isCancelled: () -> Bool) throws -> UpdateResult {
+               validation: TrainingBatch? = nil, progress: (TrainingProgress) -> Void,
+               isCancelled: () -> Bool) throws -> UpdateResult {
         let clock = ContinuousClock()
         let start = clock.now
         precondition(batch.inputWidth == dimensions, "the batch was prepared for another model")
@@ -26,13 +27,22 @@ extension NearestNeighborsModel {
         let wrong = zip(predicted, batch.targets).filter { $0.label != labels[$1] }.count
         let loss = Double(wrong) / Double(batch.count)
 
+        // The validation set is predicted by the version this task makes: `before` with the batch appended.
+        let validated = validation.map { held -> ValidationMetrics in
+            precondition(held.inputWidth == dimensions, "the validation set was prepared for another model")
+            var after = before
+            after.append(samples: batch.inputs, labels: batch.targets.map { labels[$0] })
+            let predicted = predictions(held.inputs, count: held.count, set: after, k: k)
+            return ValidationMetrics(samples: held.count, loss: nil, accuracy: accuracy(of: predicted, batch: held))
+        }
         stored.samples += batch.inputs
         stored.labels += batch.targets.map { labels[$0] }
         stored.k = k
-        progress(.epochEnd(epoch: 1, loss: loss))
+        progress(.epochEnd(epoch: 1, loss: loss, validation: validated))
         let elapsed = start.duration(to: clock.now)
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
         return UpdateResult(state: stored.encoded(dimensions: dimensions, labelKind: labelKind), finalLoss: loss,
-                            epochs: 1, samples: batch.count, durationSeconds: seconds, hasLoss: false)
+                            epochs: 1, samples: batch.count, durationSeconds: seconds, validation: validated,
+                            hasLoss: false)
     }
 }

@@ -7,7 +7,8 @@ import Foundation
 /// at the epoch's rate of the learning-rate schedule when the job has one.
 extension NeuralNetworkModel {
     func train(state: Attune_V1_UpdateState?, batch: TrainingBatch, parameters: ResolvedParameters,
-               progress: (TrainingProgress) -> Void, isCancelled: () -> Bool) throws -> UpdateResult {
+               validation: TrainingBatch? = nil, progress: (TrainingProgress) -> Void,
+               isCancelled: () -> Bool) throws -> UpdateResult {
         let clock = ContinuousClock()
         let start = clock.now
         PartPool.shared.taskBegan()
@@ -36,6 +37,11 @@ extension NeuralNetworkModel {
         var targets = [Int](repeating: 0, count: miniBatch)
         var targetRows = [Float](repeating: 0, count: usesValues ? miniBatch * outputWidth : 0)
         var epochLoss = 0.0
+        let validationPass = validation.map {
+            ValidationPass(plan: plan, batch: $0, parameters: plan.baseParameters, isClassifier: !isRegressor,
+                           labelsAreClasses: target == .classLabel)
+        }
+        var validated: ValidationMetrics?
 
         progress(.trainingBegin(samples: n, epochs: parameters.epochs))
         try batch.inputs.withUnsafeBufferPointer { inputs in
@@ -71,7 +77,8 @@ extension NeuralNetworkModel {
                     first += rows
                 }
                 epochLoss = total / Double(n)
-                progress(.epochEnd(epoch: epoch, loss: epochLoss))
+                validated = validationPass?.evaluate(parameters: workspace.params.pointer, count: workspace.params.count)
+                progress(.epochEnd(epoch: epoch, loss: epochLoss, validation: validated))
             }
         }
         let final = workspace.params.array
@@ -81,6 +88,6 @@ extension NeuralNetworkModel {
         let elapsed = start.duration(to: clock.now)
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
         return UpdateResult(state: self.state(from: final), finalLoss: epochLoss, epochs: parameters.epochs,
-                            samples: n, durationSeconds: seconds)
+                            samples: n, durationSeconds: seconds, validation: validated)
     }
 }

@@ -111,15 +111,25 @@ public struct PipelineModel: Sendable {
     }
 
     func train(state: Attune_V1_UpdateState?, batch: TrainingBatch, parameters: ResolvedParameters,
-               progress: (TrainingProgress) -> Void, isCancelled: () -> Bool) throws -> UpdateResult {
+               validation: TrainingBatch? = nil, progress: (TrainingProgress) -> Void,
+               isCancelled: () -> Bool) throws -> UpdateResult {
         let clock = ContinuousClock()
         let start = clock.now
-        let result = try neighbors.train(state: state, batch: try embedded(batch), parameters: parameters,
-                                         progress: progress, isCancelled: isCancelled)
+        let embeddedBatch = try embedded(batch)
+        // Validation samples go through the extractor as predictions do.
+        let embeddedValidation: TrainingBatch?
+        do throws(InvalidTrainingInput) {
+            embeddedValidation = try validation.map { v throws(InvalidTrainingInput) in try embedded(v) }
+        } catch {
+            throw InvalidTrainingInput.validationSample(error)
+        }
+        let result = try neighbors.train(state: state, batch: embeddedBatch, parameters: parameters,
+                                         validation: embeddedValidation, progress: progress, isCancelled: isCancelled)
         let elapsed = start.duration(to: clock.now)
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
         return UpdateResult(state: result.state, finalLoss: result.finalLoss, epochs: result.epochs,
-                            samples: result.samples, durationSeconds: seconds, hasLoss: result.hasLoss)
+                            samples: result.samples, durationSeconds: seconds, validation: result.validation,
+                            hasLoss: result.hasLoss)
     }
 
     public func predict(features: [String: Attune_V1_FeatureValue], state: Attune_V1_UpdateState?) throws -> Prediction {

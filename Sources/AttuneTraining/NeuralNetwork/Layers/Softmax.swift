@@ -53,11 +53,7 @@ enum SoftmaxCrossEntropy {
         for r in 0..<batch {
             let zr = z + r * c, pr = p + r * c, dzr = dz + r * c
             let t = targets[r]
-            var m = Double(zr[0])
-            for k in 1..<max(c, 1) where Double(zr[k]) > m { m = Double(zr[k]) }
-            var sum = 0.0
-            for k in 0..<c { sum += Foundation.exp(Double(zr[k]) - m) }
-            total += (m + Foundation.log(sum)) - Double(zr[t])
+            total += rowLoss(z: zr, target: t, width: c)
             // The target's component, p_t − 1, is formed as −Σ_{k≠t} p_k: when the prediction is confident
             // (p_t within 1e-6 of 1) p_t − 1 cancels to a few float32 spacings of 1 (6e-8 each) and keeps
             // one or two correct digits, while the other probabilities, small numbers in their own right,
@@ -71,5 +67,16 @@ enum SoftmaxCrossEntropy {
             dzr[t] = Float(-others) * scale
         }
         return total
+    }
+
+    /// One row's −log p[t] from its logits, as log-sum-exp in Double; what a validation set is measured
+    /// with too, so its loss and the training loss are one definition.
+    @inline(__always)
+    static func rowLoss(z zr: UnsafePointer<Float>, target t: Int, width c: Int) -> Double {
+        var m = Double(zr[0])
+        for k in 1..<max(c, 1) where Double(zr[k]) > m { m = Double(zr[k]) }
+        var sum = 0.0
+        for k in 0..<c { sum += Foundation.exp(Double(zr[k]) - m) }
+        return (m + Foundation.log(sum)) - Double(zr[t])
     }
 }
