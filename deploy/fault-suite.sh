@@ -6,9 +6,14 @@
 # that every user's model equals a sequential replay of its jobs, and that no large object is orphaned.
 # Prints the counts; exits non-zero on any violation.
 #
+# --cluster N runs RabbitMQ as a cluster of N nodes on loopback (deploy/rabbitmq-cluster.sh) instead of
+# one node: each worker gets every node's URL, in an order of its own so they start on different nodes,
+# and the broker fault becomes stopping the node that leads the partition queues in the middle of the run
+# and starting it again once the others have gone on without it.
+#
 #   deploy/fault-suite.sh [--jobs N] [--users U] [--hot H] [--workers W] [--concurrency C] [--kills K] [--sigterms T]
 #                         [--bad B] [--republish R] [--scheduled L] [--samples S] [--epochs E] [--timeout SECONDS]
-#                         [--debug] [--keep]
+#                         [--cluster N] [--debug] [--keep]
 #
 # --scheduled jobs (a tenth of them by default) carry a learning-rate schedule (step or exponential decay), so
 # the replay checks schedules too.
@@ -18,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=3000 users=60 hot=3 workers=4 concurrency=1 kills=8 sigterms=3 bad=15 republish=30 scheduled= samples=100 epochs= timeout=900
-build=release keep=0
+build=release keep=0 cluster=0
 while (($#)); do
   case "$1" in
     --jobs) jobs=$2; shift ;;
@@ -34,6 +39,7 @@ while (($#)); do
     --samples) samples=$2; shift ;;
     --epochs) epochs=$2; shift ;;
     --timeout) timeout=$2; shift ;;
+    --cluster) cluster=$2; shift ;;
     --debug) build=debug ;;
     --keep) keep=1 ;;
     *) echo "fault-suite.sh: unknown argument $1 (see the comment at the top)" >&2; exit 2 ;;
@@ -56,7 +62,11 @@ watcher=
 cleanup() {
   for p in "${pid[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   stop_watcher
-  deploy/rabbitmq.sh stop "$work/rabbitmq" >/dev/null 2>&1 || true
+  if ((cluster > 0)); then
+    deploy/rabbitmq-cluster.sh stop "$work/rabbitmq" >/dev/null 2>&1 || true
+  else
+    deploy/rabbitmq.sh stop "$work/rabbitmq" >/dev/null 2>&1 || true
+  fi
   deploy/postgres.sh stop "$work/postgres" >/dev/null 2>&1 || true
   if [ "$keep" = 1 ]; then echo "kept $work"; else rm -rf "$work"; fi
 }
@@ -81,10 +91,21 @@ say() { echo "[$(date +%T)] $*"; }
 start_servers() {
   local pg amqp
   pg=$(deploy/postgres.sh start "$work/postgres" "$pg_port" 2>>"$work/servers.log")
-  amqp=$(deploy/rabbitmq.sh start "$work/rabbitmq" "$amqp_port" 2>>"$work/servers.log")
-  export ATTUNE_DATABASE_URL=${pg#*=} ATTUNE_AMQP_URL=${amqp#*=}
+  if ((cluster > 0)); then
+    amqp=$(deploy/rabbitmq-cluster.sh start "$work/rabbitmq" "$cluster" 2>>"$work/servers.log")
+    amqp=${amqp#*=}
+    amqp=${amqp//\'/}
+  else
+    amqp=$(deploy/rabbitmq.sh start "$work/rabbitmq" "$amqp_port" 2>>"$work/servers.log")
+    amqp=${amqp#*=}
+  fi
+  export ATTUNE_DATABASE_URL=${pg#*=} ATTUNE_AMQP_URL=$amqp
 }
-say "starting PostgreSQL on $pg_port and RabbitMQ on $amqp_port in $work"
+if ((cluster > 0)); then
+  say "starting PostgreSQL on $pg_port and a RabbitMQ cluster of $cluster nodes in $work"
+else
+  say "starting PostgreSQL on $pg_port and RabbitMQ on $amqp_port in $work"
+fi
 start_servers || { cat "$work/servers.log" >&2; exit 1; }
 began=$(date +%s.%N)
 "$attune" migrate >/dev/null
@@ -105,12 +126,19 @@ sleep 1
   --republish "$republish" --scheduled "${scheduled:-$((jobs / 10))}"
 
 generation=0
+# The broker URLs a worker gets: on a cluster, every node's, starting at a node of the worker's own.
+IFS=';' read -r -a node_urls <<<"$ATTUNE_AMQP_URL"
+broker_urls() {
+  local slot=$1 n=${#node_urls[@]} i list=()
+  for ((i = 0; i < n; i++)); do list+=("${node_urls[$(((slot - 1 + i) % n))]}"); done
+  (IFS=';'; echo "${list[*]}")
+}
 start_worker() {
   local slot=$1
   generation=$((generation + 1))
   name[$slot]=fault-$slot-$generation
   "$attune" worker --no-migrate --name "${name[$slot]}" --concurrency "$concurrency" --heartbeat 5 --shutdown-deadline 3 \
-    >>"$work/worker-$slot.log" 2>&1 &
+    --amqp-url "$(broker_urls "$slot")" >>"$work/worker-$slot.log" 2>&1 &
   pid[$slot]=$!
 }
 for ((w = 1; w <= workers; w++)); do start_worker "$w"; done
@@ -131,7 +159,7 @@ await_started() {
   echo "FAIL: worker ${name[$slot]} did not start within 20 s" >&2
   return 1
 }
-killed=0 terminated=0 pg_restarts=0 amqp_restarts=0
+killed=0 terminated=0 pg_restarts=0 amqp_restarts=0 after_node_loss=
 chaos() {
   case "$1" in
     kill)
@@ -159,6 +187,22 @@ chaos() {
       pg_restarts=$((pg_restarts + 1))
       say "PostgreSQL is back" ;;
     rabbitmq)
+      if ((cluster > 0)); then
+        local leader before
+        leader=$(deploy/rabbitmq-cluster.sh leader "$work/rabbitmq" attune.jobs.p00 2>>"$work/servers.log")
+        say "stopping RabbitMQ node $leader of $cluster, the leader of attune.jobs.p00"
+        deploy/rabbitmq-cluster.sh stop-node "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
+        # The fleet goes on without the node: wait until it has committed more versions, then bring it back.
+        before=$(versions)
+        local waited=0
+        while (( $(versions) < before + good / 20 && waited < 300 )); do sleep 0.1; waited=$((waited + 1)); done
+        say "committed $(( $(versions) - before )) versions with node $leader down"
+        deploy/rabbitmq-cluster.sh start-node "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
+        after_node_loss=$(( $(versions) - before ))
+        amqp_restarts=$((amqp_restarts + 1))
+        say "RabbitMQ node $leader is back in the cluster"
+        return
+      fi
       say "restarting RabbitMQ"
       deploy/rabbitmq.sh stop "$work/rabbitmq" 2>>"$work/servers.log"
       deploy/rabbitmq.sh start "$work/rabbitmq" "$amqp_port" >/dev/null 2>>"$work/servers.log"
@@ -230,8 +274,18 @@ PY
 echo "workers killed       $killed (SIGKILL)"
 echo "workers stopped      $terminated by SIGTERM mid-run, $((${#stopped[@]} - terminated)) at the end; non-zero exits: $term_failures"
 [ -f "$work/term-times" ] && echo "SIGTERM to exit (s)  $(sort -n -k2 "$work/term-times" | awk '{print $2}' | tr '\n' ' ')"
-echo "server restarts      PostgreSQL $pg_restarts, RabbitMQ $amqp_restarts"
+if ((cluster > 0)); then
+  echo "server restarts      PostgreSQL $pg_restarts, RabbitMQ node stopped and started $amqp_restarts (of $cluster)"
+  echo "while a node was down ${after_node_loss:-0} versions committed"
+  echo "broker connections   $(cat "$work"/worker-*.log | grep -o 'connected to the broker at [^ ]*' | sed 's/.*@//; s|/.*||' | sort | uniq -c | awk '{printf "%s %s times  ", $2, $1}')"
+else
+  echo "server restarts      PostgreSQL $pg_restarts, RabbitMQ $amqp_restarts"
+fi
 echo "took                 $elapsed s (from the servers being up to the end of the audit)"
 (( term_failures == 0 )) || status=1
+if ((cluster > 0 && amqp_restarts > 0)) && [ "${after_node_loss:-0}" -le 0 ]; then
+  echo "FAIL: no version was committed while a RabbitMQ node was down" >&2
+  status=1
+fi
 if (( status == 0 )); then echo "fault suite: PASS"; else echo "fault suite: FAIL"; fi
 exit "$status"

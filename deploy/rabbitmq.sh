@@ -7,7 +7,7 @@
 #   deploy/rabbitmq.sh stop DIR           stop the node started in DIR
 #
 # ATTUNE_RABBITMQ_ERL_ARGS, when set, is passed to the Erlang VM (e.g. "+sbwt none" for a host whose cores
-# the broker shares).
+# the broker shares). ATTUNE_RABBITMQ_EXTRA_CONF, when set, is appended to the node's rabbitmq.conf.
 # Progress and errors go to stderr, so `eval "$(deploy/rabbitmq.sh start /tmp/rmq)"` works.
 set -euo pipefail
 
@@ -116,6 +116,11 @@ consumer_timeout = 1800000
 log.console = false
 log.file.level = info
 CONF
+    # ATTUNE_RABBITMQ_EXTRA_CONF: more rabbitmq.conf lines (deploy/rabbitmq-cluster.sh lists the cluster's
+    # nodes there, so a new node joins them on its first boot).
+    if [ -n "${ATTUNE_RABBITMQ_EXTRA_CONF:-}" ]; then
+        printf '%s\n' "$ATTUNE_RABBITMQ_EXTRA_CONF" >>"$dir/rabbitmq.conf"
+    fi
     # ATTUNE_TLS_DIR and ATTUNE_AMQPS_PORT (deploy/services.sh): a TLS listener beside the plain one that
     # asks every client for a certificate signed by the test CA.
     if [ -n "${ATTUNE_TLS_DIR:-}" ] && [ -n "${ATTUNE_AMQPS_PORT:-}" ]; then

@@ -61,9 +61,12 @@ public final class EventHub: @unchecked Sendable {
 
     private func consume() {
         var backoff = 0.5
+        // Kept across reconnects, so a lost node is followed by the next one of a cluster's list.
+        var brokers: BrokerAddresses?
         while !lock.withLock({ stopped }) {
             do {
-                let connection = try AMQPConnection(url: amqpURL, connectionName: "attune-dashboard")
+                if brokers == nil { brokers = try BrokerAddresses(amqpURL) }
+                let connection = try brokers!.connect(connectionName: "attune-dashboard")
                 defer { connection.close() }
                 try JobQueues(connection).declare()
                 let queue = try connection.declareEventQueue(bindingKeys: ["#"])

@@ -54,7 +54,9 @@ public struct DeadLetter: Sendable, Equatable {
         bodyBytes = delivery.body.count
         contentType = delivery.contentType
         let headers = delivery.headers
-        attempts = Int(headers[Topology.attemptHeader] ?? "") ?? Int(headers["x-delivery-count"] ?? "")
+        // Not the dead queue's own x-delivery-count: that counts how often the tools looked at the job.
+        attempts = Int(headers[Topology.attemptHeader] ?? "")
+            ?? (delivery.brokerDeath?.reason == "delivery_limit" ? Topology.deliveryLimit : nil)
 
         if let reason = headers[Topology.reasonHeader] {
             self.reason = reason
@@ -100,11 +102,11 @@ public struct DeadLetter: Sendable, Equatable {
 /// The dead-letter queue as a tool: look at it, send jobs back, or delete them.
 ///
 /// Browsing: each call opens its own connection, consumes the queue with manual acks and takes as many
-/// messages as the queue held when it started (a passive declare counts them). What it does not remove
-/// it leaves unacked, and closing the connection hands every unacked message back to the queue. The
-/// dead queue is a classic queue, where a requeued message returns to its old place, so listing keeps the
-/// order, and a replay or purge of one job leaves the others in their order. Messages dead-lettered while
-/// a call runs are left alone.
+/// messages as the queue held when it started (a passive declare counts them). What it does not remove it
+/// hands back, one by one in the order it got them. The dead queue is a quorum queue (it must outlive a
+/// cluster node), which delivers handed-back messages before the others in the order they came back, so
+/// listing keeps the order, and a replay or purge of one job leaves the others in their order. Messages
+/// dead-lettered while a call runs are left alone.
 ///
 /// Replay publishes with confirms and only then acks: a crash in between leaves the job in both queues
 /// rather than in neither, and the worker's job-id check applies it once.
@@ -122,9 +124,9 @@ public final class DeadLetterQueue {
     /// Messages now in the queue, from the head; at most `limit` of them.
     public func list(limit: Int? = nil) throws -> [DeadLetter] {
         var letters: [DeadLetter] = []
-        try browse(prefetch: limit) { letter, _, _ in
+        try browse { letter, _, _ in
             letters.append(letter)
-            return limit.map { letters.count < $0 } ?? true
+            return limit.map { letters.count < $0 ? .keep : .keepAndStop } ?? .keep
         }
         return letters
     }
@@ -134,15 +136,14 @@ public final class DeadLetterQueue {
     @discardableResult
     public func replay(jobId: String?) throws -> [DeadLetter] {
         var moved: [DeadLetter] = []
-        try browse(prefetch: nil) { letter, delivery, connection in
-            guard jobId.map({ letter.matches(jobId: $0, delivery: delivery) }) ?? true else { return true }
+        try browse { letter, delivery, connection in
+            guard jobId.map({ letter.matches(jobId: $0, delivery: delivery) }) ?? true else { return .keep }
             try connection.publish(exchange: Topology.jobsExchange, routingKey: Self.routingKey(of: delivery),
                                    body: delivery.body, contentType: delivery.contentType ?? "",
                                    headers: Self.withoutFailureHeaders(delivery.headers),
                                    messageId: delivery.messageId, mandatory: true)
-            try connection.ack(delivery.deliveryTag)
             moved.append(letter)
-            return true
+            return .remove
         }
         return moved
     }
@@ -156,12 +157,10 @@ public final class DeadLetterQueue {
             return try connection.purge(queue)
         }
         var deleted = 0
-        try browse(prefetch: nil) { letter, delivery, connection in
-            if letter.matches(jobId: jobId, delivery: delivery) {
-                try connection.ack(delivery.deliveryTag)
-                deleted += 1
-            }
-            return true
+        try browse { letter, delivery, _ in
+            guard letter.matches(jobId: jobId, delivery: delivery) else { return .keep }
+            deleted += 1
+            return .remove
         }
         return deleted
     }
@@ -187,7 +186,7 @@ public final class DeadLetterQueue {
     }
 
     private func connect() throws -> AMQPConnection {
-        let connection = try AMQPConnection(url: url, connectionName: "attune-dlq")
+        let connection = try BrokerAddresses.connect(url, connectionName: "attune-dlq")
         do {
             try JobQueues(connection).declare()
             try connection.enableConfirms()
@@ -198,23 +197,45 @@ public final class DeadLetterQueue {
         }
     }
 
-    /// Hands each message now in the queue to `visit`, from the head, until `visit` returns false. `visit`
-    /// acks what it removes; everything else goes back when the connection closes.
-    private func browse(prefetch: Int?,
-                        visit: (DeadLetter, Delivery, AMQPConnection) throws -> Bool) throws {
+    /// What a browse does with the message it just showed.
+    private enum Visit {
+        /// Leave it in the queue, in its place, and go on.
+        case keep
+        /// Leave it, and look at no more.
+        case keepAndStop
+        /// Take it out of the queue (ack it), and go on.
+        case remove
+    }
+
+    /// Hands each message now in the queue to `visit`, from the head. What `visit` keeps stays unacked until
+    /// the end, then goes back in the order it came: a quorum queue delivers handed-back messages first, in
+    /// the order they came back, so the queue's order survives; a close would hand them back in any order.
+    private func browse(visit: (DeadLetter, Delivery, AMQPConnection) throws -> Visit) throws {
         let connection = try connect()
         defer { connection.close() }
         let count = try connection.queueDepth(queue).messages
         guard count > 0 else { return }
-        // Unmatched messages stay unacked until the end, so replay and purge need them all in flight at once.
-        try connection.setPrefetch(UInt16(clamping: prefetch.map { min($0, count) } ?? 0))
-        try connection.consume(queue: queue)
+        // Every message is taken, also past a stop: what is handed back goes before what the queue still
+        // holds, so handing back only the head would put it behind the rest (and kept ones need all in flight).
+        try connection.setPrefetch(UInt16(clamping: count))
+        let consumer = try connection.consume(queue: queue)
+        var kept: [UInt64] = []
         var seen = 0
+        var stopped = false
         while seen < count {
-            guard let delivery = try waitForDelivery(connection) else { return }
+            guard let delivery = try waitForDelivery(connection) else { break }
             seen += 1
-            if try !visit(DeadLetter(position: seen, delivery: delivery), delivery, connection) { return }
+            if stopped { kept.append(delivery.deliveryTag); continue }
+            switch try visit(DeadLetter(position: seen, delivery: delivery), delivery, connection) {
+            case .keep: kept.append(delivery.deliveryTag)
+            case .keepAndStop: kept.append(delivery.deliveryTag); stopped = true
+            case .remove: try connection.ack(delivery.deliveryTag)
+            }
         }
+        // No more deliveries after the cancel-ok; any the broker had sent before it are handed back with the rest.
+        try connection.cancel(consumerTag: consumer)
+        kept += try connection.availableDeliveries().map(\.deliveryTag)
+        for tag in kept { try connection.reject(tag, requeue: true) }
     }
 
     private func waitForDelivery(_ connection: AMQPConnection) throws -> Delivery? {

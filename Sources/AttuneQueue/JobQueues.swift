@@ -63,7 +63,9 @@ public struct JobQueues {
             .exchange(name: Topology.eventsExchange, type: "topic"),
             .exchange(name: Topology.cancelExchange, type: "fanout"),
             .exchange(name: Topology.cancelledExchange, type: "fanout"),
-            .queue(name: Topology.deadQueue, arguments: []),
+            // A quorum queue, like the partitions: in a cluster it survives the loss of a node, where a
+            // classic queue lives on one node and takes no dead letters while that node is down.
+            .queue(name: Topology.deadQueue, arguments: [("x-queue-type", .string("quorum"))]),
             .binding(queue: Topology.deadQueue, exchange: Topology.deadExchange, key: Topology.deadRoutingKey, arguments: []),
         ]
         for queue in Topology.jobsQueues {

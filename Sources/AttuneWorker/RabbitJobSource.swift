@@ -44,6 +44,8 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
 
     // The broker thread's own.
     private var generation = 0
+    /// The broker URLs, one or a cluster's nodes; a reconnect starts at the node after the one lost.
+    private var brokers: BrokerAddresses?
     private var connection: AMQPConnection?
     private var partitions: PartitionConsumers?
     private var cancelRequests: CancelRequests?
@@ -177,8 +179,10 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     }
 
     private func connect() throws {
-        let connection = try AMQPConnection(url: configuration.amqpURL, heartbeatSeconds: configuration.heartbeatSeconds,
-                                            connectionName: configuration.workerName)
+        if brokers == nil { brokers = try BrokerAddresses(configuration.amqpURL) }
+        let connection = try brokers!.connect(heartbeatSeconds: configuration.heartbeatSeconds,
+                                              connectionName: configuration.workerName)
+        logger.info("connected to the broker at \(connection.endpoint)")
         do {
             try JobQueues(connection).declare()
             try connection.enableConfirms()

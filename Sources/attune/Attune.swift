@@ -39,7 +39,10 @@ struct DatabaseOptions: ParsableArguments {
 
 struct BrokerOptions: ParsableArguments {
     @Option(name: .customLong("amqp-url"),
-            help: "amqp://user:password@host:port/vhost, or amqps:// for TLS (env ATTUNE_AMQP_URL).")
+            help: """
+                amqp://user:password@host:port/vhost, or amqps:// for TLS; a cluster's nodes separated by ';' \
+                are tried in turn (env ATTUNE_AMQP_URL).
+                """)
     var amqpURL: String?
 
     func resolved() -> String {

@@ -59,7 +59,7 @@ extension Audit {
                 throw CommandFailure(description: "cannot write \(jobsFile)")
             }
             defer { try? file.close() }
-            let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-audit-record")
+            let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-audit-record")
             defer { connection.close() }
             try JobQueues(connection).declare()
             try connection.enableConfirms()
@@ -150,7 +150,7 @@ extension Audit {
             defer { registry.connection.close() }
             var ended = Set(try FleetAudit(registry: registry, model: model).committedJobs().map(\.jobID))
             ended.formUnion(try DeadLetterQueue(url: broker.resolved()).list().map(\.jobId))
-            let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-audit-wait")
+            let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-audit-wait")
             defer { connection.close() }
             var waiting = 0
             for queue in Topology.jobsQueues { waiting += try connection.queueDepth(queue).messages }

@@ -32,7 +32,7 @@ struct Cancel: ParsableCommand {
         case .cancelled, .alreadyCancelled:
             print(outcome == .cancelled ? "job \(jobId) cancelled" : "job \(jobId) was cancelled before")
             do {
-                let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-cancel")
+                let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-cancel")
                 defer { connection.close() }
                 try JobQueues(connection).declare()
                 try JobQueues(connection).announceCancel(jobId: jobId, reason: reason)

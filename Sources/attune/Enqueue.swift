@@ -54,7 +54,7 @@ struct Enqueue: ParsableCommand {
         let chunks = stride(from: 0, to: max(all.count, 1), by: size).map { Array(all[$0..<min($0 + size, all.count)]) }
         if jobID != nil && chunks.count > 1 { throw ValidationError("--job-id names one job; drop it or --chunk") }
 
-        let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-enqueue")
+        let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-enqueue")
         defer { connection.close() }
         try JobQueues(connection).declare()
         try connection.enableConfirms()

@@ -18,7 +18,7 @@ struct TopologyCommand: ParsableCommand {
 
     func run() throws {
         if !dryRun {
-            let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-topology")
+            let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-topology")
             defer { connection.close() }
             try JobQueues(connection).declare()
         }

@@ -18,7 +18,7 @@ struct Watch: ParsableCommand {
     func run() throws {
         if let user { try Identifier.validate(user, field: "user") }
         if let model { try Identifier.validate(model, field: "model") }
-        let connection = try AMQPConnection(url: broker.resolved(), connectionName: "attune-watch")
+        let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-watch")
         defer { connection.close() }
         try JobQueues(connection).declare()
         let queue = try connection.declareEventQueue(bindingKeys: [EventRouting.bindingKey(model: model, user: user)])

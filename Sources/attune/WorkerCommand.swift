@@ -1,5 +1,6 @@
 import ArgumentParser
 import AttuneHTTP
+import AttuneQueue
 import AttuneTraining
 import AttuneWorker
 import Foundation
@@ -50,6 +51,8 @@ struct WorkerCommand: AsyncParsableCommand {
             throw ValidationError("--metrics-port must lie in 0...65535")
         }
         _ = try TrainingThreads.resolve(ProcessInfo.processInfo.environment)
+        // A typo in any node's URL fails now, not at the first failover to that node.
+        do { _ = try BrokerAddresses(broker.resolved()) } catch { throw ValidationError("\(error)") }
     }
 
     func run() async throws {
