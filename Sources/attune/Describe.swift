@@ -126,7 +126,7 @@ enum ModelDescriber {
             return pipeline(p)
         case .pipelineRegressor(let p)?:
             return pipeline(p.pipeline)
-        case nil:
+        case .linkedModel?, nil:
             return [:]
         }
     }
