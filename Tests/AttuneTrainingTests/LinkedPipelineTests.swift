@@ -45,6 +45,15 @@ final class LinkedPipelineTests: XCTestCase {
         return (pixels, "star")
     }
 
+    /// The demo imports the copies in examples/models: they are what the fixture script builds today.
+    func testTheDemosCopiesAreTheFixturesBuiltToday() throws {
+        for name in ["DrawingEmbedding.mlmodel", "LinkedDrawingClassifier.mlmodel"] {
+            XCTAssertEqual(try Data(contentsOf: Fixtures.root.appendingPathComponent("examples/models/\(name)")),
+                           try Data(contentsOf: CoremlFixtures.url(name)),
+                           "examples/models/\(name) differs: copy it from the output of Tests/python/coreml_fixtures.py")
+        }
+    }
+
     func testALinkIsRefusedUntilItIsResolved() throws {
         let (pipeline, _) = try fixtures()
         XCTAssertEqual(LinkedModelReference.links(in: pipeline),
