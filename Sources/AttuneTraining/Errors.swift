@@ -72,7 +72,8 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
                 + "convert the model to one of these"
         case .notUpdatable:
             return "the model is not updatable (isUpdatable is false or no layer is marked updatable); "
-                + "mark the layers to personalize as updatable with coremltools before importing"
+                + "mark the layers to personalize as updatable with coremltools before importing (a frozen network "
+                + "imported for pipelines to link to takes no jobs itself: train the pipeline that links to it)"
         case .layer(let name, let type, let reason):
             return "layer '\(name)' of type \(type) is not supported: \(reason). Supported layers: \(Self.supportedLayers)"
         case .brokenChain(let detail):

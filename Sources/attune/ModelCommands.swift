@@ -85,7 +85,16 @@ extension Model {
 
         func run() throws {
             let registry = try database.registry()
-            let loaded = try PersonalModelLoader(registry: registry).load(name: name, user: user, version: version)
+            let loaded: PersonalModelLoader.Loaded
+            do {
+                loaded = try PersonalModelLoader(registry: registry).load(name: name, user: user, version: version)
+            } catch UnsupportedModel.notUpdatable where user == nil {
+                // A frozen model imported for pipelines to link to: its bytes as imported.
+                let (record, bytes) = try registry.baseModel(name: name, version: version)
+                try bytes.write(to: URL(fileURLWithPath: output))
+                print("wrote \(output): \(record.reference) (frozen, as imported)")
+                return
+            }
             let spec = try loaded.state.map { try loaded.model.applying($0) } ?? loaded.spec
             try ModelFile.encode(spec).write(to: URL(fileURLWithPath: output))
             print("wrote \(output): \(loaded.label)")

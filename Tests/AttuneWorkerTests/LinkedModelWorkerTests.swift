@@ -133,6 +133,12 @@ final class LinkedModelWorkerTests: XCTestCase {
         XCTAssertEqual(try Data(contentsOf: linkedDir.appendingPathComponent("DrawingEmbedding.mlmodel")),
                        try Data(contentsOf: URL(fileURLWithPath: embeddingFile)))
 
+        // The frozen model on its own exports as imported.
+        let alone = dir.appendingPathComponent("alone.mlmodel")
+        result = try attune(["model", "export", "--name", embedding, "-o", alone.path], fleet)
+        XCTAssertEqual(result.status, 0, result.output)
+        XCTAssertEqual(try Data(contentsOf: alone), try Data(contentsOf: URL(fileURLWithPath: embeddingFile)))
+
         // The command line sends CSV rows as PNGs for an image input: two new stars come back as star.
         let stars = Paths.repository.appendingPathComponent("examples/data/stars.csv").path
         result = try attune(["model", "predict", "--name", doodles, "--user", "dana", "--csv", stars, "--rows", "5:7",
