@@ -62,16 +62,24 @@ echo "== alice's versions"
 "$attune" model history --name digits --user alice
 "$attune" model export --name digits --user alice -o "$work/alice.mlmodel"
 
-echo "== a k-nearest-neighbours doodle classifier learns a label it never had: dana draws five stars"
-"$attune" model import Tests/Fixtures/digits-knn-updatable.mlmodel --name doodles
-"$attune" enqueue --model doodles --user dana --csv "$data" --rows 1500:1560 --format json >/dev/null
-"$attune" enqueue --model doodles --user dana --csv examples/data/stars.csv --rows 0:5 >/dev/null
+echo "== a linked doodle classifier learns a label it never had: dana draws five stars"
+# Built as coremltools' updatable_linked_model notebook builds its tiny drawing classifier: the drawing
+# embedding (8x8 gray image -> 32 values, trained in NumPy by Tests/python/coreml_fixtures.py) is its own
+# model, and the pipeline links to it by file name (DrawingEmbedding.mlmodelc) ahead of an empty k-NN.
+"$attune" model import examples/models/DrawingEmbedding.mlmodel --name DrawingEmbedding
+"$attune" model import examples/models/LinkedDrawingClassifier.mlmodel --name doodles
+# The CSV rows (0-16 per pixel) go as 8x8 gray PNGs, the image input the embedding takes.
+drawings=(--input-feature drawing --label-feature label --image-size 8x8 --pixel-scale 15.9375)
+"$attune" enqueue --model doodles --user dana --csv "$data" --rows 1500:1560 "${drawings[@]}" --format json >/dev/null
+"$attune" enqueue --model doodles --user dana --csv examples/data/stars.csv --rows 0:5 "${drawings[@]}" >/dev/null
 for _ in $(seq 100); do
   [ "$("$attune" model history --name doodles --user dana | tail -n +2 | wc -l)" -ge 2 ] && break
   sleep 0.2
 done
 "$attune" model history --name doodles --user dana
 echo "== two new star drawings, and two of dana's held-out digits"
-"$attune" model predict --name doodles --user dana --csv examples/data/stars.csv --rows 5:7 --compare
-"$attune" model predict --name doodles --user dana --csv "$data" --rows 1560:1562 --compare | tail -n +2
+"$attune" model predict --name doodles --user dana --csv examples/data/stars.csv --rows 5:7 --compare "${drawings[@]}"
+"$attune" model predict --name doodles --user dana --csv "$data" --rows 1560:1562 --compare "${drawings[@]}" | tail -n +2
+echo "== dana's doodle classifier as an app ships it: the pipeline with its link, and the linked model"
+"$attune" model export --name doodles --user dana -o "$work/Doodles.mlmodel" --linked-models "$work/linked"
 echo "== stopping workers (SIGTERM)"

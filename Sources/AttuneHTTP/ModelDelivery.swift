@@ -61,7 +61,9 @@ public final class ModelDelivery: @unchecked Sendable {
         let key = "\(name)@\(version)"
         if let cached = lock.withLock({ bases[key] }) { return cached }
         let spec = try ModelFile.decode(registry.baseModel(name: name, version: version).bytes)
-        let decoded = (spec: spec, model: try UpdatableModel(spec: spec))
+        // A pipeline's links resolve as its import recorded; the device resolves them against its own copies.
+        let links = try registry.linkedModelBytes(name: name, version: version).mapValues(ModelFile.decode)
+        let decoded = (spec: spec, model: try UpdatableModel(spec: spec, links: links))
         lock.withLock { bases[key] = decoded }
         return decoded
     }

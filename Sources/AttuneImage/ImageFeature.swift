@@ -45,7 +45,8 @@ public struct ImageFeature: Equatable, Sendable {
             return try firstStage(classifier.pipeline, consuming: name)
         case .pipelineRegressor(let regressor):
             return try firstStage(regressor.pipeline, consuming: name)
-        case .kNearestNeighborsClassifier, nil:
+        case .kNearestNeighborsClassifier, .linkedModel, nil:
+            // A linked model's preprocessing lives in the model it links to, which the pipeline resolves.
             return nil
         }
     }

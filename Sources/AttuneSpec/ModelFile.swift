@@ -25,6 +25,7 @@ public enum ModelFile {
         case .pipelineClassifier: return "pipelineClassifier"
         case .pipelineRegressor: return "pipelineRegressor"
         case .pipeline: return "pipeline"
+        case .linkedModel: return "linkedModel"
         case nil: return "unknown"
         }
     }

@@ -18,9 +18,11 @@ public final class ModelRegistry {
           WHERE h.model = b.name AND h.base_version = b.version) AS user_count
         """
 
-    /// Stores `bytes` as the next version of `name` (1 for a new name). Concurrent imports of the
-    /// same name queue on a transaction-scoped advisory lock, so versions are never skipped or reused.
-    public func importBaseModel(name: String, kind: String, bytes: Data) throws -> BaseModelRecord {
+    /// Stores `bytes` as the next version of `name` (1 for a new name), with the base model versions its
+    /// linked models resolved to. Concurrent imports of the same name queue on a transaction-scoped advisory
+    /// lock, so versions are never skipped or reused.
+    public func importBaseModel(name: String, kind: String, bytes: Data,
+                                links: [BaseModelLink] = []) throws -> BaseModelRecord {
         let conn = connection
         return try conn.transaction {
             try conn.query("SELECT pg_advisory_xact_lock(hashtextextended('attune.base_models:' || $1, 0))", [name])
@@ -31,6 +33,12 @@ public final class ModelRegistry {
                 INSERT INTO attune_base_models (name, version, kind, model_lo, size_bytes, sha256)
                 VALUES ($1, $2, $3, $4::oid, $5, encode(sha256(lo_get($4::oid)), 'hex'))
                 """, [name, next, kind, oid, Int64(bytes.count)])
+            for link in links {
+                try conn.query("""
+                    INSERT INTO attune_base_model_links (model, version, file_name, linked_model, linked_version)
+                    VALUES ($1, $2, $3, $4, $5)
+                    """, [name, next, link.fileName, link.model, link.version])
+            }
             return try Self.baseRecord(conn.query(
                 "SELECT \(Self.baseColumns) FROM attune_base_models b WHERE name = $1 AND version = $2",
                 [name, next])[0])
@@ -49,6 +57,35 @@ public final class ModelRegistry {
             guard result.rowCount == 1 else { throw RegistryError.unknownModel(name, version) }
             let bytes = try conn.readLargeObject(result[0].oid("model_lo"))
             return (try Self.baseRecord(result[0]), bytes)
+        }
+    }
+
+    /// The linked models of a base model version (a pipeline's `linkedModel` stages), by file name.
+    public func links(name: String, version: Int) throws -> [BaseModelLink] {
+        try connection.query("""
+            SELECT file_name, linked_model, linked_version FROM attune_base_model_links
+            WHERE model = $1 AND version = $2 ORDER BY file_name
+            """, [name, version]).rows.map {
+            BaseModelLink(fileName: try $0.string("file_name"), model: try $0.string("linked_model"),
+                          version: try $0.int("linked_version"))
+        }
+    }
+
+    /// The bytes of each model a base model version links to, by the file name its pipeline names; empty
+    /// for a model without links.
+    public func linkedModelBytes(name: String, version: Int) throws -> [String: Data] {
+        let conn = connection
+        return try conn.transaction {
+            let result = try conn.query("""
+                SELECT l.file_name, b.model_lo FROM attune_base_model_links l
+                JOIN attune_base_models b ON b.name = l.linked_model AND b.version = l.linked_version
+                WHERE l.model = $1 AND l.version = $2
+                """, [name, version])
+            var bytes: [String: Data] = [:]
+            for row in result.rows {
+                bytes[try row.string("file_name")] = try conn.readLargeObject(row.oid("model_lo"))
+            }
+            return bytes
         }
     }
 

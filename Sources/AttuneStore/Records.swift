@@ -15,6 +15,22 @@ public struct BaseModelRecord: Sendable, Equatable {
     public var reference: String { "\(name)@\(version)" }
 }
 
+/// One linked model of an imported pipeline: the file name its `linkedModel` stage names, and the base model
+/// version that name resolved to when the pipeline was imported.
+public struct BaseModelLink: Sendable, Equatable {
+    public let fileName: String
+    public let model: String
+    public let version: Int
+
+    public init(fileName: String, model: String, version: Int) {
+        self.fileName = fileName
+        self.model = model
+        self.version = version
+    }
+
+    public var reference: String { "\(model)@\(version)" }
+}
+
 /// Where one user's personal model stands. A user without a head is at version 0: the base itself.
 public struct PersonalHead: Sendable, Equatable {
     public let user: String

@@ -25,8 +25,10 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
     case weights(layer: String, reason: String)
     /// A kNearestNeighborsClassifier with an index, distance, weighting, labels or samples Attune cannot use.
     case nearestNeighbors(String)
-    /// A pipeline that is not a frozen neural-network feature extractor feeding an updatable k-NN.
+    /// A pipeline that is not a chain of frozen feature extractors feeding an updatable k-NN.
     case pipeline(String)
+    /// A pipeline's linked model (`stage`) whose file name no imported model was given for.
+    case unresolvedLink(stage: Int, fileName: String)
 
     // Core ML's own rules for updatable models (UpdatableRules.swift): the engine could train these, but a
     // device's Core ML refuses to compile them, so a personal version could never be shipped.
@@ -46,9 +48,13 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
     case updateParameter(name: String, reason: String)
 
     /// The name of the spec's model type as Core ML's proto spells it ("pipelineClassifier", …).
+    /// A type Attune's subset does not declare is named from its field number (`ModelTypeName`).
     static func typeName(of spec: CoreML_Specification_Model) -> String {
-        spec.type.map { "\($0)".components(separatedBy: "(").first ?? "?" } ?? "none"
+        ModelTypeName.fieldName(of: spec) ?? noType
     }
+
+    /// What `typeName(of:)` answers for a `Model` whose `Type` is not set at all.
+    static let noType = "(no type set)"
 
     static let supportedLayers =
         "innerProduct (updatable or frozen), convolution (updatable or frozen; valid or same BOTTOM_RIGHT_HEAVY "
@@ -58,12 +64,16 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
 
     public var description: String {
         switch self {
+        case .modelType(let found) where found == Self.noType:
+            return "the model has no type set (its Type field is empty): the training engine updates "
+                + "\(UpdatableModel.supportedTypes); save a model of one of these"
         case .modelType(let found):
             return "unsupported model type \(found): the training engine updates \(UpdatableModel.supportedTypes); "
                 + "convert the model to one of these"
         case .notUpdatable:
             return "the model is not updatable (isUpdatable is false or no layer is marked updatable); "
-                + "mark the layers to personalize as updatable with coremltools before importing"
+                + "mark the layers to personalize as updatable with coremltools before importing (a frozen network "
+                + "imported for pipelines to link to takes no jobs itself: train the pipeline that links to it)"
         case .layer(let name, let type, let reason):
             return "layer '\(name)' of type \(type) is not supported: \(reason). Supported layers: \(Self.supportedLayers)"
         case .brokenChain(let detail):
@@ -80,8 +90,8 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
         case .optimizer(let detail):
             return "unsupported optimizer: \(detail); use sgdOptimizer or adamOptimizer"
         case .featureExtractor(let detail):
-            return "unsupported feature extractor: \(detail); a pipeline's first model must be a frozen "
-                + "neuralNetwork with one multiArray input and one output"
+            return "unsupported feature extractor: \(detail); each model before a pipeline's k-NN must be a "
+                + "frozen neuralNetwork with one input (a multiArray, or an image for the first) and one output"
         case .weights(let layer, let reason):
             return "weights of layer '\(layer)' cannot be read: \(reason); store them as float32 "
                 + "(floatValue or rawValue)"
@@ -90,9 +100,15 @@ public enum UnsupportedModel: Error, CustomStringConvertible, Sendable, Equatabl
                 + "with a linearIndex, squaredEuclideanDistance, uniformWeighting or inverseDistanceWeighting, "
                 + "string or int64 class labels and one multiArray input of numberOfDimensions values"
         case .pipeline(let detail):
-            return "unsupported pipeline: \(detail). Attune updates a pipelineClassifier (or pipeline) of exactly two "
-                + "models: a frozen neuralNetwork feature extractor whose output feeds an updatable "
-                + "kNearestNeighborsClassifier"
+            return "unsupported pipeline: \(detail). Attune updates a pipelineClassifier (or pipeline) whose last "
+                + "model is an updatable kNearestNeighborsClassifier and whose models before it are frozen feature "
+                + "extractors, each a neuralNetwork or a linked model (linkedModel) naming an imported one, each "
+                + "reading the output of the one before"
+        case .unresolvedLink(let stage, let fileName):
+            return "pipeline model \(stage) is a linked model naming '\(fileName)', which is not resolved to an "
+                + "imported model: import the model it names first (attune model import FILE --name "
+                + "\(LinkedModelReference.modelName(forFileName: fileName) ?? "NAME")), then import the pipeline "
+                + "(or name the model with --link \(fileName)=NAME@VERSION)"
         case .specificationVersion(let model, let found):
             return "\(model) has specificationVersion \(found), but Core ML accepts updatable models only from "
                 + "specification version 4 (iOS 13) on, so a device would refuse it; save it again with "

@@ -1,3 +1,4 @@
+import AttuneImage
 import AttuneSpec
 
 /// Reading sample features into float rows, the same way for every model kind, so a producer gets the
@@ -20,6 +21,23 @@ enum FeatureReading {
             guard v.isFinite, f.isFinite else { throw .nonFinite(sample: sample, feature: feature, index: j) }
             buffer[offset + j] = f
         }
+    }
+
+    /// Decodes an image feature (PNG or JPEG bytes) into the model's input tensor at `offset`.
+    static func image(_ value: Attune_V1_FeatureValue, feature: String, image: ImageFeature, sample: Int,
+                      into buffer: inout [Float], at offset: Int) throws(InvalidTrainingInput) {
+        guard case .image(let bytes)? = value.kind else {
+            throw .wrongType(sample: sample, feature: feature, expected: "an image (PNG or JPEG bytes)",
+                             found: kindName(value))
+        }
+        let tensor: [Float]
+        do { tensor = try image.tensor(from: bytes) } catch {
+            throw .image(sample: sample, feature: feature, reason: error.description)
+        }
+        if let bad = tensor.firstIndex(where: { !$0.isFinite }) {
+            throw .nonFinite(sample: sample, feature: feature, index: bad)
+        }
+        buffer.replaceSubrange(offset..<(offset + tensor.count), with: tensor)
     }
 
     /// Refuses a sample holding any feature besides `expected` (the model input and the label or target).

@@ -11,13 +11,17 @@ public enum UpdatableModel: Sendable {
     /// The model types `init(spec:)` accepts, as an error message names them.
     static let supportedTypes = "neuralNetworkClassifier, neuralNetworkRegressor, neuralNetwork, "
         + "kNearestNeighborsClassifier, and pipelineClassifier or "
-        + "pipeline (a frozen neuralNetwork feeding an updatable kNearestNeighborsClassifier)"
+        + "pipeline (frozen neuralNetworks or linked models feeding an updatable kNearestNeighborsClassifier)"
 
     /// Refuses, with `UnsupportedModel`, anything the engine cannot train, naming the part and what is
     /// supported, and then anything a device's Core ML would refuse to compile (`UpdatableRules`): a
     /// personal version of such a model could never be shipped. Import, the worker and export all come
     /// through here, so no path trains or writes a model a device refuses.
-    public init(spec: CoreML_Specification_Model) throws(UnsupportedModel) {
+    ///
+    /// `links` gives, for a pipeline holding linked models, the spec each linked file name resolves to
+    /// (`LinkedModelReference`); other models ignore it.
+    public init(spec: CoreML_Specification_Model,
+                links: [String: CoreML_Specification_Model] = [:]) throws(UnsupportedModel) {
         let model: UpdatableModel
         switch spec.type {
         case .neuralNetworkClassifier?, .neuralNetworkRegressor?, .neuralNetwork?:
@@ -25,12 +29,18 @@ public enum UpdatableModel: Sendable {
         case .kNearestNeighborsClassifier?:
             model = .nearestNeighbors(try NearestNeighborsModel(spec: spec))
         case .pipelineClassifier?, .pipeline?, .pipelineRegressor?:
-            model = .pipeline(try PipelineModel(spec: spec))
+            model = .pipeline(try PipelineModel(spec: spec, links: links))
         default:
             throw .modelType(found: UnsupportedModel.typeName(of: spec))
         }
         try UpdatableRules.check(spec)
         self = model
+    }
+
+    /// The linked models a pipeline names (empty for every other model).
+    public var links: [LinkedModelReference] {
+        if case .pipeline(let m) = self { return m.links }
+        return []
     }
 
     /// The base spec, unchanged.

@@ -114,7 +114,8 @@ public struct FleetAudit {
         guard let first = versions.first else { return nil }
         let stored = try registry.personalVersion(user: user, model: model, version: first.version).info
         let base = try UpdatableModel(spec: ModelFile.decode(
-            registry.baseModel(name: model, version: stored.baseVersion).bytes))
+            registry.baseModel(name: model, version: stored.baseVersion).bytes),
+            links: registry.linkedModelBytes(name: model, version: stored.baseVersion).mapValues(ModelFile.decode))
         var state: Attune_V1_UpdateState?
         for (expectedVersion, entry) in versions.enumerated() {
             guard entry.version == expectedVersion + 1 else {

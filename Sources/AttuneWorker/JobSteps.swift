@@ -340,7 +340,9 @@ final class JobSteps {
     private func baseModel(name: String, version: Int) throws -> UpdatableModel {
         let key = "\(name)@\(version)"
         if let cached = baseModels[key] { return cached }
-        let model = try UpdatableModel(spec: ModelFile.decode(store.baseModelBytes(name: name, version: version)))
+        let links = try store.linkedModelBytes(name: name, version: version).mapValues(ModelFile.decode)
+        let model = try UpdatableModel(spec: ModelFile.decode(store.baseModelBytes(name: name, version: version)),
+                                       links: links)
         baseModels[key] = model
         return model
     }

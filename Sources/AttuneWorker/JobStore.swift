@@ -11,6 +11,13 @@ public protocol JobStore: AnyObject {
     func commitVersions(_ versions: [NewPersonalVersion]) throws -> [Result<CommitOutcome, RegistryError>]
     /// The bytes of one imported base model.
     func baseModelBytes(name: String, version: Int) throws -> Data
+    /// The bytes of the models a base model's pipeline links to, by linked file name (empty without links).
+    func linkedModelBytes(name: String, version: Int) throws -> [String: Data]
+}
+
+extension JobStore {
+    /// A store of models without links.
+    public func linkedModelBytes(name: String, version: Int) throws -> [String: Data] { [:] }
 }
 
 extension ModelRegistry: JobStore {

@@ -30,8 +30,10 @@ extension Model {
             let registry = try database.registry()
             let (record, bytes) = try registry.baseModel(name: model ?? name!, version: version)
             let spec = try ModelFile.decode(bytes)
+            let links = try registry.linkedModelBytes(name: record.name, version: record.version)
+                .mapValues(ModelFile.decode)
             let description = try ModelDescriber.describe(spec, name: record.name, version: record.version,
-                                                         limits: JobLimits())
+                                                         limits: JobLimits(), links: links)
             if json {
                 let data = try JSONSerialization.data(withJSONObject: description, options: [.sortedKeys])
                 print(String(decoding: data, as: UTF8.self))
@@ -45,9 +47,9 @@ extension Model {
 /// A base model as a producer needs to know it, as plain JSON values (so `--json` prints it as is and the
 /// text form reads the same values).
 enum ModelDescriber {
-    static func describe(_ spec: CoreML_Specification_Model, name: String, version: Int,
-                         limits: JobLimits) throws -> [String: Any] {
-        let model = try UpdatableModel(spec: spec)
+    static func describe(_ spec: CoreML_Specification_Model, name: String, version: Int, limits: JobLimits,
+                         links: [String: CoreML_Specification_Model] = [:]) throws -> [String: Any] {
+        let model = try UpdatableModel(spec: spec, links: links)
         var out: [String: Any] = [
             "model": name, "version": version, "kind": ModelFile.kind(of: spec),
             "specificationVersion": Int(spec.specificationVersion),
@@ -126,7 +128,7 @@ enum ModelDescriber {
             return pipeline(p)
         case .pipelineRegressor(let p)?:
             return pipeline(p.pipeline)
-        case nil:
+        case .linkedModel?, nil:
             return [:]
         }
     }

@@ -13,40 +13,107 @@ struct Model: ParsableCommand {
 
 extension Model {
     struct Import: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Import an updatable .mlmodel as the next version of a base model.")
+        static let configuration = CommandConfiguration(
+            abstract: "Import an updatable .mlmodel as the next version of a base model.",
+            discussion: """
+                A pipeline whose models include a linked model (linkedModel, naming a compiled file such as \
+                DrawingEmbedding.mlmodelc) is imported against a base model already in the registry: by default \
+                the one named as the file without its extension (DrawingEmbedding), newest version; --link \
+                FILE_NAME=MODEL[@VERSION] names another. The version it resolves to is recorded with the import. \
+                A frozen neuralNetwork (not updatable) is imported as a model for pipelines to link to; it takes \
+                no training jobs itself.
+                """)
 
         @OptionGroup var database: DatabaseOptions
         @Argument(help: "The .mlmodel file (CoreML.Specification.Model).") var file: String
         @Option(help: "Base model name, [A-Za-z0-9_-]{1,128}.") var name: String
+        @Option(name: .customLong("link"),
+                help: "FILE_NAME=MODEL[@VERSION]: resolve the pipeline's linked model FILE_NAME to this imported model (repeatable).")
+        var links: [String] = []
 
         func run() throws {
             try Identifier.validate(name, field: "model name")
             let bytes = try Data(contentsOf: URL(fileURLWithPath: file))
-            // Refuse what no worker could train now, not when the first job arrives.
             let spec = try ModelFile.decode(bytes)
-            _ = try UpdatableModel(spec: spec)
             let registry = try database.registry()
-            let record = try registry.importBaseModel(name: name, kind: ModelFile.kind(of: spec), bytes: bytes)
-            print("imported \(record.name)@\(record.version) (\(record.kind), \(bytes.count) bytes)")
+            let (resolved, specs) = try LinkResolver(registry: registry, options: links).resolve(spec)
+            // Refuse what no worker could train now, not when the first job arrives.
+            let frozen = try Self.check(spec, links: specs)
+            let record = try registry.importBaseModel(name: name, kind: ModelFile.kind(of: spec), bytes: bytes,
+                                                      links: resolved)
+            print("imported \(record.name)@\(record.version) (\(record.kind)\(frozen ? ", frozen" : ""), \(bytes.count) bytes)")
+            if frozen {
+                print("  not updatable: a model for pipelines to link to (linkedModel); it takes no training jobs itself")
+            }
+            for link in resolved {
+                print("  linked model \(link.fileName) -> \(link.reference)")
+            }
+        }
+
+        /// Refuses what the engine cannot train or a device would refuse; true for a frozen network that
+        /// pipelines may link to (not updatable, but runnable as a feature extractor).
+        static func check(_ spec: CoreML_Specification_Model,
+                          links: [String: CoreML_Specification_Model]) throws -> Bool {
+            do {
+                _ = try UpdatableModel(spec: spec, links: links)
+                return false
+            } catch {
+                guard error == .notUpdatable, !spec.isUpdatable else { throw error }
+                do { _ = try FeatureExtractor(spec: spec) } catch { throw UnsupportedModel.notUpdatable }
+                return true
+            }
         }
     }
 
     struct Export: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Write a full .mlmodel: the base model with a user's version written into it.")
+            abstract: "Write a full .mlmodel: the base model with a user's version written into it.",
+            discussion: """
+                A pipeline's linked models are written as they are (the device resolves each against its own \
+                copy); --linked-models DIR also writes each linked model's .mlmodel there, as imported \
+                (DrawingEmbedding.mlmodelc's as DrawingEmbedding.mlmodel), for the app to ship beside it.
+                """)
 
         @OptionGroup var database: DatabaseOptions
         @Option(help: "Base model name.") var name: String
         @Option(help: "User whose personal model to export; omit for the base model.") var user: String?
         @Option(help: "Personal version (default: the user's head), or base version without --user.") var version: Int?
         @Option(name: .shortAndLong, help: "Output file.") var output: String
+        @Option(name: .customLong("linked-models"),
+                help: "Also write the models the pipeline links to into this folder.")
+        var linkedModels: String?
 
         func run() throws {
             let registry = try database.registry()
-            let loaded = try PersonalModelLoader(registry: registry).load(name: name, user: user, version: version)
+            let loaded: PersonalModelLoader.Loaded
+            do {
+                loaded = try PersonalModelLoader(registry: registry).load(name: name, user: user, version: version)
+            } catch UnsupportedModel.notUpdatable where user == nil {
+                // A frozen model imported for pipelines to link to: its bytes as imported.
+                let (record, bytes) = try registry.baseModel(name: name, version: version)
+                try bytes.write(to: URL(fileURLWithPath: output))
+                print("wrote \(output): \(record.reference) (frozen, as imported)")
+                return
+            }
             let spec = try loaded.state.map { try loaded.model.applying($0) } ?? loaded.spec
             try ModelFile.encode(spec).write(to: URL(fileURLWithPath: output))
             print("wrote \(output): \(loaded.label)")
+            guard let linkedModels else { return }
+            let folder = URL(fileURLWithPath: linkedModels, isDirectory: true)
+            try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+            let recorded = try registry.links(name: name, version: loaded.baseVersion)
+            for reference in loaded.model.links {
+                guard let link = recorded.first(where: { $0.fileName == reference.fileName }) else { continue }
+                // Only the last path component: a file name in a model never chooses where we write.
+                let fileName = URL(fileURLWithPath: reference.sourceFileName).lastPathComponent
+                guard !fileName.isEmpty, fileName != "..", fileName != "." else {
+                    throw CommandFailure(description: "linked model file name '\(reference.fileName)' is not a file name")
+                }
+                let target = folder.appendingPathComponent(fileName)
+                try registry.baseModel(name: link.model, version: link.version).bytes.write(to: target)
+                print("wrote \(target.path): \(link.reference), linked as \(reference.fileName)")
+            }
+            if loaded.model.links.isEmpty { print("\(name) links to no models; nothing else written") }
         }
     }
 
@@ -176,13 +243,15 @@ struct PersonalModelLoader {
         let model: UpdatableModel
         let state: Attune_V1_UpdateState?
         let label: String
+        let baseVersion: Int
     }
 
     func load(name: String, user: String?, version: Int?) throws -> Loaded {
         guard let user else {
             let (record, bytes) = try registry.baseModel(name: name, version: version)
             let spec = try ModelFile.decode(bytes)
-            return Loaded(spec: spec, model: try UpdatableModel(spec: spec), state: nil, label: "\(name)@\(record.version)")
+            return Loaded(spec: spec, model: try UpdatableModel(spec: spec, links: links(name, record.version)),
+                          state: nil, label: "\(name)@\(record.version)", baseVersion: record.version)
         }
         let head = try registry.head(user: user, model: name)
         let personal = version ?? head?.version ?? 0
@@ -190,8 +259,13 @@ struct PersonalModelLoader {
         let spec = try ModelFile.decode(bytes)
         let state = personal == 0 ? nil : try Attune_V1_UpdateState(
             serializedBytes: registry.personalVersion(user: user, model: name, version: personal).state)
-        return Loaded(spec: spec, model: try UpdatableModel(spec: spec), state: state,
-                      label: "\(name)@\(record.version) for \(user) v\(personal)")
+        return Loaded(spec: spec, model: try UpdatableModel(spec: spec, links: links(name, record.version)), state: state,
+                      label: "\(name)@\(record.version) for \(user) v\(personal)", baseVersion: record.version)
+    }
+
+    /// The specs a base model version's linked models resolved to at its import, by linked file name.
+    func links(_ name: String, _ version: Int) throws -> [String: CoreML_Specification_Model] {
+        try registry.linkedModelBytes(name: name, version: version).mapValues(ModelFile.decode)
     }
 }
 

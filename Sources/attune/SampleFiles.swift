@@ -1,4 +1,5 @@
 import ArgumentParser
+import AttuneImage
 import AttuneSpec
 import Foundation
 import SwiftProtobuf
@@ -18,6 +19,13 @@ struct SampleFileOptions: ParsableArguments {
     var labelFeature: String = "digit"
     @Flag(help: "Send labels as int64 rather than strings (for models with int64 class labels).")
     var int64Labels = false
+    @Option(help: ArgumentHelp("For a model whose input is an image: send each CSV row as a WIDTHxHEIGHT gray PNG, "
+        + "its numbers the pixels row by row (0 black to 255 white, times --pixel-scale, rounded and clamped).",
+        valueName: "WIDTHxHEIGHT"))
+    var imageSize: String?
+    @Option(help: ArgumentHelp("With --image-size: multiply each number by this before it becomes a pixel "
+        + "(255/16 = 15.9375 for the digits' 0-16)."))
+    var pixelScale: Double = 1
 
     func load() throws -> [Attune_V1_Sample] {
         switch (csv, json) {
@@ -43,7 +51,16 @@ struct SampleFileOptions: ParsableArguments {
             // No shape: a row is flat, and a sample without one takes the model's input shape when its
             // value count matches (a [1, 8, 8] input takes 64 columns); a wrong count is refused by the model.
             var array = Attune_V1_FeatureValue()
-            array.multiArray.values = values
+            if let size = try imageDimensions() {
+                guard values.count == size.width * size.height else {
+                    throw CommandFailure(description: "\(path): row \(index) has \(values.count) numbers, not the "
+                        + "\(size.width * size.height) pixels of a \(size.width)x\(size.height) image")
+                }
+                let pixels = values.map { UInt8(max(0, min(255, ($0 * pixelScale).rounded()))) }
+                array.image = try PNGEncoder.gray(width: size.width, height: size.height, pixels: pixels)
+            } else {
+                array.multiArray.values = values
+            }
             var label = Attune_V1_FeatureValue()
             let rawLabel = cells.last!
             if int64Labels {
@@ -58,6 +75,16 @@ struct SampleFileOptions: ParsableArguments {
             sample.features = [inputFeature: array, labelFeature: label]
             return sample
         }
+    }
+
+    private func imageDimensions() throws -> (width: Int, height: Int)? {
+        guard let imageSize else { return nil }
+        let parts = imageSize.lowercased().split(separator: "x").map { Int($0) }
+        guard parts.count == 2, let width = parts[0], let height = parts[1], (1...4096).contains(width),
+              (1...4096).contains(height), pixelScale.isFinite else {
+            throw ValidationError("--image-size takes WIDTHxHEIGHT, for example 8x8")
+        }
+        return (width, height)
     }
 
     private func rowRange(count: Int) throws -> Range<Int>? {

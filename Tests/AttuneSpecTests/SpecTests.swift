@@ -16,6 +16,22 @@ final class SpecTests: XCTestCase {
         }
     }
 
+    /// The linked pipeline the demo imports (coremltools-built, examples/models): its linkedModel is typed,
+    /// and both files write back byte for byte.
+    func testLinkedPipelineRoundTripsWithItsLinkTyped() throws {
+        let examples = fixtures.deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("examples/models")
+        for name in ["LinkedDrawingClassifier.mlmodel", "DrawingEmbedding.mlmodel"] {
+            let bytes = try Data(contentsOf: examples.appendingPathComponent(name))
+            XCTAssertEqual(try ModelFile.encode(ModelFile.decode(bytes)), bytes, name)
+        }
+        let pipeline = try ModelFile.decode(Data(contentsOf: examples.appendingPathComponent("LinkedDrawingClassifier.mlmodel")))
+        let link = pipeline.pipelineClassifier.pipeline.models[0]
+        XCTAssertEqual(ModelFile.kind(of: link), "linkedModel")
+        XCTAssertEqual(link.linkedModel.linkedModelFile.linkedModelFileName.defaultValue, "DrawingEmbedding.mlmodelc")
+        XCTAssertEqual(link.linkedModel.linkedModelFile.linkedModelSearchPath.defaultValue, ".:$BUNDLE_MAIN")
+        XCTAssertTrue(link.unknownFields.data.isEmpty, "every field of the link is in the subset")
+    }
+
     func testDigitsModelReadsAsUpdatableClassifier() throws {
         let model = try ModelFile.decode(Data(contentsOf: fixtures.appendingPathComponent("digits-mlp-updatable.mlmodel")))
         XCTAssertEqual(model.specificationVersion, 4)

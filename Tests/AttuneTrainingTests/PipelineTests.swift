@@ -4,7 +4,8 @@ import XCTest
 
 @testable import AttuneTraining
 
-/// Pipelines of a frozen feature extractor feeding an updatable k-NN, on the coremltools-built fixture
+/// Pipelines of a frozen feature extractor feeding an updatable k-NN (linked models and longer chains:
+/// LinkedPipelineTests), on the coremltools-built fixture
 /// (64 pixels → dense(16) → ReLU "features" → empty k-NN, k 3, uniform, default "unknown").
 final class PipelineTests: XCTestCase {
     func fixture() throws -> (CoreML_Specification_Model, PipelineModel) {
@@ -139,12 +140,14 @@ final class PipelineTests: XCTestCase {
                 let text = "\(error)"
                 XCTAssertTrue(text.contains(fragment), text, line: line)
                 if case .pipeline? = error as? UnsupportedModel {
-                    XCTAssertTrue(text.contains("frozen neuralNetwork feature extractor"), text, line: line)
+                    XCTAssertTrue(text.contains("whose models before it are frozen feature extractors"), text, line: line)
                 }
                 print("refused as expected: \(text)")
             }
         }
-        refused({ $0.pipelineClassifier.pipeline.models.append(inner.models[1]) }, "it holds 3 models")
+        refused({ $0.pipelineClassifier.pipeline.models.append(inner.models[1]) },
+                "model 1 is a kNearestNeighborsClassifier; each model before the last must be a frozen neuralNetwork")
+        refused({ $0.pipelineClassifier.pipeline.models.removeFirst() }, "it holds 1 model;")
         refused({ $0.pipelineClassifier.pipeline.models[0].neuralNetwork.layers[0].isUpdatable = true },
                 "the feature extractor (model 0) is updatable (layer 'embed')")
         refused({ $0.pipelineClassifier.pipeline.models[0].isUpdatable = true }, "the feature extractor (model 0) is updatable")

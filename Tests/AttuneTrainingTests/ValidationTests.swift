@@ -156,7 +156,10 @@ final class ValidationTests: XCTestCase {
         var knn = CoreML_Specification_Model()
         knn.kNearestNeighborsClassifier = CoreML_Specification_KNearestNeighborsClassifier()
         assertUnsupported(knn) { if case .nearestNeighbors = $0 { return $0.description.contains("isUpdatable") }; return false }
-        assertUnsupported(CoreML_Specification_Model()) { if case .modelType(found: "none") = $0 { return true }; return false }
+        assertUnsupported(CoreML_Specification_Model()) {
+            if case .modelType(found: UnsupportedModel.noType) = $0 { return $0.description.contains("has no type set") }
+            return false
+        }
 
         var conv = base
         conv.neuralNetworkClassifier.layers[0].convolution = CoreML_Specification_ConvolutionLayerParams()

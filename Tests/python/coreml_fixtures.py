@@ -402,6 +402,87 @@ def digits_pipeline(out):
 
 
 # ---------------------------------------------------------------------------------------------------
+# A linked pipeline (i), built as coremltools' examples/updatable_models/updatable_linked_model.ipynb builds
+# its tiny drawing classifier: an image-input drawing embedding saved on its own, and beside it a
+# pipelineClassifier whose first model is a linkedModel naming the embedding's compiled file and whose
+# second is an empty updatable k-NN with default label "unknown".
+
+EMBEDDING_FILE = "DrawingEmbedding.mlmodel"
+LINKED_PIPELINE_FILE = "LinkedDrawingClassifier.mlmodel"
+EMBEDDING_SCALE = 16 / 255  # 8-bit pixels back to the digits' 0..16 range
+
+
+def drawing_embedding(out, pixels, digits):
+    """8x8 GRAYSCALE image 'drawing' -> scaler 16/255 -> flatten -> dense(32) -> ReLU 'embedding' (FLOAT32
+    [32]): the hidden layer of a 64-32-10 digits classifier trained in NumPy on rows 0-1199, its last layer
+    removed (as the notebook's embedding is a Quick, Draw! classifier without its last layer)."""
+    rng = np.random.default_rng(83)
+    start = [rng.normal(0, 0.05, (32, 64)), np.zeros(32), rng.normal(0, 0.1, (10, 32)), np.zeros(10)]
+    x_base, t_base = pixels[BASE_ROWS[0]:BASE_ROWS[1]], digits[BASE_ROWS[0]:BASE_ROWS[1]]
+    w1, b1, w2, b2 = train_mlp(start, x_base, t_base, epochs=3, lr=0.01, batch=32, momentum=0.9,
+                               order_source=np.random.default_rng(89).permutation)
+    accuracy = float(np.mean(mlp_predict([w1, b1, w2, b2], pixels[1200:]) == digits[1200:]))
+    builder = NeuralNetworkBuilder([("drawing", datatypes.Array(1, 8, 8))], [("embedding", datatypes.Array(32))])
+    builder.add_flatten("flatten", 0, "drawing", "flat")
+    builder.add_inner_product("embed", w1.astype(np.float32), b1.astype(np.float32), 64, 32, has_bias=True,
+                              input_name="flat", output_name="embedded")
+    builder.add_activation("embed_relu", "RELU", "embedded", "embedding")
+    builder.set_pre_processing_parameters(image_input_names=["drawing"], image_scale=EMBEDDING_SCALE)
+    spec = builder.spec
+    spec.specificationVersion = 4
+    spec.description.output[0].type.multiArrayType.dataType = Model_pb2.ArrayFeatureType.FLOAT32
+    spec.description.input[0].shortDescription = "Drawing, white strokes on black"
+    spec.description.output[0].shortDescription = "Embedding of the drawing in 32 dimensions"
+    spec.description.metadata.shortDescription = ("Embeds an 8x8 grayscale drawing: the hidden layer of a digits "
+                                                  "classifier trained on other writers")
+    image = spec.description.input[0].type.imageType
+    assert image.colorSpace == Model_pb2.ImageFeatureType.GRAYSCALE and (image.width, image.height) == (8, 8)
+    save(spec, out, EMBEDDING_FILE)
+    record(EMBEDDING_FILE, "neuralNetwork", "drawing", [1, 8, 8], "image GRAYSCALE 8x8", None, [],
+           "frozen (not updatable): scaler channelScale 16/255, flatten, dense 64->32 'embed', ReLU -> 'embedding' "
+           "FLOAT32 [32]; weights of a 64-32-10 MLP trained in NumPy on rows 0-1199 (3 epochs, SGD lr 0.01 "
+           f"momentum 0.9 batch 32; that classifier's accuracy on rows 1200+: {accuracy:.3f})")
+    return spec
+
+
+def linked_drawing_classifier(out, embedding_spec):
+    """The notebook's construction with our embedding: linked model -> updatable k-NN (k 3, inverse distance,
+    default 'unknown', label feature 'label')."""
+    linked = Model_pb2.Model()
+    linked.specificationVersion = 4  # coremltools._MINIMUM_LINKED_MODELS_SPEC_VERSION
+    linked.description.metadata.shortDescription = "Linked model which points to the DrawingEmbedding model."
+    linked.description.input.extend(embedding_spec.description.input[:])
+    linked.description.output.extend(embedding_spec.description.output[:])
+    linked.linkedModel.linkedModelFile.linkedModelFileName.defaultValue = "DrawingEmbedding.mlmodelc"
+    linked.linkedModel.linkedModelFile.linkedModelSearchPath.defaultValue = ".:$BUNDLE_MAIN"
+
+    knn = KNearestNeighborsClassifierBuilder(input_name="embedding", output_name="label", number_of_dimensions=32,
+                                             default_class_label="unknown", number_of_neighbors=3,
+                                             weighting_scheme="inverse_distance", index_type="linear").spec
+    knn.specificationVersion = 4
+
+    pipeline = Model_pb2.Model()
+    pipeline.specificationVersion = 4
+    pipeline.isUpdatable = True
+    pipeline.description.input.extend(linked.description.input[:])
+    pipeline.description.output.extend(knn.description.output[:])
+    pipeline.description.predictedFeatureName = knn.description.predictedFeatureName
+    pipeline.description.predictedProbabilitiesName = knn.description.predictedProbabilitiesName
+    pipeline.description.trainingInput.extend([linked.description.input[0]])
+    pipeline.description.trainingInput[0].shortDescription = "Example drawing"
+    pipeline.description.trainingInput.extend([knn.description.output[0]])
+    pipeline.description.trainingInput[1].shortDescription = "Its true label"
+    pipeline.description.metadata.shortDescription = "Learns to classify 8x8 drawings from a user's examples"
+    pipeline.pipelineClassifier.pipeline.models.add().CopyFrom(linked)
+    pipeline.pipelineClassifier.pipeline.models.add().CopyFrom(knn)
+    save(pipeline, out, LINKED_PIPELINE_FILE)
+    record(LINKED_PIPELINE_FILE, "pipelineClassifier", "drawing", [1, 8, 8], "image GRAYSCALE 8x8", "label",
+           ["k-NN (model 1)"], "model 0: linkedModel 'DrawingEmbedding.mlmodelc' (search path '.:$BUNDLE_MAIN') "
+           "with DrawingEmbedding's interface; model 1: empty updatable k-NN on 'embedding' (FLOAT32 [32]), "
+           "string labels, default 'unknown', k 3, inverse distance, linear index")
+
+
+# ---------------------------------------------------------------------------------------------------
 # Pretrained base (h)
 
 def softmax_rows(z):
@@ -528,6 +609,7 @@ def build_all(out):
     refused_leaky_relu(out)
     refused_frozen_bias(out)
     digits_pretrained(out, pixels, digits)
+    linked_drawing_classifier(out, drawing_embedding(out, pixels, digits))
     bench_mlp(out, 64, 32)
     bench_mlp(out, 784, 128)
     with open(os.path.join(out, "fixtures.json"), "w") as f:

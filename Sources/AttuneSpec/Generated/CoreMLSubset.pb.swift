@@ -183,6 +183,14 @@ public nonisolated struct CoreML_Specification_Model: @unchecked Sendable {
     set {_uniqueStorage()._type = .neuralNetwork(newValue)}
   }
 
+  public var linkedModel: CoreML_Specification_LinkedModel {
+    get {
+      if case .linkedModel(let v)? = _storage._type {return v}
+      return CoreML_Specification_LinkedModel()
+    }
+    set {_uniqueStorage()._type = .linkedModel(newValue)}
+  }
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public nonisolated enum OneOf_Type: Equatable, Sendable {
@@ -193,6 +201,7 @@ public nonisolated struct CoreML_Specification_Model: @unchecked Sendable {
     case neuralNetworkClassifier(CoreML_Specification_NeuralNetworkClassifier)
     case kNearestNeighborsClassifier(CoreML_Specification_KNearestNeighborsClassifier)
     case neuralNetwork(CoreML_Specification_NeuralNetwork)
+    case linkedModel(CoreML_Specification_LinkedModel)
 
   }
 
@@ -2083,6 +2092,18 @@ public nonisolated struct CoreML_Specification_DoubleParameter: Sendable {
   public init() {}
 }
 
+public nonisolated struct CoreML_Specification_StringParameter: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var defaultValue: String = String()
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
 public nonisolated struct CoreML_Specification_BoolParameter: Sendable {
   // SwiftProtobuf.Message conformance is added in an extension below. See the
   // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
@@ -2351,6 +2372,65 @@ public nonisolated struct CoreML_Specification_SquaredEuclideanDistance: Sendabl
   public init() {}
 }
 
+/// A pipeline stage that names a compiled model shipped beside the pipeline instead of holding it
+/// (apple/coremltools mlmodel/format/LinkedModel.proto). The device looks for linkedModelFileName along
+/// linkedModelSearchPath (paths separated by ':', relative to the pipeline's file; empty means ".").
+public nonisolated struct CoreML_Specification_LinkedModel: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var linkType: CoreML_Specification_LinkedModel.OneOf_LinkType? = nil
+
+  public var linkedModelFile: CoreML_Specification_LinkedModelFile {
+    get {
+      if case .linkedModelFile(let v)? = linkType {return v}
+      return CoreML_Specification_LinkedModelFile()
+    }
+    set {linkType = .linkedModelFile(newValue)}
+  }
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public nonisolated enum OneOf_LinkType: Equatable, Sendable {
+    case linkedModelFile(CoreML_Specification_LinkedModelFile)
+
+  }
+
+  public init() {}
+}
+
+public nonisolated struct CoreML_Specification_LinkedModelFile: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var linkedModelFileName: CoreML_Specification_StringParameter {
+    get {_linkedModelFileName ?? CoreML_Specification_StringParameter()}
+    set {_linkedModelFileName = newValue}
+  }
+  /// Returns true if `linkedModelFileName` has been explicitly set.
+  public var hasLinkedModelFileName: Bool {self._linkedModelFileName != nil}
+  /// Clears the value of `linkedModelFileName`. Subsequent reads from it will return its default value.
+  public mutating func clearLinkedModelFileName() {self._linkedModelFileName = nil}
+
+  public var linkedModelSearchPath: CoreML_Specification_StringParameter {
+    get {_linkedModelSearchPath ?? CoreML_Specification_StringParameter()}
+    set {_linkedModelSearchPath = newValue}
+  }
+  /// Returns true if `linkedModelSearchPath` has been explicitly set.
+  public var hasLinkedModelSearchPath: Bool {self._linkedModelSearchPath != nil}
+  /// Clears the value of `linkedModelSearchPath`. Subsequent reads from it will return its default value.
+  public mutating func clearLinkedModelSearchPath() {self._linkedModelSearchPath = nil}
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+
+  fileprivate var _linkedModelFileName: CoreML_Specification_StringParameter? = nil
+  fileprivate var _linkedModelSearchPath: CoreML_Specification_StringParameter? = nil
+}
+
 // MARK: - Code below here is support for the SwiftProtobuf runtime.
 
 fileprivate nonisolated let _protobuf_package = "CoreML.Specification"
@@ -2365,7 +2445,7 @@ nonisolated extension CoreML_Specification_NeuralNetworkImageShapeMapping: Swift
 
 nonisolated extension CoreML_Specification_Model: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Model"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}specificationVersion\0\u{1}description\0\u{2}\u{8}isUpdatable\0\u{2}~\u{2}pipelineClassifier\0\u{1}pipelineRegressor\0\u{1}pipeline\0\u{2}e\u{1}neuralNetworkRegressor\0\u{2}d\u{1}neuralNetworkClassifier\0\u{1}kNearestNeighborsClassifier\0\u{2}`\u{1}neuralNetwork\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}specificationVersion\0\u{1}description\0\u{2}\u{8}isUpdatable\0\u{2}~\u{2}pipelineClassifier\0\u{1}pipelineRegressor\0\u{1}pipeline\0\u{2}e\u{1}neuralNetworkRegressor\0\u{2}d\u{1}neuralNetworkClassifier\0\u{1}kNearestNeighborsClassifier\0\u{2}`\u{1}neuralNetwork\0\u{2}8linkedModel\0")
 
   fileprivate class _StorageClass {
     var _specificationVersion: Int32 = 0
@@ -2498,6 +2578,19 @@ nonisolated extension CoreML_Specification_Model: SwiftProtobuf.Message, SwiftPr
             _storage._type = .neuralNetwork(v)
           }
         }()
+        case 556: try {
+          var v: CoreML_Specification_LinkedModel?
+          var hadOneofValue = false
+          if let current = _storage._type {
+            hadOneofValue = true
+            if case .linkedModel(let m) = current {v = m}
+          }
+          try decoder.decodeSingularMessageField(value: &v)
+          if let v = v {
+            if hadOneofValue {try decoder.handleConflictingOneOf()}
+            _storage._type = .linkedModel(v)
+          }
+        }()
         default: break
         }
       }
@@ -2547,6 +2640,10 @@ nonisolated extension CoreML_Specification_Model: SwiftProtobuf.Message, SwiftPr
       case .neuralNetwork?: try {
         guard case .neuralNetwork(let v)? = _storage._type else { preconditionFailure() }
         try visitor.visitSingularMessageField(value: v, fieldNumber: 500)
+      }()
+      case .linkedModel?: try {
+        guard case .linkedModel(let v)? = _storage._type else { preconditionFailure() }
+        try visitor.visitSingularMessageField(value: v, fieldNumber: 556)
       }()
       case nil: break
       }
@@ -5772,6 +5869,36 @@ nonisolated extension CoreML_Specification_DoubleParameter: SwiftProtobuf.Messag
   }
 }
 
+nonisolated extension CoreML_Specification_StringParameter: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".StringParameter"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}defaultValue\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularStringField(value: &self.defaultValue) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if !self.defaultValue.isEmpty {
+      try visitor.visitSingularStringField(value: self.defaultValue, fieldNumber: 1)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: CoreML_Specification_StringParameter, rhs: CoreML_Specification_StringParameter) -> Bool {
+    if lhs.defaultValue != rhs.defaultValue {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
 nonisolated extension CoreML_Specification_BoolParameter: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".BoolParameter"
   public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}defaultValue\0")
@@ -6260,6 +6387,91 @@ nonisolated extension CoreML_Specification_SquaredEuclideanDistance: SwiftProtob
   }
 
   public static func ==(lhs: CoreML_Specification_SquaredEuclideanDistance, rhs: CoreML_Specification_SquaredEuclideanDistance) -> Bool {
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension CoreML_Specification_LinkedModel: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".LinkedModel"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}linkedModelFile\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try {
+        var v: CoreML_Specification_LinkedModelFile?
+        var hadOneofValue = false
+        if let current = self.linkType {
+          hadOneofValue = true
+          if case .linkedModelFile(let m) = current {v = m}
+        }
+        try decoder.decodeSingularMessageField(value: &v)
+        if let v = v {
+          if hadOneofValue {try decoder.handleConflictingOneOf()}
+          self.linkType = .linkedModelFile(v)
+        }
+      }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    // The use of inline closures is to circumvent an issue where the compiler
+    // allocates stack space for every if/case branch local when no optimizations
+    // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
+    // https://github.com/apple/swift-protobuf/issues/1182
+    try { if case .linkedModelFile(let v)? = self.linkType {
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 1)
+    } }()
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: CoreML_Specification_LinkedModel, rhs: CoreML_Specification_LinkedModel) -> Bool {
+    if lhs.linkType != rhs.linkType {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension CoreML_Specification_LinkedModelFile: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".LinkedModelFile"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}linkedModelFileName\0\u{1}linkedModelSearchPath\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularMessageField(value: &self._linkedModelFileName) }()
+      case 2: try { try decoder.decodeSingularMessageField(value: &self._linkedModelSearchPath) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    // The use of inline closures is to circumvent an issue where the compiler
+    // allocates stack space for every if/case branch local when no optimizations
+    // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
+    // https://github.com/apple/swift-protobuf/issues/1182
+    try { if let v = self._linkedModelFileName {
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 1)
+    } }()
+    try { if let v = self._linkedModelSearchPath {
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 2)
+    } }()
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: CoreML_Specification_LinkedModelFile, rhs: CoreML_Specification_LinkedModelFile) -> Bool {
+    if lhs._linkedModelFileName != rhs._linkedModelFileName {return false}
+    if lhs._linkedModelSearchPath != rhs._linkedModelSearchPath {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

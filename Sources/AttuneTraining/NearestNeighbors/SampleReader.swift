@@ -1,12 +1,16 @@
+import AttuneImage
 import AttuneSpec
 
-/// Reads job samples for a k-NN (or the pipeline in front of one): one multiArray input and a label of the
-/// model's label type, which need not be a class yet.
+/// Reads job samples for a k-NN (or the pipeline in front of one): one input (a multiArray, or for a
+/// pipeline whose first model takes an image, PNG or JPEG bytes) and a label of the model's label type,
+/// which need not be a class yet.
 struct SampleReader: Sendable {
     let inputName: String
     let inputShape: [Int]
     let labelFeatureName: String
     let labelKind: LabelKind
+    /// Set when the input is an image: `inputShape` is then its tensor's [C, H, W].
+    var imageInput: ImageFeature? = nil
 
     var inputWidth: Int { inputShape.reduce(1, *) }
 
@@ -50,6 +54,10 @@ struct SampleReader: Sendable {
 
     func read(_ value: Attune_V1_FeatureValue, sample: Int, into buffer: inout [Float],
               at offset: Int) throws(InvalidTrainingInput) {
+        if let imageInput {
+            return try FeatureReading.image(value, feature: inputName, image: imageInput, sample: sample,
+                                            into: &buffer, at: offset)
+        }
         try FeatureReading.multiArray(value, feature: inputName, shape: inputShape, sample: sample, into: &buffer,
                                       at: offset)
     }

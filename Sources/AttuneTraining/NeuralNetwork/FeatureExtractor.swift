@@ -1,15 +1,19 @@
+import AttuneImage
 import AttuneSpec
 
-/// A frozen neural network run forward only: the first model of a pipeline that turns each sample's input
-/// into an embedding for the model after it (an updatable k-NN). Nothing in it is ever trained.
+/// A frozen neural network run forward only: a model of a pipeline that turns each sample's input into an
+/// embedding for the model after it (another frozen network, or the updatable k-NN at the end). Nothing in
+/// it is ever trained.
 ///
-/// Accepted: a plain `neuralNetwork` (or `neuralNetworkRegressor`) with one multiArray input, one output,
-/// a chain of the layers the engine supports (`UnsupportedModel.supportedLayers`), no updatable layer and
-/// no loss.
+/// Accepted: a plain `neuralNetwork` (or `neuralNetworkRegressor`) with one input, a multiArray or an image
+/// (read through its preprocessing scaler, as `NeuralNetworkModel` reads one), one output, a chain of the
+/// layers the engine supports (`UnsupportedModel.supportedLayers`), no updatable layer and no loss.
 public struct FeatureExtractor: Sendable {
     public let inputName: String
     /// [C] or [C, H, W]; a sample's input holds their product of values, row-major.
     public let inputShape: [Int]
+    /// Set when the input is an image: samples carry PNG or JPEG bytes that become `inputShape` ([C, H, W]).
+    public let imageInput: ImageFeature?
     public let outputName: String
     /// Values per sample in the output (the embedding's dimension).
     public var outputWidth: Int { plan.outputWidth }
@@ -19,11 +23,26 @@ public struct FeatureExtractor: Sendable {
 
     public init(spec: CoreML_Specification_Model) throws(UnsupportedModel) {
         guard let nn = NetworkParts(spec), !nn.isClassifier else {
-            throw .featureExtractor("the model is a \(UnsupportedModel.typeName(of: spec)), not a neuralNetwork")
+            throw .featureExtractor("the model is \(ModelTypeName.withArticle(spec)), not a neuralNetwork")
         }
         let description = spec.description_p
-        let (inputName, shape) = try NeuralNetworkModel.modelInput(description)
-        guard nn.preprocessing.isEmpty else { throw .input("image preprocessing is not supported") }
+        let inputName: String, shape: [Int]
+        if description.input.count == 1, let input = description.input.first, case .imageType? = input.type.type {
+            let image: ImageFeature
+            do { image = try ImageFeature(named: input.name, in: spec) } catch {
+                throw .input("image input '\(input.name)': \(error)")
+            }
+            imageInput = image
+            (inputName, shape) = (input.name, [image.constraint.colorSpace.channels, image.constraint.height,
+                                               image.constraint.width])
+        } else {
+            (inputName, shape) = try NeuralNetworkModel.modelInput(description)
+            guard nn.preprocessing.isEmpty else {
+                throw .input("preprocessing applies to image inputs and input '\(inputName)' is a multiArray; "
+                    + "remove the preprocessing or make the input an image")
+            }
+            imageInput = nil
+        }
         guard description.output.count == 1, let output = description.output.first else {
             throw .featureExtractor("it has \(description.output.count) outputs; it needs exactly one")
         }

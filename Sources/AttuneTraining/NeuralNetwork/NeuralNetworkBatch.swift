@@ -39,18 +39,7 @@ extension NeuralNetworkModel {
         guard let imageInput else {
             return try FeatureReading.multiArray(value, feature: inputName, shape: inputShape, sample: sample, into: &buffer, at: offset)
         }
-        guard case .image(let bytes)? = value.kind else {
-            throw .wrongType(sample: sample, feature: inputName, expected: "an image (PNG or JPEG bytes)",
-                             found: FeatureReading.kindName(value))
-        }
-        let tensor: [Float]
-        do { tensor = try imageInput.tensor(from: bytes) } catch {
-            throw .image(sample: sample, feature: inputName, reason: error.description)
-        }
-        if let bad = tensor.firstIndex(where: { !$0.isFinite }) {
-            throw .nonFinite(sample: sample, feature: inputName, index: bad)
-        }
-        buffer.replaceSubrange(offset..<(offset + tensor.count), with: tensor)
+        try FeatureReading.image(value, feature: inputName, image: imageInput, sample: sample, into: &buffer, at: offset)
     }
 
     func classIndex(of value: Attune_V1_FeatureValue, sample: Int) throws(InvalidTrainingInput) -> Int {

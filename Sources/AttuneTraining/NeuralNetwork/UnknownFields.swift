@@ -23,6 +23,26 @@ enum UnknownFields {
         return false
     }
 
+    /// The field numbers present in `data`, in the order they appear; stops at the first malformed byte.
+    static func fieldNumbers(in data: Data) -> [Int] {
+        var numbers: [Int] = []
+        var bytes = data[...]
+        while let key = varint(&bytes) {
+            numbers.append(Int(key >> 3))
+            switch key & 7 {
+            case 0: guard varint(&bytes) != nil else { return numbers }
+            case 1: guard skip(8, &bytes) else { return numbers }
+            case 2:
+                guard let length = varint(&bytes), length <= UInt64(bytes.count), skip(Int(length), &bytes) else {
+                    return numbers
+                }
+            case 5: guard skip(4, &bytes) else { return numbers }
+            default: return numbers
+            }
+        }
+        return numbers
+    }
+
     private static func varint(_ bytes: inout Data.SubSequence) -> UInt64? {
         var value: UInt64 = 0
         for shift in stride(from: 0, to: 64, by: 7) {

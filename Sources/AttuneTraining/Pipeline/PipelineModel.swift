@@ -1,17 +1,33 @@
+import AttuneImage
 import AttuneSpec
 import Foundation
 
-/// A pipeline (Core ML `pipelineClassifier` or `pipeline`) of exactly two models: a frozen neural network
-/// (the feature extractor) whose output feeds an updatable k-nearest-neighbours classifier, as in Apple's
-/// updatable drawing classifier. Samples carry the pipeline's input and the k-NN's label.
+/// A pipeline (Core ML `pipelineClassifier` or `pipeline`) whose last model is an updatable k-nearest-
+/// neighbours classifier and whose models before it are frozen feature extractors, each reading the
+/// output of the one before: a neural network held in the pipeline, or a linked model
+/// (`LinkedModelReference`) naming one imported on its own, as in Apple's updatable drawing classifier.
+/// Samples carry the pipeline's input (a multiArray, or an image when the first extractor takes one) and
+/// the k-NN's label.
 ///
-/// An update runs the extractor on the samples and appends the embeddings to the k-NN (the state is a
-/// k-NN state of embeddings, see NearestNeighborsState.swift); a prediction runs both; an export writes
-/// the k-NN part and leaves the extractor exactly as it was.
+/// An update runs the extractors on the samples and appends the embeddings to the k-NN (the state is a
+/// k-NN state of embeddings, see NearestNeighborsState.swift); a prediction runs them all; an export writes
+/// the k-NN part and leaves every model before it, links included, exactly as it was.
 public struct PipelineModel: Sendable {
+    /// One frozen model before the k-NN.
+    public struct Stage: Sendable {
+        /// Its position among the pipeline's models.
+        public let index: Int
+        public let extractor: FeatureExtractor
+        /// Set when the pipeline holds a link here; `extractor` is then the linked model's network.
+        public let link: LinkedModelReference?
+    }
+
     public let spec: CoreML_Specification_Model
-    public let extractor: FeatureExtractor
-    /// The k-NN inside the pipeline, read from its own spec (model 1).
+    /// The frozen models before the k-NN, in order.
+    public let stages: [Stage]
+    /// The first frozen model: the one that reads the pipeline's input.
+    public var extractor: FeatureExtractor { stages[0].extractor }
+    /// The k-NN inside the pipeline, read from its own spec (the last model).
     public let neighbors: NearestNeighborsModel
     public let inputName: String
     public let inputShape: [Int]
@@ -19,8 +35,17 @@ public struct PipelineModel: Sendable {
     public let labelFeatureName: String
     public var classLabels: [ClassLabel] { neighbors.classLabels }
     public var defaults: ResolvedParameters { neighbors.defaults }
+    /// The pipeline's linked models, in order.
+    public var links: [LinkedModelReference] { stages.compactMap(\.link) }
+    /// The position of the k-NN among the pipeline's models.
+    var lastIndex: Int { stages.count }
+    /// The embedding the k-NN stores: the last extractor's output.
+    var embeddingWidth: Int { stages[stages.count - 1].extractor.outputWidth }
 
-    public init(spec: CoreML_Specification_Model) throws(UnsupportedModel) {
+    /// `links` maps each linked model's file name to the spec of the model it resolves to (the registry's
+    /// record of the import); a link without one is refused with `UnsupportedModel.unresolvedLink`.
+    public init(spec: CoreML_Specification_Model,
+                links: [String: CoreML_Specification_Model] = [:]) throws(UnsupportedModel) {
         let pipeline: CoreML_Specification_Pipeline
         switch spec.type {
         case .pipelineClassifier(let p)?: pipeline = p.pipeline
@@ -31,43 +56,112 @@ public struct PipelineModel: Sendable {
         }
         guard spec.isUpdatable else { throw .pipeline("isUpdatable is false on the pipeline") }
         let models = pipeline.models
-        guard models.count == 2 else { throw .pipeline("it holds \(models.count) models") }
-        let first = UnsupportedModel.typeName(of: models[0]), second = UnsupportedModel.typeName(of: models[1])
-        guard case .neuralNetwork(let network)? = models[0].type else {
-            throw .pipeline("model 0 is a \(first), not a neuralNetwork feature extractor")
+        guard models.count >= 2 else {
+            throw .pipeline("it holds \(models.count) model\(models.count == 1 ? "" : "s"); it needs at least one "
+                + "feature extractor before the k-NN")
         }
-        if models[0].isUpdatable || network.layers.contains(where: \.isUpdatable) {
-            let layer = network.layers.first(where: \.isUpdatable)?.name
-            throw .pipeline("the feature extractor (model 0) is updatable\(layer.map { " (layer '\($0)')" } ?? ""); "
-                + "only the k-NN may be, mark the extractor frozen")
+        var stages: [Stage] = []
+        for (index, model) in models.dropLast().enumerated() {
+            stages.append(try Self.stage(model, index: index, links: links))
         }
-        guard case .kNearestNeighborsClassifier? = models[1].type else {
-            throw .pipeline("model 1 is a \(second), not a kNearestNeighborsClassifier")
+        let last = models.count - 1
+        guard case .kNearestNeighborsClassifier? = models[last].type else {
+            throw .pipeline("model \(last) is \(ModelTypeName.withArticle(models[last])), not a "
+                + "kNearestNeighborsClassifier")
         }
         self.spec = spec
-        extractor = try FeatureExtractor(spec: models[0])
-        neighbors = try NearestNeighborsModel(spec: models[1])
+        self.stages = stages
+        neighbors = try NearestNeighborsModel(spec: models[last])
 
-        guard extractor.outputName == neighbors.inputName, extractor.outputWidth == neighbors.dimensions else {
-            throw .pipeline("the extractor outputs '\(extractor.outputName)' (\(extractor.outputWidth) values) but the "
+        for (previous, next) in zip(stages, stages.dropFirst()) {
+            let out = previous.extractor, into = next.extractor
+            guard out.outputName == into.inputName, into.imageInput == nil, out.outputWidth == into.inputWidth else {
+                throw .pipeline("model \(next.index) reads '\(into.inputName)' (\(into.inputWidth) values) but model "
+                    + "\(previous.index) outputs '\(out.outputName)' (\(out.outputWidth) values)")
+            }
+        }
+        let final = stages[stages.count - 1].extractor
+        guard final.outputName == neighbors.inputName, final.outputWidth == neighbors.dimensions else {
+            throw .pipeline("the extractor outputs '\(final.outputName)' (\(final.outputWidth) values) but the "
                 + "k-NN reads '\(neighbors.inputName)' (\(neighbors.dimensions) values)")
         }
         let description = spec.description_p
         guard description.input.count == 1, let input = description.input.first else {
             throw .input("the pipeline has \(description.input.count) inputs")
         }
-        guard input.name == extractor.inputName, case .multiArrayType? = input.type.type else {
-            throw .input("the pipeline input '\(input.name)' must be the extractor's multiArray input '\(extractor.inputName)'")
+        let first = stages[0].extractor
+        switch (input.type.type, first.imageInput) {
+        case (.multiArrayType?, nil) where input.name == first.inputName:
+            break
+        case (.imageType(let type)?, let image?) where input.name == first.inputName:
+            guard let constraint = try? ImageConstraint(type), constraint == image.constraint else {
+                throw .input("the pipeline's image input '\(input.name)' is declared \(type.width)×\(type.height) "
+                    + "\(type.colorSpace), which is not what model 0 takes (\(image.constraint.width)×"
+                    + "\(image.constraint.height) \(image.constraint.colorSpace))")
+            }
+        default:
+            let kind = first.imageInput == nil ? "multiArray" : "image"
+            throw .input("the pipeline input '\(input.name)' must be model 0's \(kind) input '\(first.inputName)'")
         }
         inputName = input.name
-        inputShape = extractor.inputShape
+        inputShape = first.inputShape
         labelFeatureName = try NearestNeighborsModel.labelFeature(in: description, inputName: input.name,
                                                                   kind: neighbors.labelKind)
     }
 
+    /// A model before the k-NN: a frozen network held in the pipeline, or a link to one.
+    private static func stage(_ model: CoreML_Specification_Model, index: Int,
+                              links: [String: CoreML_Specification_Model]) throws(UnsupportedModel) -> Stage {
+        switch model.type {
+        case .neuralNetwork(let network)?:
+            if model.isUpdatable || network.layers.contains(where: \.isUpdatable) {
+                let layer = network.layers.first(where: \.isUpdatable)?.name
+                throw .pipeline("the feature extractor (model \(index)) is updatable\(layer.map { " (layer '\($0)')" } ?? ""); "
+                    + "only the last model, the k-NN, may be: mark the extractor frozen")
+            }
+            return Stage(index: index, extractor: try FeatureExtractor(spec: model), link: nil)
+        case .linkedModel(let linked)?:
+            let link = LinkedModelReference(stage: index, linked)
+            guard !model.isUpdatable else {
+                throw .pipeline("the linked model (model \(index)) is marked updatable; Core ML never updates a "
+                    + "linked model: mark it frozen")
+            }
+            guard !link.fileName.isEmpty else {
+                throw .pipeline("the linked model (model \(index)) has an empty linkedModelFileName; Core ML needs the "
+                    + "compiled model's file name there")
+            }
+            guard let target = links[link.fileName] else {
+                throw .unresolvedLink(stage: index, fileName: link.fileName)
+            }
+            let extractor: FeatureExtractor
+            do {
+                if let layer = NetworkParts(target)?.layers.first(where: \.isUpdatable) {
+                    throw UnsupportedModel.featureExtractor("layer '\(layer.name)' is updatable")
+                }
+                extractor = try FeatureExtractor(spec: target)
+            } catch {
+                throw .pipeline("the linked model (model \(index)) names '\(link.fileName)', which resolves to a model "
+                    + "that cannot run as a frozen feature extractor: \(error)")
+            }
+            // The device binds the link by its declared interface: it must be the linked model's own.
+            let declared = model.description_p, actual = target.description_p
+            guard declared.input.map(\.name) == actual.input.map(\.name),
+                  declared.output.map(\.name) == actual.output.map(\.name) else {
+                throw .pipeline("the linked model (model \(index)) declares inputs \(declared.input.map(\.name)) and "
+                    + "outputs \(declared.output.map(\.name)), but '\(link.fileName)' resolves to a model with inputs "
+                    + "\(actual.input.map(\.name)) and outputs \(actual.output.map(\.name)); copy the linked "
+                    + "model's description into the link")
+            }
+            return Stage(index: index, extractor: extractor, link: link)
+        default:
+            throw .pipeline("model \(index) is \(ModelTypeName.withArticle(model)); each model before the last must be "
+                + "a frozen neuralNetwork or a linked model")
+        }
+    }
+
     var reader: SampleReader {
         SampleReader(inputName: inputName, inputShape: inputShape, labelFeatureName: labelFeatureName,
-                     labelKind: neighbors.labelKind)
+                     labelKind: neighbors.labelKind, imageInput: extractor.imageInput)
     }
 
     public func resolveParameters(_ overrides: Attune_V1_UpdateParameters) throws(InvalidTrainingInput) -> ResolvedParameters {
@@ -81,32 +175,36 @@ public struct PipelineModel: Sendable {
 
     public func initialState() -> Attune_V1_UpdateState { neighbors.initialState() }
 
-    /// The base spec with the state written into the k-NN (model 1); model 0 and every other field are
-    /// kept as they were.
+    /// The base spec with the state written into the k-NN (the last model); the models before it, links
+    /// included, and every other field are kept as they were.
     public func applying(_ state: Attune_V1_UpdateState) throws(InvalidUpdateState) -> CoreML_Specification_Model {
         let knn = try neighbors.applying(state)
         var model = spec
         switch model.type {
         case .pipelineClassifier(var p)?:
-            p.pipeline.models[1] = knn
+            p.pipeline.models[lastIndex] = knn
             model.pipelineClassifier = p
         case .pipeline(var p)?:
-            p.models[1] = knn
+            p.models[lastIndex] = knn
             model.pipeline = p
         default: preconditionFailure("init accepts only pipelines")
         }
         return model
     }
 
-    /// The batch with its inputs replaced by their embeddings; a non-finite embedding is refused.
+    /// The batch with its inputs replaced by their embeddings (every extractor in turn); a non-finite
+    /// embedding is refused.
     func embedded(_ batch: TrainingBatch) throws(InvalidTrainingInput) -> TrainingBatch {
         precondition(batch.inputWidth == reader.inputWidth, "the batch was prepared for another model")
-        let embeddings = extractor.extract(batch.inputs, count: batch.count)
-        if let bad = embeddings.firstIndex(where: { !$0.isFinite }) {
-            throw .nonFinite(sample: bad / extractor.outputWidth, feature: extractor.outputName,
-                             index: bad % extractor.outputWidth)
+        var values = batch.inputs
+        for stage in stages {
+            values = stage.extractor.extract(values, count: batch.count)
         }
-        return TrainingBatch(count: batch.count, inputWidth: extractor.outputWidth, inputs: embeddings,
+        let final = stages[stages.count - 1].extractor
+        if let bad = values.firstIndex(where: { !$0.isFinite }) {
+            throw .nonFinite(sample: bad / final.outputWidth, feature: final.outputName, index: bad % final.outputWidth)
+        }
+        return TrainingBatch(count: batch.count, inputWidth: final.outputWidth, inputs: values,
                              targets: batch.targets, newLabels: batch.newLabels)
     }
 
