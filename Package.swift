@@ -34,6 +34,7 @@ let package = Package(
         .target(name: "AttuneImage", dependencies: ["AttuneSpec", "CPNG", "CTurboJPEG"]),
         .target(name: "AttuneTraining", dependencies: ["AttuneSpec", "AttuneImage", "CBLAS"]),
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
+                                                    .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),
         .target(name: "AttuneQueue", dependencies: ["AttuneSpec", "CRabbitMQ",
                                                     .product(name: "Crypto", package: "swift-crypto"),

@@ -26,8 +26,12 @@ extension Model {
             let spec = try ModelFile.decode(bytes)
             _ = try UpdatableModel(spec: spec)
             let registry = try database.registry()
+            if !registry.keys.isEncrypting {
+                FileHandle.standardError.write(Data("warning: \(registry.keys.summary)\n".utf8))
+            }
             let record = try registry.importBaseModel(name: name, kind: ModelFile.kind(of: spec), bytes: bytes)
-            print("imported \(record.name)@\(record.version) (\(record.kind), \(bytes.count) bytes)")
+            print("imported \(record.name)@\(record.version) (\(record.kind), \(bytes.count) bytes"
+                + (registry.keys.current.map { ", encrypted with key \($0.id))" } ?? ")"))
         }
     }
 

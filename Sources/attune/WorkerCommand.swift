@@ -1,5 +1,6 @@
 import ArgumentParser
 import AttuneHTTP
+import AttuneStore
 import AttuneTraining
 import AttuneWorker
 import Foundation
@@ -67,6 +68,7 @@ struct WorkerCommand: AsyncParsableCommand {
         configuration.retry.maxAttempts = maxAttempts
         configuration.heartbeatSeconds = heartbeat
         configuration.maxTaskSeconds = maxTaskSeconds > 0 ? maxTaskSeconds : nil
+        configuration.storageKeys = try StorageKeys.load()
 
         // Metrics first: a worker's counters bind to the metrics system there is when it is made.
         let registry = metricsPort.map { _ in OperationsServer.bootstrapMetrics() }
