@@ -60,10 +60,12 @@ let package = Package(
         .testTarget(name: "AttuneSpecTests", dependencies: ["AttuneSpec"]),
         .testTarget(name: "AttuneTrainingTests", dependencies: ["AttuneTraining", "AttuneImage", "AttuneSpec"]),
         .testTarget(name: "AttuneImageTests", dependencies: ["AttuneImage", "AttuneSpec"]),
-        .testTarget(name: "AttuneStoreTests", dependencies: ["AttuneStore", "AttuneSpec"]),
+        .testTarget(name: "AttuneStoreTests", dependencies: ["AttuneStore", "AttuneSpec",
+                                                             .product(name: "Crypto", package: "swift-crypto")]),
         .testTarget(name: "AttuneQueueTests", dependencies: ["AttuneQueue", "AttuneSpec"]),
         .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore",
-                                                              "AttuneQueue", "AttuneSpec"]),
+                                                              "AttuneQueue", "AttuneSpec",
+                                                              .product(name: "Crypto", package: "swift-crypto")]),
     ],
     swiftLanguageModes: [.v5]
 )

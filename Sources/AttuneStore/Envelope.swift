@@ -128,10 +128,9 @@ public enum StorageKeyError: Error, CustomStringConvertible, Sendable, Equatable
     public var description: String {
         switch self {
         case let .keyMissing(object, keyId, configured):
-            let held = configured.isEmpty ? "no keys are configured (ATTUNE_KEYS or ATTUNE_KEYS_FILE)"
-                                          : "ATTUNE_KEYS holds only \(configured.joined(separator: ", "))"
+            let held = configured.isEmpty ? "no keys are configured" : "it holds \(configured.joined(separator: ", "))"
             return "\(object) is encrypted with key \(keyId), which this process does not hold (\(held)): "
-                + "add key \(keyId) to ATTUNE_KEYS and restart"
+                + "add key \(keyId) to ATTUNE_KEYS (or ATTUNE_KEYS_FILE) and restart"
         case let .wrongKey(object, keyId):
             return "\(object) is encrypted with another key than the one ATTUNE_KEYS holds under the id \(keyId) "
                 + "(the key check differs): give \(keyId) the bytes it had when the object was written and restart"
