@@ -65,8 +65,9 @@ extension ModelRegistry {
     /// - Parameters:
     ///   - batchSize: rows per transaction.
     ///   - pause: seconds to wait between batches, to spare a busy database.
+    ///   - pageSize: rows whose first bytes are read per query (at least `batchSize`).
     ///   - afterBatch: called after each committed batch with the totals so far; return false to stop.
-    public func rotateKeys(batchSize: Int = 100, pause: TimeInterval = 0,
+    public func rotateKeys(batchSize: Int = 100, pause: TimeInterval = 0, pageSize: Int = 500,
                            afterBatch: (RotationProgress) -> Bool = { _ in true }) throws -> RotationProgress {
         guard let current = keys.current else {
             throw RegistryError.invalidArgument("no current key: set ATTUNE_KEYS (or ATTUNE_KEYS_FILE) with the key to rotate to first")
@@ -76,13 +77,14 @@ extension ModelRegistry {
         for table in RotatedTable.all {
             var after: [String]? = nil
             while true {
-                // A page of rows with the first bytes of their objects, no locks.
+                // A page of rows with the first bytes of their objects, no locks; after the first page, the
+                // rows past the previous page's last key (the primary key's index finds them).
                 let page = try connection.query("""
                     SELECT \(table.keyText), encode(lo_get(\(table.column), 0, \(Envelope.headerPrefixLength)), 'base64') AS head
                     FROM \(table.name)
-                    WHERE \(table.column) IS NOT NULL AND ($1::text[] IS NULL OR (\(table.keyColumns)) > (\(table.cursor)))
-                    ORDER BY \(table.keyColumns) LIMIT $2
-                    """, [after.map { PostgresArray($0) }, max(batchSize, 500)])
+                    WHERE \(table.column) IS NOT NULL\(after == nil ? "" : " AND (\(table.keyColumns)) > (\(table.cursor(2)))")
+                    ORDER BY \(table.keyColumns) LIMIT $1
+                    """, [max(batchSize, pageSize)] + (after.map { [PostgresArray($0)] } ?? []))
                 guard page.rowCount > 0 else { break }
                 var stale: [[String]] = []
                 for row in page.rows {
@@ -195,9 +197,9 @@ private struct RotatedTable {
     var keyColumns: String { keys.map(\.column).joined(separator: ", ") }
     /// The key columns as text, for reading them back uniformly.
     var keyText: String { keys.map { "\($0.column)::text AS k_\($0.column)" }.joined(separator: ", ") }
-    /// `$1` (a text array holding the previous page's last key) cast element by element.
-    var cursor: String {
-        keys.enumerated().map { "($1::text[])[\($0.offset + 1)]::\($0.element.type)" }.joined(separator: ", ")
+    /// Parameter `n` (a text array holding the previous page's last key) cast element by element.
+    func cursor(_ n: Int) -> String {
+        keys.enumerated().map { "($\(n)::text[])[\($0.offset + 1)]::\($0.element.type)" }.joined(separator: ", ")
     }
     var unnestArguments: String {
         keys.enumerated().map { "$\($0.offset + 1)::\($0.element.type)[]" }.joined(separator: ", ")

@@ -38,7 +38,7 @@ public struct PersonalVersionRecord: Sendable, Equatable {
     public let baseVersion: Int
     public let parentVersion: Int
     public let jobId: String
-    /// Bytes stored for the state: with encryption, the envelope's 40 to 100 bytes more than the state.
+    /// Bytes stored for the state: with encryption, the envelope's 39 bytes and key id more than the state.
     public let stateSizeBytes: Int64
     /// nil for tasks without a loss (k-nearest-neighbours only appends samples).
     public let loss: Double?
