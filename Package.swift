@@ -34,6 +34,7 @@ let package = Package(
         .target(name: "AttuneImage", dependencies: ["AttuneSpec", "CPNG", "CTurboJPEG"]),
         .target(name: "AttuneTraining", dependencies: ["AttuneSpec", "AttuneImage", "CBLAS"]),
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
+                                                    .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),
         .target(name: "AttuneQueue", dependencies: ["AttuneSpec", "CRabbitMQ",
                                                     .product(name: "Crypto", package: "swift-crypto"),
@@ -59,10 +60,12 @@ let package = Package(
         .testTarget(name: "AttuneSpecTests", dependencies: ["AttuneSpec"]),
         .testTarget(name: "AttuneTrainingTests", dependencies: ["AttuneTraining", "AttuneImage", "AttuneSpec"]),
         .testTarget(name: "AttuneImageTests", dependencies: ["AttuneImage", "AttuneSpec"]),
-        .testTarget(name: "AttuneStoreTests", dependencies: ["AttuneStore", "AttuneSpec"]),
+        .testTarget(name: "AttuneStoreTests", dependencies: ["AttuneStore", "AttuneSpec",
+                                                             .product(name: "Crypto", package: "swift-crypto")]),
         .testTarget(name: "AttuneQueueTests", dependencies: ["AttuneQueue", "AttuneSpec"]),
         .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore",
-                                                              "AttuneQueue", "AttuneSpec"]),
+                                                              "AttuneQueue", "AttuneSpec",
+                                                              .product(name: "Crypto", package: "swift-crypto")]),
     ],
     swiftLanguageModes: [.v5]
 )

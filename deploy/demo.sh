@@ -8,6 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/fleet-session.sh demo
 data=examples/data/digits.csv.gz
+# Models and states are stored encrypted (see the README's "Encryption at rest"): a throwaway key unless
+# ATTUNE_KEYS or ATTUNE_KEYS_FILE is set. Every command below takes it from the environment.
+if [ -z "${ATTUNE_KEYS:-}${ATTUNE_KEYS_FILE:-}" ]; then
+  ATTUNE_KEYS=$("$attune" keys generate --id demo)
+  export ATTUNE_KEYS
+fi
 # Built by Tests/python/coreml_fixtures.py: trained on rows 0-1199 (other writers), updatable.
 "$attune" model import examples/models/digits-pretrained.mlmodel --name digits
 
@@ -61,6 +67,8 @@ echo "== alice's held-out digits that her personal model reads differently from 
 echo "== alice's versions"
 "$attune" model history --name digits --user alice
 "$attune" model export --name digits --user alice -o "$work/alice.mlmodel"
+echo "== what PostgreSQL holds: every base model and state encrypted"
+"$attune" keys status
 
 echo "== a linked doodle classifier learns a label it never had: dana draws five stars"
 # Built as coremltools' updatable_linked_model notebook builds its tiny drawing classifier: the drawing

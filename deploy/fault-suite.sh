@@ -3,7 +3,8 @@
 # folder), publish jobs for many users (a few hot), run several worker processes, and while they work
 # SIGKILL workers at random moments (and start new ones), SIGTERM some, restart PostgreSQL once and
 # RabbitMQ once. Then check that every job ended exactly once, as one version or as a dead letter,
-# that every user's model equals a sequential replay of its jobs, and that no large object is orphaned.
+# that every user's model equals a sequential replay of its jobs, that no large object is orphaned, and
+# that every large object is encrypted under the current key (ATTUNE_KEYS, a throwaway one by default).
 # Prints the counts; exits non-zero on any violation.
 #
 # --cluster N runs RabbitMQ as a cluster of N nodes on loopback (deploy/rabbitmq-cluster.sh) instead of
@@ -52,6 +53,12 @@ if [ "$build" = release ]; then
 fi
 attune=$PWD/.build/$build/attune
 [ -x "$attune" ] || { echo "fault-suite.sh: no $attune; run swift build first" >&2; exit 1; }
+# Storage encrypted at rest, as in production: a throwaway key unless ATTUNE_KEYS or ATTUNE_KEYS_FILE is
+# set. Every process below inherits it, and the end checks that every large object is under it.
+if [ -z "${ATTUNE_KEYS:-}${ATTUNE_KEYS_FILE:-}" ]; then
+  ATTUNE_KEYS=$("$attune" keys generate --id fault)
+  export ATTUNE_KEYS
+fi
 
 work=$(mktemp -d /tmp/attune-fault.XXXXXX)
 chmod 755 "$work"
@@ -252,6 +259,10 @@ elapsed=$(python3 -c "print(f'{$(date +%s.%N) - $began:.0f}')")
 
 echo "== audit"
 "$attune" audit check --model digits --jobs-file "$work/jobs.jsonl" | tee "$work/audit.txt" || status=1
+echo "== encryption at rest"
+"$attune" keys status 2>/dev/null | tee "$work/keys.txt" || status=1
+grep -q "everything is under the current key" "$work/keys.txt" \
+  || { echo "FAIL: stored objects outside the current key (clear text or another key)" >&2; status=1; }
 echo "== faults and events"
 python3 - "$work/events.jsonl" <<'PY'
 import json, sys

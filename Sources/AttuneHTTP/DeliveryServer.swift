@@ -12,10 +12,11 @@ import Logging
 /// sees only its application's models: 401 without a valid token, 403 for another application's model.
 public enum DeliveryServer {
     /// - Parameter dashboard: the broker and Chart.js file for the operators' page at `/`; nil: no page.
-    public static func application(host: String, port: Int, databaseURL: String,
+    /// - Parameter keys: open the stored models and states (`StorageKeys.load()`).
+    public static func application(host: String, port: Int, databaseURL: String, keys: StorageKeys = .none,
                                    dashboard: (amqpURL: String, chartJS: String)? = nil,
                                    logger: Logger) -> some ApplicationProtocol {
-        let delivery = ModelDelivery(databaseURL: databaseURL)
+        let delivery = ModelDelivery(databaseURL: databaseURL, keys: keys)
         let router = Router(context: BasicAuthRequestContext<AuthorizedApplication>.self)
         router.get("healthz") { _, _ in "ok\n" }
         if let dashboard {
@@ -26,10 +27,10 @@ public enum DeliveryServer {
         let models = router.group("v1/models")
             .add(middleware: TokenAuthenticator(delivery: delivery))
         models.on(":name/users/:user", method: .get) { request, context in
-            try await serve(request, context, delivery, withBody: true)
+            try await keyFaultsAsUnavailable(logger) { try await serve(request, context, delivery, withBody: true) }
         }
         models.on(":name/users/:user", method: .head) { request, context in
-            try await serve(request, context, delivery, withBody: false)
+            try await keyFaultsAsUnavailable(logger) { try await serve(request, context, delivery, withBody: false) }
         }
         router.group("v1/collections").add(middleware: TokenAuthenticator(delivery: delivery))
             .get(":name/users/:user") { request, context in
@@ -69,6 +70,18 @@ public enum DeliveryServer {
         headers[.contentDisposition] = "attachment; filename=\"\(name).mlmodel\""
         return Response(status: .ok, headers: headers,
                         body: withBody ? .init(byteBuffer: ByteBuffer(bytes: bytes)) : .init())
+    }
+
+    /// A model this server cannot decrypt is the operator's to fix (a key missing from ATTUNE_KEYS): 503, a
+    /// body that says so without naming keys, and the full reason in the server's log.
+    static func keyFaultsAsUnavailable(_ logger: Logger, _ body: () async throws -> Response) async throws -> Response {
+        do {
+            return try await body()
+        } catch let error as StorageKeyError {
+            logger.error("cannot serve a model: \(error)")
+            return Response(status: .serviceUnavailable, headers: [.retryAfter: "60"], body: .init(byteBuffer: ByteBuffer(
+                string: "the model is stored encrypted under a key this server does not hold; try again later\n")))
+        }
     }
 
     /// A device's attributes: its query parameters (`?region=eu&appVersion=2.1`).

@@ -16,13 +16,15 @@ public struct DeliveredModel: Sendable {
 /// (libpq blocks, so each call runs on a thread, never on the server's event loops).
 public final class ModelDelivery: @unchecked Sendable {
     private let databaseURL: String
+    private let keys: StorageKeys
     private let lock = NSLock()
     private var idle: [ModelRegistry] = []
     /// Decoded base models by "name@version": immutable once imported.
     private var bases: [String: (spec: CoreML_Specification_Model, model: UpdatableModel)] = [:]
 
-    public init(databaseURL: String) {
+    public init(databaseURL: String, keys: StorageKeys = .none) {
         self.databaseURL = databaseURL
+        self.keys = keys
     }
 
     /// Which version a device should have now; nil if the model does not exist. `attributes` (the device's
@@ -75,7 +77,7 @@ public final class ModelDelivery: @unchecked Sendable {
             Thread {
                 do {
                     let registry = try self.lock.withLock({ self.idle.popLast() })
-                        ?? ModelRegistry(connection: PostgresConnection(url: self.databaseURL))
+                        ?? ModelRegistry(connection: PostgresConnection(url: self.databaseURL), keys: self.keys)
                     do {
                         let value = try body(registry)
                         self.lock.withLock { self.idle.append(registry) }

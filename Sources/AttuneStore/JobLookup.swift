@@ -41,6 +41,8 @@ public struct JobLookup: Sendable {
     public var unchangedHeads: [UserModel: HeadVersion] = [:]
     /// job id -> the reason given, for ids that were cancelled
     public var cancelled: [String: String] = [:]
+    /// (user, model) whose head state this process cannot decrypt (a key it lacks): not in `heads`
+    public var unreadableHeads: [UserModel: StorageKeyError] = [:]
 
     /// A head's version and base, without its state.
     public struct HeadVersion: Sendable, Equatable {

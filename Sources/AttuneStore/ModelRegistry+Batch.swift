@@ -39,7 +39,14 @@ extension ModelRegistry {
                     throw DatabaseError(kind: .decoding, operation: "lookup",
                                         message: "the head of \(line.user)'s \(line.model) at version \(version) has no readable update state")
                 }
-                lookup.heads[line] = HeadSnapshot(version: version, baseVersion: baseVersion, state: state)
+                do {
+                    let plain = try keys.open(state, as: .state(model: line.model, baseVersion: baseVersion,
+                                                                user: line.user, version: version))
+                    lookup.heads[line] = HeadSnapshot(version: version, baseVersion: baseVersion, state: plain)
+                } catch let error as StorageKeyError {
+                    // That line's jobs wait for an operator; the batch's other lines go on.
+                    lookup.unreadableHeads[line] = error
+                }
             case "base":
                 lookup.newestBase[try row.string("model")] = try row.int("version")
             case "cancelled":
@@ -72,7 +79,15 @@ extension ModelRegistry {
             }
         }
         if !sent.isEmpty {
-            let batch = sent.map { versions[$0] }
+            // Each state sealed as the version it will be if it commits: its parent's successor (a version
+            // whose head moved is refused, and sealed again when it is trained again).
+            let batch = try sent.map { index in
+                var version = versions[index]
+                version.state = try keys.seal(version.state, as: .state(
+                    model: version.model, baseVersion: version.baseVersion, user: version.user,
+                    version: version.parentVersion + 1))
+                return version
+            }
             var states = Data()
             states.reserveCapacity(batch.reduce(0) { $0 + $1.state.count })
             for version in batch { states.append(version.state) }

@@ -69,7 +69,7 @@ extension ModelRegistry {
                     : "\(user)'s \(model) has no version \(target) yet (the head is \(headVersion))")
             }
             let source = try conn.query("""
-                SELECT version, base_version, state_lo, state_size_bytes, loss,
+                SELECT version, base_version, encode(lo_get(state_lo), 'base64') AS state,
                        extract(epoch FROM pruned_at)::float8 AS pruned_at
                 FROM attune_personal_versions WHERE user_id = $1 AND model = $2 AND version = $3
                 """, [user, model, target])
@@ -85,16 +85,25 @@ extension ModelRegistry {
                                                         requested: try source[0].int("base_version"))
             }
             let version = headVersion + 1
+            // The copy is sealed again as the new version: an envelope opens only as the version it was
+            // written for.
+            guard let encoded = try source[0].optionalString("state"),
+                  let stored = Data(base64Encoded: encoded, options: .ignoreUnknownCharacters) else {
+                throw DatabaseError(kind: .decoding, operation: "rollback",
+                                    message: "version \(target) of \(user)'s \(model) has no readable state")
+            }
+            let state = try keys.open(stored, as: .state(model: model, baseVersion: headBase, user: user, version: target))
+            let sealed = try keys.seal(state, as: .state(model: model, baseVersion: headBase, user: user, version: version))
             // Not a producer's id: ':' is outside their alphabet, so it can never shadow a real job.
             let jobId = "rollback:\(UUID().uuidString.lowercased())"
             try conn.query("""
                 INSERT INTO attune_personal_versions
                     (user_id, model, version, base_version, parent_version, job_id, state_lo, state_size_bytes,
                      loss, samples, epochs, duration_seconds, worker, restored_from)
-                SELECT $1, $2, $3, base_version, $4, $5, lo_from_bytea(0, lo_get(state_lo)), state_size_bytes,
+                SELECT $1, $2, $3, base_version, $4, $5, lo_from_bytea(0, $7), $8,
                        loss, 0, 0, 0, 'attune model rollback', version
                 FROM attune_personal_versions WHERE user_id = $1 AND model = $2 AND version = $6
-                """, [user, model, version, headVersion, jobId, target])
+                """, [user, model, version, headVersion, jobId, target, BinaryBytea(sealed), Int64(sealed.count)])
             try conn.query("""
                 UPDATE attune_personal_heads SET version = $3, updated_at = now() WHERE user_id = $1 AND model = $2
                 """, [user, model, version])

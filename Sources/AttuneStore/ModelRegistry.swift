@@ -1,12 +1,19 @@
+import Crypto
 import Foundation
 
 /// Base models, personal heads and personal versions in PostgreSQL. Wraps one connection, so like
 /// the connection it belongs to one thread at a time; give each worker thread its own registry.
+///
+/// Every large object it writes is sealed with `keys`' current key (clear text when there is none), and
+/// every one it reads is opened with the key its envelope names (clear text passes through): see
+/// `StorageKeys` and `Envelope`.
 public final class ModelRegistry {
     public let connection: PostgresConnection
+    public let keys: StorageKeys
 
-    public init(connection: PostgresConnection) {
+    public init(connection: PostgresConnection, keys: StorageKeys = .none) {
         self.connection = connection
+        self.keys = keys
     }
 
     // MARK: - Base models
@@ -28,11 +35,13 @@ public final class ModelRegistry {
             try conn.query("SELECT pg_advisory_xact_lock(hashtextextended('attune.base_models:' || $1, 0))", [name])
             let next = try conn.query("SELECT coalesce(max(version), 0) + 1 FROM attune_base_models WHERE name = $1",
                                       [name]).int(0, 0)
-            let oid = try conn.createLargeObject(bytes)
+            let oid = try conn.createLargeObject(keys.seal(bytes, as: .baseModel(name: name, version: next)))
+            // Size and digest of the model itself, not of what is stored.
+            let digest = SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
             try conn.query("""
                 INSERT INTO attune_base_models (name, version, kind, model_lo, size_bytes, sha256)
-                VALUES ($1, $2, $3, $4::oid, $5, encode(sha256(lo_get($4::oid)), 'hex'))
-                """, [name, next, kind, oid, Int64(bytes.count)])
+                VALUES ($1, $2, $3, $4::oid, $5, $6)
+                """, [name, next, kind, oid, Int64(bytes.count), digest])
             for link in links {
                 try conn.query("""
                     INSERT INTO attune_base_model_links (model, version, file_name, linked_model, linked_version)
@@ -48,7 +57,9 @@ public final class ModelRegistry {
     /// A base model and its bytes; `version` nil means the newest.
     public func baseModel(name: String, version: Int?) throws -> (record: BaseModelRecord, bytes: Data) {
         let conn = connection
-        return try conn.transaction {
+        let (record, stored) = try conn.transaction(snapshot: true) {
+            // One snapshot: the row and the large object it names belong together even while
+            // `attune keys rotate` replaces the object (and unlinks the old one).
             let result = try conn.query("""
                 SELECT \(Self.baseColumns) FROM attune_base_models b
                 WHERE b.name = $1 AND ($2::integer IS NULL OR b.version = $2::integer)
@@ -58,6 +69,7 @@ public final class ModelRegistry {
             let bytes = try conn.readLargeObject(result[0].oid("model_lo"))
             return (try Self.baseRecord(result[0]), bytes)
         }
+        return (record, try keys.open(stored, as: .baseModel(name: record.name, version: record.version)))
     }
 
     /// The linked models of a base model version (a pipeline's `linkedModel` stages), by file name.
@@ -77,13 +89,15 @@ public final class ModelRegistry {
         let conn = connection
         return try conn.transaction {
             let result = try conn.query("""
-                SELECT l.file_name, b.model_lo FROM attune_base_model_links l
+                SELECT l.file_name, l.linked_model, l.linked_version, b.model_lo FROM attune_base_model_links l
                 JOIN attune_base_models b ON b.name = l.linked_model AND b.version = l.linked_version
                 WHERE l.model = $1 AND l.version = $2
                 """, [name, version])
             var bytes: [String: Data] = [:]
             for row in result.rows {
-                bytes[try row.string("file_name")] = try conn.readLargeObject(row.oid("model_lo"))
+                let stored = try conn.readLargeObject(row.oid("model_lo"))
+                bytes[try row.string("file_name")] = try keys.open(
+                    stored, as: .baseModel(name: try row.string("linked_model"), version: try row.int("linked_version")))
             }
             return bytes
         }
@@ -135,7 +149,9 @@ public final class ModelRegistry {
     /// The head and its update state read in one transaction, so they belong together; nil at version 0.
     public func headState(user: String, model: String) throws -> (info: PersonalVersionRecord, state: Data)? {
         let conn = connection
-        return try conn.transaction {
+        let read: (info: PersonalVersionRecord, state: Data)? = try conn.transaction(snapshot: true) {
+            // One snapshot: the row and the large object it names belong together even while
+            // `attune keys rotate` replaces the object (and unlinks the old one).
             let result = try conn.query("""
                 SELECT \(Self.versionColumns) FROM attune_personal_heads h
                 JOIN attune_personal_versions v
@@ -145,12 +161,16 @@ public final class ModelRegistry {
             guard result.rowCount == 1 else { return nil }
             return (try Self.versionRecord(result[0]), try conn.readLargeObject(result[0].oid("state_lo")))
         }
+        guard let read else { return nil }
+        return (read.info, try keys.open(read.state, as: read.info.storedObject))
     }
 
     /// One stored version and its update state.
     public func personalVersion(user: String, model: String, version: Int) throws -> (info: PersonalVersionRecord, state: Data) {
         let conn = connection
-        return try conn.transaction {
+        let read: (info: PersonalVersionRecord, state: Data) = try conn.transaction(snapshot: true) {
+            // One snapshot: the row and the large object it names belong together even while
+            // `attune keys rotate` replaces the object (and unlinks the old one).
             let result = try conn.query("""
                 SELECT \(Self.versionColumns), extract(epoch FROM v.pruned_at)::float8 AS pruned_at
                 FROM attune_personal_versions v
@@ -165,6 +185,7 @@ public final class ModelRegistry {
             }
             return (try Self.versionRecord(result[0]), try conn.readLargeObject(result[0].oid("state_lo")))
         }
+        return (read.info, try keys.open(read.state, as: read.info.storedObject))
     }
 
     /// The version a job produced, if it was applied; a worker checks this before training a redelivery.
@@ -237,7 +258,9 @@ public final class ModelRegistry {
                 }
 
                 let version = headVersion + 1
-                let oid = try conn.createLargeObject(v.state)
+                let sealed = try keys.seal(v.state, as: .state(model: v.model, baseVersion: v.baseVersion,
+                                                               user: v.user, version: version))
+                let oid = try conn.createLargeObject(sealed)
                 try conn.query("""
                     INSERT INTO attune_personal_versions
                         (user_id, model, version, base_version, parent_version, job_id, state_lo,
@@ -245,7 +268,7 @@ public final class ModelRegistry {
                          validation)
                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::jsonb, $16::jsonb)
                     """, [v.user, v.model, version, v.baseVersion, v.parentVersion, v.jobId, oid,
-                          Int64(v.state.count), v.loss, v.samples, v.epochs, v.durationSeconds, v.worker,
+                          Int64(sealed.count), v.loss, v.samples, v.epochs, v.durationSeconds, v.worker,
                           v.jobDigest, v.parameters, v.validation])
                 try conn.query("""
                     UPDATE attune_personal_heads SET version = $3, updated_at = now()

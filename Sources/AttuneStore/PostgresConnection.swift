@@ -91,12 +91,14 @@ public final class PostgresConnection {
 
     /// Runs `body` in a transaction: COMMIT when it returns, ROLLBACK when it throws. Nested calls
     /// become savepoints, so an inner failure undoes only the inner work.
+    /// `snapshot`: one snapshot for every statement (REPEATABLE READ), for reads that must agree with each
+    /// other; ignored when nested (the outer transaction decides).
     @discardableResult
-    public func transaction<T>(_ body: () throws -> T) throws -> T {
+    public func transaction<T>(snapshot: Bool = false, _ body: () throws -> T) throws -> T {
         if isInTransaction {
             return try savepoint(body)
         }
-        try query("BEGIN")
+        try query(snapshot ? "BEGIN ISOLATION LEVEL REPEATABLE READ" : "BEGIN")
         let value: T
         do {
             value = try body()

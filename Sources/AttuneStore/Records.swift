@@ -43,12 +43,18 @@ public struct PersonalHead: Sendable, Equatable {
 /// One stored personal version: the metrics of the update task that produced it. The update state
 /// itself is read with `ModelRegistry.personalVersion`.
 public struct PersonalVersionRecord: Sendable, Equatable {
+    /// What the version's state is sealed as (see `StoredObject`).
+    public var storedObject: StoredObject {
+        .state(model: model, baseVersion: baseVersion, user: user, version: version)
+    }
+
     public let user: String
     public let model: String
     public let version: Int
     public let baseVersion: Int
     public let parentVersion: Int
     public let jobId: String
+    /// Bytes stored for the state: with encryption, the envelope's 39 bytes and key id more than the state.
     public let stateSizeBytes: Int64
     /// nil for tasks without a loss (k-nearest-neighbours only appends samples).
     public let loss: Double?

@@ -16,6 +16,11 @@ public enum JobOutcome: Sendable, Equatable {
     case rejected(reason: String)
     /// Something outside the job failed (a server restarting): retry it later.
     case transient(reason: String)
+    /// Something only an operator can fix, outside the job and outside the servers: a stored model or state
+    /// this worker cannot decrypt (a key missing from ATTUNE_KEYS). Retried after the longest delay and
+    /// never counted as an attempt, so the job waits in the queues, not dead-lettered, until a worker
+    /// with the right key trains it.
+    case operatorFault(reason: String)
     /// The job was cancelled (`attune cancel`, or a `CancelRequest`): ack it, commit nothing.
     case cancelled(stage: CancelStage, reason: String)
 }
@@ -63,7 +68,7 @@ enum FailureClassifier {
         case let error as DatabaseError: return error.description
         case let error as RegistryError: return error.privateDetail
         case is InvalidIdentifier, is JobDecodingError, is InvalidTrainingInput, is UnsupportedModel, is ModelFileError,
-             is InvalidUpdateState, is UpdateTaskError, is JobRejection: return nil
+             is InvalidUpdateState, is UpdateTaskError, is JobRejection, is StorageKeyError: return nil
         default: return String(describing: error)
         }
     }
@@ -84,6 +89,8 @@ enum FailureClassifier {
             return error.blamesTheData ? .rejected(reason: error.publicDescription)
                                        : .transient(reason: error.publicDescription)
         case let error as JobRejection: return .rejected(reason: error.description)
+        // Names the object and the key id, never key bytes.
+        case let error as StorageKeyError: return .operatorFault(reason: error.description)
         default:
             return .transient(reason: "an unexpected \(type(of: error)) error; the worker's log has its text")
         }

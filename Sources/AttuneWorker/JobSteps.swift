@@ -189,6 +189,7 @@ final class JobSteps {
         if let unchanged = lookup.unchangedHeads[key], let head = written[key], head.version == unchanged.version {
             return head
         }
+        if let unreadable = lookup.unreadableHeads[key] { throw unreadable }
         guard let stored = lookup.heads[key] else {
             return Head(version: 0, baseVersion: lookup.baseOfNewLines[key], state: nil)
         }

@@ -380,7 +380,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         if case .deadLetter(let reason) = job.decision.action {
             logger.warning("job \(job.decision.event.jobID) dead-lettered: \(reason)")
         } else {
-            logger.warning("job \(job.decision.event.jobID) failed transiently, will retry: \(job.decision.event.reason)")
+            logger.warning("job \(job.decision.event.jobID) failed, will retry: \(job.decision.event.reason)")
         }
         guard let sequence else { return }
         onConfirm[sequence] = CopyConfirmed(receipt: job.receipt, messageId: messageId, event: job.decision.event)

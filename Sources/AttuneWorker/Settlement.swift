@@ -66,6 +66,10 @@ public enum Settlement {
         case .outcome(.rejected(let reason)):
             return SettlementDecision(action: .deadLetter(reason: reason),
                                       event: events.make(.failed) { $0.reason = reason; $0.willRetry = false })
+        case .outcome(.operatorFault(let reason)):
+            // The attempt count stays: however long the operator takes, the job is not given up.
+            return SettlementDecision(action: .retry(delayMs: retry.delaysMs.last ?? 60_000, attempt: previousAttempts),
+                                      event: events.make(.failed) { $0.reason = reason; $0.willRetry = true })
         case .outcome(.transient(let reason)):
             let attempt = previousAttempts + 1
             guard attempt < retry.maxAttempts else {

@@ -103,7 +103,8 @@ final class TrainingSlot {
     private func connectedSteps() throws -> JobSteps {
         if let steps { return steps }
         gauges.databaseConnected.record(0)
-        let made = JobSteps(store: try ModelRegistry(connection: PostgresConnection(url: configuration.databaseURL)),
+        let made = JobSteps(store: try ModelRegistry(connection: PostgresConnection(url: configuration.databaseURL),
+                                                     keys: configuration.storageKeys),
                             configuration: configuration)
         steps = made
         gauges.databaseConnected.record(1)
@@ -140,6 +141,8 @@ final class TrainingSlot {
             case .outcome(.transient(let reason)):
                 // The broker thread logs it once it is settled: retried later or given up.
                 logger.debug("job \(job.jobID) failed transiently: \(reason)")
+            case .outcome(.operatorFault(let reason)):
+                logger.error("job \(job.jobID) waits for an operator, retried later: \(reason)")
             case .outcome(.cancelled(let stage, _)):
                 logger.info("job \(job.jobID) cancelled (\(stage.name)); nothing committed")
             case .handedBack:

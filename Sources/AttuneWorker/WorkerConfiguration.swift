@@ -1,3 +1,4 @@
+import AttuneStore
 import Foundation
 
 /// Everything a worker needs to know, passed in rather than read from globals.
@@ -24,6 +25,9 @@ public struct WorkerConfiguration: Sendable {
     /// default too): a delivery left unacked longer makes the broker close the slot's channel, and the
     /// job would be redelivered and time out again until its delivery limit dead-letters it without a reason.
     public var maxTaskSeconds: TimeInterval?
+    /// The keys that seal what the worker commits and open what it reads (`StorageKeys.load()` reads them
+    /// from ATTUNE_KEYS or ATTUNE_KEYS_FILE); `.none` writes clear text.
+    public var storageKeys: StorageKeys = .none
 
     public init(databaseURL: String, amqpURL: String, concurrency: Int = 1, prefetch: Int = 32, batchSize: Int = 32,
                 workerName: String = WorkerConfiguration.defaultWorkerName(),

@@ -20,7 +20,7 @@ final class WorkerMetrics: @unchecked Sendable {
     let brokerConnected = Gauge(label: "attune_connection_up", dimensions: [("server", "rabbitmq")])
     private let slots: [SlotGauges]
 
-    static let outcomes = ["committed", "duplicate", "rejected", "transient", "cancelled", "handed_back"]
+    static let outcomes = ["committed", "duplicate", "rejected", "transient", "operator_fault", "cancelled", "handed_back"]
 
     init(slotCount: Int) {
         jobs = Dictionary(uniqueKeysWithValues: Self.outcomes.map {
@@ -38,6 +38,7 @@ final class WorkerMetrics: @unchecked Sendable {
         case .outcome(.alreadyApplied): outcome = "duplicate"
         case .outcome(.rejected): outcome = "rejected"
         case .outcome(.transient): outcome = "transient"
+        case .outcome(.operatorFault): outcome = "operator_fault"
         case .outcome(.cancelled): outcome = "cancelled"
         }
         jobs[outcome]?.increment()

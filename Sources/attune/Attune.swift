@@ -9,7 +9,7 @@ struct Attune: AsyncParsableCommand {
         commandName: "attune",
         abstract: "Personalizes Core ML updatable models per user on a fleet of workers.",
         subcommands: [Migrate.self, TopologyCommand.self, Model.self, Enqueue.self, Cancel.self, WorkerCommand.self, Watch.self, Dlq.self, Audit.self,
-                      ImageTensorCommand.self, Serve.self, Token.self, Deployment.self, Collection.self])
+                      ImageTensorCommand.self, Serve.self, Token.self, Deployment.self, Collection.self, Keys.self])
 
     static func bootstrapLogging() {
         LoggingSystem.bootstrap { label in
@@ -32,8 +32,9 @@ struct DatabaseOptions: ParsableArguments {
             ?? "postgresql://attune@127.0.0.1:5432/attune"
     }
 
+    /// A registry with the storage keys of ATTUNE_KEYS or ATTUNE_KEYS_FILE (none: clear text).
     func registry() throws -> ModelRegistry {
-        ModelRegistry(connection: try PostgresConnection(url: resolved()))
+        ModelRegistry(connection: try PostgresConnection(url: resolved()), keys: try StorageKeys.load())
     }
 }
 

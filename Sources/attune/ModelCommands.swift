@@ -36,12 +36,16 @@ extension Model {
             let bytes = try Data(contentsOf: URL(fileURLWithPath: file))
             let spec = try ModelFile.decode(bytes)
             let registry = try database.registry()
+            if !registry.keys.isEncrypting {
+                FileHandle.standardError.write(Data("warning: \(registry.keys.summary)\n".utf8))
+            }
             let (resolved, specs) = try LinkResolver(registry: registry, options: links).resolve(spec)
             // Refuse what no worker could train now, not when the first job arrives.
             let frozen = try Self.check(spec, links: specs)
             let record = try registry.importBaseModel(name: name, kind: ModelFile.kind(of: spec), bytes: bytes,
                                                       links: resolved)
-            print("imported \(record.name)@\(record.version) (\(record.kind)\(frozen ? ", frozen" : ""), \(bytes.count) bytes)")
+            print("imported \(record.name)@\(record.version) (\(record.kind)\(frozen ? ", frozen" : ""), \(bytes.count) bytes"
+                + (registry.keys.current.map { ", encrypted with key \($0.id))" } ?? ")"))
             if frozen {
                 print("  not updatable: a model for pipelines to link to (linkedModel); it takes no training jobs itself")
             }

@@ -25,7 +25,9 @@ struct Serve: AsyncParsableCommand {
     func run() async throws {
         Attune.bootstrapLogging()
         let logger = Logger(label: "attune.serve")
-        let app = DeliveryServer.application(host: host, port: port, databaseURL: database.resolved(),
+        let keys = try StorageKeys.load()
+        if keys.isEncrypting { logger.info("\(keys.summary)") } else { logger.warning("\(keys.summary)") }
+        let app = DeliveryServer.application(host: host, port: port, databaseURL: database.resolved(), keys: keys,
                                              dashboard: noDashboard ? nil : (broker.resolved(), chartJS), logger: logger)
         try await ServiceGroup(configuration: .init(services: [app], gracefulShutdownSignals: [.sigterm, .sigint],
                                                     logger: logger)).run()

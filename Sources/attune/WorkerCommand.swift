@@ -1,6 +1,7 @@
 import ArgumentParser
 import AttuneHTTP
 import AttuneQueue
+import AttuneStore
 import AttuneTraining
 import AttuneWorker
 import Foundation
@@ -59,6 +60,8 @@ struct WorkerCommand: AsyncParsableCommand {
         Attune.bootstrapLogging()
         let logger = Logger(label: "attune.worker")
         logger.info("\(TrainingThreads.summary)")
+        // A malformed key list stops the worker here, before it takes a job.
+        let storageKeys = try StorageKeys.load()
         if !noMigrate {
             let applied = try Migrate.apply(databaseURL: database.resolved(), directory: nil)
             if !applied.isEmpty { logger.info("applied migrations \(applied)") }
@@ -70,6 +73,7 @@ struct WorkerCommand: AsyncParsableCommand {
         configuration.retry.maxAttempts = maxAttempts
         configuration.heartbeatSeconds = heartbeat
         configuration.maxTaskSeconds = maxTaskSeconds > 0 ? maxTaskSeconds : nil
+        configuration.storageKeys = storageKeys
 
         // Metrics first: a worker's counters bind to the metrics system there is when it is made.
         let registry = metricsPort.map { _ in OperationsServer.bootstrapMetrics() }

@@ -29,10 +29,17 @@ final class DeliveryTests: XCTestCase {
         return String(decoding: result.out, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
-    private func startServer(_ fleet: FleetHarness) throws -> (Process, Int) {
+    /// - Parameter keys: the server's ATTUNE_KEYS; nil: the test's own environment.
+    private func startServer(_ fleet: FleetHarness, keys: String? = nil) throws -> (Process, Int) {
         let process = Process()
         process.executableURL = Paths.attuneExecutable
         process.arguments = ["serve", "--port", "0", "--host", "127.0.0.1", "--database-url", fleet.databaseURL]
+        if let keys {
+            var environment = ProcessInfo.processInfo.environment
+            environment["ATTUNE_KEYS"] = keys
+            environment["ATTUNE_KEYS_FILE"] = nil
+            process.environment = environment
+        }
         let output = Pipe()
         process.standardOutput = output
         process.standardError = output
@@ -85,6 +92,35 @@ final class DeliveryTests: XCTestCase {
         defer { try? FileManager.default.removeItem(atPath: file) }
         XCTAssertEqual(try attune(fleet, ["model", "export", "--name", fleet.model, "-o", file] + arguments).status, 0)
         return try Data(contentsOf: URL(fileURLWithPath: file))
+    }
+
+    /// A model stored under a key the server lacks: 503 with Retry-After, a body that names no key, and the
+    /// same request answered once the server has the key.
+    func testAModelTheServerCannotDecryptIsUnavailableNotAnError() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let key = { (id: String) in "\(id):" + Data((0..<32).map { UInt8(($0 * 13 + id.count) % 256) }).base64EncodedString() }
+        let model = "sealed_" + UUID().uuidString.prefix(6).lowercased()
+        _ = try ModelRegistry(connection: fleet.registry.connection, keys: try StorageKeys(parsing: key("k_serve")))
+            .importBaseModel(name: model, kind: "neuralNetworkClassifier", bytes: try Data(contentsOf: Paths.digitsModel))
+        let token = try token(fleet, app: "app_" + UUID().uuidString.prefix(6).lowercased(), models: [model])
+        let path = "/v1/models/\(model)/users/someone"
+
+        let (keyless, port) = try startServer(fleet, keys: key("k_other"))
+        let refused = try fetch(port, path, token: token)
+        keyless.terminate()
+        keyless.waitUntilExit()
+        XCTAssertEqual(refused.status, 503)
+        XCTAssertEqual(refused.headers["retry-after"], "60")
+        let body = String(decoding: refused.body, as: UTF8.self)
+        XCTAssertTrue(body.contains("encrypted under a key this server does not hold"), body)
+        XCTAssertFalse(body.contains("k_serve") || body.contains("k_other"), body)
+
+        let (keyed, port2) = try startServer(fleet, keys: key("k_serve"))
+        defer { keyed.terminate(); keyed.waitUntilExit() }
+        let served = try fetch(port2, path, token: token)
+        XCTAssertEqual(served.status, 200)
+        XCTAssertTrue(try ModelFile.decode(served.body).isUpdatable)
     }
 
     func testADeviceGetsItsModelThen304UntilANewVersionAndOtherApplicationsAreRefused() throws {

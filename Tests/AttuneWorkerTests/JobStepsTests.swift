@@ -18,6 +18,8 @@ final class JobStepsTests: XCTestCase {
         var commits = 0
         /// Runs before the next commit: another worker committing meanwhile.
         var beforeCommit: ((MemoryStore) -> Void)?
+        /// Heads whose state the lookup cannot decrypt (a key this worker lacks).
+        var unreadable: [UserModel: StorageKeyError] = [:]
 
         init(modelBytes: Data) { self.modelBytes = modelBytes }
 
@@ -37,6 +39,10 @@ final class JobStepsTests: XCTestCase {
                 }
             }
             for model in models { result.newestBase[model] = 1 }
+            for (key, error) in unreadable where keys.contains(key) {
+                result.heads[key] = nil
+                result.unreadableHeads[key] = error
+            }
             return result
         }
 
@@ -100,6 +106,23 @@ final class JobStepsTests: XCTestCase {
         _ = try run(steps(alone), [jobs[2]])
         XCTAssertNotEqual(store.heads[UserModel(user: "ann", model: "d")]?.state,
                           alone.heads[UserModel(user: "ann", model: "d")]?.state)
+    }
+
+    /// A head the worker cannot decrypt holds that user's jobs for an operator (retried, not dead-lettered)
+    /// and nothing else: the batch's other users are trained and committed.
+    func testAHeadWithoutItsKeyWaitsForAnOperatorAndTheOthersGoOn() throws {
+        let store = try makeStore()
+        let ann = UserModel(user: "ann", model: "d")
+        store.heads[ann] = (3, 1, Data())
+        let missing = StorageKeyError.keyMissing(object: "state of d/ann v3", keyId: "k1", configured: ["k2"])
+        store.unreadable[ann] = missing
+        let jobs = [Digits.job(user: "ann", model: "d", rows: 0..<10), Digits.job(user: "bob", model: "d", rows: 10..<20)]
+        let results = try run(steps(store), jobs)
+        XCTAssertEqual(results[0], .outcome(.operatorFault(reason: missing.description)))
+        guard case .outcome(.committed(version: 1, _, _, _)) = results[1] else { return XCTFail("\(results[1])") }
+        XCTAssertEqual(store.committed.map(\.user), ["bob"])
+        XCTAssertEqual(FailureClassifier.outcome(for: StorageKeyError.wrongKey(object: "base model d@1", keyId: "k1")),
+                       .operatorFault(reason: StorageKeyError.wrongKey(object: "base model d@1", keyId: "k1").description))
     }
 
     func testAHeadThisSlotWroteIsNotReadAgainAndTrainsTheSame() throws {

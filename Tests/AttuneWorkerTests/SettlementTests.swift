@@ -42,6 +42,11 @@ final class SettlementTests: XCTestCase {
                 action: .retry(delayMs: 60_000, attempt: 3), kind: .failed, willRetry: true),
             Row(result: .outcome(.transient(reason: "db down")), attempts: 3,
                 action: .deadLetter(reason: "gave up after 4 attempts: db down"), kind: .failed, willRetry: false),
+            // A key the worker lacks: the longest delay, the attempt not counted, never given up.
+            Row(result: .outcome(.operatorFault(reason: "no key k1")), attempts: 0,
+                action: .retry(delayMs: 60_000, attempt: 0), kind: .failed, willRetry: true),
+            Row(result: .outcome(.operatorFault(reason: "no key k1")), attempts: 3,
+                action: .retry(delayMs: 60_000, attempt: 3), kind: .failed, willRetry: true),
             Row(result: .handedBack, attempts: 0, action: .requeue, kind: .failed, willRetry: true),
             Row(result: .outcome(.cancelled(stage: .queued, reason: "withdrawn")), attempts: 2,
                 action: .ack, kind: .cancelled, willRetry: false),

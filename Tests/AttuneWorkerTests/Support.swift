@@ -101,7 +101,9 @@ final class FleetHarness {
         model = "digits_" + UUID().uuidString.prefix(8).lowercased()
         let connection = try PostgresConnection(url: databaseURL)
         _ = try Migrator(directory: Paths.repository.appendingPathComponent("migrations")).migrate(connection)
-        registry = ModelRegistry(connection: connection)
+        // deploy/test.sh sets ATTUNE_KEYS, so the fleet tests store everything encrypted, as a worker
+        // process started from the environment does.
+        registry = ModelRegistry(connection: connection, keys: try StorageKeys.load())
         let bytes = try Data(contentsOf: Paths.digitsModel)
         _ = try registry.importBaseModel(name: model, kind: "neuralNetworkClassifier", bytes: bytes)
         publisher = try AMQPConnection(url: amqpURL, connectionName: "test-publisher")
@@ -120,6 +122,7 @@ final class FleetHarness {
         var configuration = WorkerConfiguration(databaseURL: databaseURL, amqpURL: amqpURL, concurrency: concurrency,
                                                 workerName: name)
         configuration.limits = JobLimits(maxSamples: 200, maxBodyBytes: 256 << 10)
+        configuration.storageKeys = registry.keys
         return configuration
     }
 
