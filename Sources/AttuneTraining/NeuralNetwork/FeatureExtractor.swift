@@ -26,23 +26,8 @@ public struct FeatureExtractor: Sendable {
             throw .featureExtractor("the model is \(ModelTypeName.withArticle(spec)), not a neuralNetwork")
         }
         let description = spec.description_p
-        let inputName: String, shape: [Int]
-        if description.input.count == 1, let input = description.input.first, case .imageType? = input.type.type {
-            let image: ImageFeature
-            do { image = try ImageFeature(named: input.name, in: spec) } catch {
-                throw .input("image input '\(input.name)': \(error)")
-            }
-            imageInput = image
-            (inputName, shape) = (input.name, [image.constraint.colorSpace.channels, image.constraint.height,
-                                               image.constraint.width])
-        } else {
-            (inputName, shape) = try NeuralNetworkModel.modelInput(description)
-            guard nn.preprocessing.isEmpty else {
-                throw .input("preprocessing applies to image inputs and input '\(inputName)' is a multiArray; "
-                    + "remove the preprocessing or make the input an image")
-            }
-            imageInput = nil
-        }
+        let (inputName, shape, image) = try NeuralNetworkModel.networkInput(of: spec, preprocessing: nn.preprocessing)
+        imageInput = image
         guard description.output.count == 1, let output = description.output.first else {
             throw .featureExtractor("it has \(description.output.count) outputs; it needs exactly one")
         }

@@ -52,23 +52,8 @@ public struct NeuralNetworkModel: Sendable {
 
         // Input.
         let description = spec.description_p
-        let inputName: String, shape: [Int]
-        if description.input.count == 1, let input = description.input.first, case .imageType? = input.type.type {
-            let image: ImageFeature
-            do { image = try ImageFeature(named: input.name, in: spec) } catch {
-                throw .input("image input '\(input.name)': \(error)")
-            }
-            imageInput = image
-            (inputName, shape) = (input.name, [image.constraint.colorSpace.channels, image.constraint.height,
-                                               image.constraint.width])
-        } else {
-            (inputName, shape) = try Self.modelInput(description)
-            guard nn.preprocessing.isEmpty else {
-                throw .input("preprocessing applies to image inputs and input '\(inputName)' is a multiArray; "
-                    + "remove the preprocessing or make the input an image")
-            }
-            imageInput = nil
-        }
+        let (inputName, shape, image) = try Self.networkInput(of: spec, preprocessing: nn.preprocessing)
+        imageInput = image
         self.inputName = inputName
         inputShape = shape
 
@@ -161,6 +146,28 @@ public struct NeuralNetworkModel: Sendable {
     }
 
     /// The one multiArray input of a network: its name and shape ([C] or [C, H, W]).
+    /// A network's one input and the shape of a sample's value: an image ([C, H, W], read through the
+    /// preprocessing scaler) or a multiArray ([C] or [C, H, W], which preprocessing cannot apply to).
+    static func networkInput(of spec: CoreML_Specification_Model,
+                             preprocessing: [CoreML_Specification_NeuralNetworkPreprocessing])
+        throws(UnsupportedModel) -> (name: String, shape: [Int], image: ImageFeature?) {
+        let description = spec.description_p
+        if description.input.count == 1, let input = description.input.first, case .imageType? = input.type.type {
+            let image: ImageFeature
+            do { image = try ImageFeature(named: input.name, in: spec) } catch {
+                throw .input("image input '\(input.name)': \(error)")
+            }
+            return (input.name, [image.constraint.colorSpace.channels, image.constraint.height, image.constraint.width],
+                    image)
+        }
+        let (name, shape) = try modelInput(description)
+        guard preprocessing.isEmpty else {
+            throw .input("preprocessing applies to image inputs and input '\(name)' is a multiArray; "
+                + "remove the preprocessing or make the input an image")
+        }
+        return (name, shape, nil)
+    }
+
     static func modelInput(_ description: CoreML_Specification_ModelDescription) throws(UnsupportedModel) -> (String, [Int]) {
         let input = try FeatureReading.multiArrayInput(description)
         let shape = input.array.shape.map { Int(clamping: $0) }
