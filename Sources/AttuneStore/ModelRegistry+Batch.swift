@@ -33,9 +33,7 @@ extension ModelRegistry {
                     lookup.unchangedHeads[line] = JobLookup.HeadVersion(version: version, baseVersion: baseVersion)
                     continue
                 }
-                // lo_get's bytes come as base64, which PostgreSQL wraps into lines of 76 characters.
-                guard let encoded = try row.optionalString("state"),
-                      let state = Data(base64Encoded: encoded, options: .ignoreUnknownCharacters) else {
+                guard let state = try row.base64Bytes("state") else {
                     throw DatabaseError(kind: .decoding, operation: "lookup",
                                         message: "the head of \(line.user)'s \(line.model) at version \(version) has no readable update state")
                 }

@@ -54,7 +54,7 @@ extension ModelRegistry {
                 FROM \(table.name) WHERE \(table.column) IS NOT NULL
                 """)
             for row in result.rows {
-                let id = Self.keyId(ofHead: try row.optionalString("head"))
+                let id = Self.keyId(ofHead: try row.base64Bytes("head"))
                 if table.isBase { census.baseModels[id, default: 0] += 1 } else { census.states[id, default: 0] += 1 }
             }
         }
@@ -89,7 +89,7 @@ extension ModelRegistry {
                 var stale: [[String]] = []
                 for row in page.rows {
                     progress.scanned += 1
-                    if Self.keyId(ofHead: try row.optionalString("head")) != current.id {
+                    if Self.keyId(ofHead: try row.base64Bytes("head")) != current.id {
                         stale.append(try table.keyValues(row))
                     }
                 }
@@ -126,8 +126,7 @@ extension ModelRegistry {
             var done = 0
             var unreadable: [String] = []
             for row in locked.rows {
-                guard let encoded = try row.optionalString("stored"),
-                      let stored = Data(base64Encoded: encoded, options: .ignoreUnknownCharacters) else { continue }
+                guard let stored = try row.base64Bytes("stored") else { continue }
                 let key = try table.keyValues(row)
                 let object = try table.object(key, baseVersion: row.int("base_version"))
                 // Another run may have done it since the page was read.
@@ -164,10 +163,10 @@ extension ModelRegistry {
         }
     }
 
-    /// The key id in an object's first bytes (base64 from SQL): `""` for clear text or no object,
-    /// `KeyCensus.damaged` for a damaged envelope.
-    static func keyId(ofHead encoded: String?) -> String {
-        guard let encoded, let head = Data(base64Encoded: encoded, options: .ignoreUnknownCharacters) else { return "" }
+    /// The key id in an object's first bytes: `""` for clear text or no object, `KeyCensus.damaged` for a
+    /// damaged envelope.
+    static func keyId(ofHead head: Data?) -> String {
+        guard let head else { return "" }
         do {
             return try Envelope.header(of: head, object: .baseModel(name: "?", version: 0))?.keyId ?? ""
         } catch {

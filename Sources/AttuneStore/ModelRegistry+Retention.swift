@@ -87,8 +87,7 @@ extension ModelRegistry {
             let version = headVersion + 1
             // The copy is sealed again as the new version: an envelope opens only as the version it was
             // written for.
-            guard let encoded = try source[0].optionalString("state"),
-                  let stored = Data(base64Encoded: encoded, options: .ignoreUnknownCharacters) else {
+            guard let stored = try source[0].base64Bytes("state") else {
                 throw DatabaseError(kind: .decoding, operation: "rollback",
                                     message: "version \(target) of \(user)'s \(model) has no readable state")
             }

@@ -127,6 +127,11 @@ public struct QueryResult: Sendable {
 
         public func string(_ column: String) throws -> String { try string(result.columnIndex(column)) }
         public func optionalString(_ column: String) throws -> String? { result.values[index][try result.columnIndex(column)] }
+        /// The bytes of a column selected as `encode(…, 'base64')` (how large-object bytes come back from
+        /// `lo_get`); nil when NULL or not base64. PostgreSQL wraps base64 into lines of 76 characters.
+        public func base64Bytes(_ column: String) throws -> Data? {
+            try optionalString(column).flatMap { Data(base64Encoded: $0, options: .ignoreUnknownCharacters) }
+        }
         public func int64(_ column: String) throws -> Int64 { try int64(result.columnIndex(column)) }
         public func int(_ column: String) throws -> Int { try int(result.columnIndex(column)) }
         public func double(_ column: String) throws -> Double { try double(result.columnIndex(column)) }

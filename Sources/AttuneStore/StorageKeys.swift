@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Logging
 
 /// The keys that encrypt what Attune keeps in PostgreSQL's large objects (base models and update states),
 /// as Core ML encrypts a model so that the stored bytes are useless without its key.
@@ -100,6 +101,11 @@ public struct StorageKeys: Sendable {
         let others = all.dropFirst().map(\.id)
         return "storage encryption: AES-256-GCM, writing with key \(current.id)"
             + (others.isEmpty ? "" : ", reading also \(others.joined(separator: ", "))")
+    }
+
+    /// Logs `summary` at start: a warning when nothing is encrypted, so clear-text storage is never quiet.
+    public func logSummary(to logger: Logger) {
+        if isEncrypting { logger.info("\(summary)") } else { logger.warning("\(summary)") }
     }
 
     // MARK: - Sealing

@@ -28,11 +28,7 @@ public final class Worker: @unchecked Sendable {
     /// Blocks until `requestStop()` and until every job in hand is settled.
     public func run() {
         logger.info("worker \(configuration.workerName) starting \(configuration.concurrency) slot(s)")
-        if configuration.storageKeys.isEncrypting {
-            logger.info("\(configuration.storageKeys.summary)")
-        } else {
-            logger.warning("\(configuration.storageKeys.summary)")
-        }
+        configuration.storageKeys.logSummary(to: logger)
         let group = DispatchGroup()
         let slots = (0..<max(1, configuration.concurrency)).map {
             TrainingSlot(index: $0, source: source, configuration: configuration, logger: logger, metrics: metrics)

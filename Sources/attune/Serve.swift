@@ -26,7 +26,7 @@ struct Serve: AsyncParsableCommand {
         Attune.bootstrapLogging()
         let logger = Logger(label: "attune.serve")
         let keys = try StorageKeys.load()
-        if keys.isEncrypting { logger.info("\(keys.summary)") } else { logger.warning("\(keys.summary)") }
+        keys.logSummary(to: logger)
         let app = DeliveryServer.application(host: host, port: port, databaseURL: database.resolved(), keys: keys,
                                              dashboard: noDashboard ? nil : (broker.resolved(), chartJS), logger: logger)
         try await ServiceGroup(configuration: .init(services: [app], gracefulShutdownSignals: [.sigterm, .sigint],

@@ -6,21 +6,7 @@ enum UnknownFields {
     /// True when `data` (a message's unknown fields, protobuf wire format) holds field number `field`.
     /// Malformed data answers false: it came from a message swift-protobuf already decoded.
     static func contains(field: Int, in data: Data) -> Bool {
-        var bytes = data[...]
-        while let key = varint(&bytes) {
-            if Int(key >> 3) == field { return true }
-            switch key & 7 {
-            case 0: guard varint(&bytes) != nil else { return false }
-            case 1: guard skip(8, &bytes) else { return false }
-            case 2:
-                guard let length = varint(&bytes), length <= UInt64(bytes.count), skip(Int(length), &bytes) else {
-                    return false
-                }
-            case 5: guard skip(4, &bytes) else { return false }
-            default: return false  // groups are long deprecated and never appear in Core ML specs
-            }
-        }
-        return false
+        fieldNumbers(in: data).contains(field)
     }
 
     /// The field numbers present in `data`, in the order they appear; stops at the first malformed byte.
@@ -37,7 +23,7 @@ enum UnknownFields {
                     return numbers
                 }
             case 5: guard skip(4, &bytes) else { return numbers }
-            default: return numbers
+            default: return numbers  // groups are long deprecated and never appear in Core ML specs
             }
         }
         return numbers
