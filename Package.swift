@@ -1,6 +1,15 @@
 // swift-tools-version:6.0
 import PackageDescription
 
+// The kernels are optimized in debug builds too: unoptimized SIMD code runs a hundred times slower, which
+// would stretch every test that trains.
+#if arch(x86_64)
+let kernelSettings: [SwiftSetting] = [.unsafeFlags(["-target-cpu", "haswell"]),
+                                      .unsafeFlags(["-O"], .when(configuration: .debug))]
+#else
+let kernelSettings: [SwiftSetting] = [.unsafeFlags(["-O"], .when(configuration: .debug))]
+#endif
+
 let package = Package(
     name: "Attune",
     // macOS 15: the `Synchronization` module (Atomic, Mutex) of the training threads.
@@ -32,7 +41,11 @@ let package = Package(
         .target(name: "AttuneSpec",
                 dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf")]),
         .target(name: "AttuneImage", dependencies: ["AttuneSpec", "CPNG", "CTurboJPEG"]),
-        .target(name: "AttuneTraining", dependencies: ["AttuneSpec", "AttuneImage", "CBLAS"]),
+        // The small layers' products (SmallProducts), built for x86-64-v3 (AVX2 and FMA) on x86-64 and run
+        // only where CPUFeatures says the processor has them.
+        .target(name: "CPUFeatures"),
+        .target(name: "AttuneKernels", dependencies: ["CPUFeatures"], swiftSettings: kernelSettings),
+        .target(name: "AttuneTraining", dependencies: ["AttuneSpec", "AttuneImage", "AttuneKernels", "CBLAS"]),
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
                                                     .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),
@@ -58,7 +71,7 @@ let package = Package(
         ]),
 
         .testTarget(name: "AttuneSpecTests", dependencies: ["AttuneSpec"]),
-        .testTarget(name: "AttuneTrainingTests", dependencies: ["AttuneTraining", "AttuneImage", "AttuneSpec"]),
+        .testTarget(name: "AttuneTrainingTests", dependencies: ["AttuneTraining", "AttuneKernels", "AttuneImage", "AttuneSpec"]),
         .testTarget(name: "AttuneImageTests", dependencies: ["AttuneImage", "AttuneSpec"]),
         .testTarget(name: "AttuneStoreTests", dependencies: ["AttuneStore", "AttuneSpec",
                                                              .product(name: "Crypto", package: "swift-crypto")]),

@@ -106,6 +106,11 @@ start_servers() {
     amqp=$(deploy/rabbitmq.sh start "$work/rabbitmq" "$amqp_port" 2>>"$work/servers.log")
     amqp=${amqp#*=}
   fi
+  if [ -z "$amqp" ] || [ -z "$pg" ]; then
+    echo "fault suite: a server did not start (broker URL '${amqp}', database '${pg#*=}'); the servers' log:" >&2
+    tail -40 "$work/servers.log" >&2
+    exit 1
+  fi
   export ATTUNE_DATABASE_URL=${pg#*=} ATTUNE_AMQP_URL=$amqp
 }
 if ((cluster > 0)); then

@@ -166,17 +166,16 @@ extension Model {
     }
 
     /// The validation metrics a version records (`ValidationMetrics.recordJSON`); nil without any.
-    struct ValidationRecord {
+    /// Read with JSONDecoder: Foundation's JSONSerialization on Linux reads about half of all doubles an ulp
+    /// or two off, so `history --json` would not print the figure the `completed` event carried.
+    struct ValidationRecord: Decodable {
         let samples: Int
         let loss: Double?
         let accuracy: Double?
 
         init?(json: String?) {
-            guard let json, let object = try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any],
-                  let samples = (object["samples"] as? NSNumber)?.intValue else { return nil }
-            self.samples = samples
-            loss = (object["loss"] as? NSNumber)?.doubleValue
-            accuracy = (object["accuracy"] as? NSNumber)?.doubleValue
+            guard let json, let record = try? JSONDecoder().decode(Self.self, from: Data(json.utf8)) else { return nil }
+            self = record
         }
     }
 
@@ -196,8 +195,8 @@ extension Model {
         if let digest = v.jobDigest { object["jobDigest"] = digest }
         if let prunedAt = v.prunedAt { object["prunedAt"] = ISO8601DateFormatter().string(from: prunedAt) }
         if let restoredFrom = v.restoredFrom { object["restoredFrom"] = restoredFrom }
-        if let parameters = v.parameters, let parsed = try? JSONSerialization.jsonObject(with: Data(parameters.utf8)) {
-            object["parameters"] = parsed
+        if let parameters = v.parameters, let parsed = try? JSONDecoder().decode(ExactJSON.self, from: Data(parameters.utf8)) {
+            object["parameters"] = parsed.foundationObject
         }
         // Every version has the three keys, null without a validation set (and for a metric the model
         // lacks: a k-NN's loss, a regressor's accuracy), as `loss` is.
@@ -275,4 +274,33 @@ struct PersonalModelLoader {
 
 func pad(_ text: String, _ width: Int) -> String {
     text.count >= width ? text + " " : text + String(repeating: " ", count: width - text.count)
+}
+
+/// Any JSON value, read with JSONDecoder, whose numbers are exact (see `Model.ValidationRecord`), and handed
+/// back as the Foundation objects JSONSerialization writes (which it writes exactly).
+enum ExactJSON: Decodable {
+    case null, bool(Bool), integer(Int64), number(Double), string(String), array([ExactJSON]), object([String: ExactJSON])
+
+    init(from decoder: Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if container.decodeNil() { self = .null }
+        else if let value = try? container.decode(Bool.self) { self = .bool(value) }
+        else if let value = try? container.decode(Int64.self) { self = .integer(value) }
+        else if let value = try? container.decode(Double.self) { self = .number(value) }
+        else if let value = try? container.decode(String.self) { self = .string(value) }
+        else if let value = try? container.decode([ExactJSON].self) { self = .array(value) }
+        else { self = .object(try container.decode([String: ExactJSON].self)) }
+    }
+
+    var foundationObject: Any {
+        switch self {
+        case .null: return NSNull()
+        case .bool(let value): return value
+        case .integer(let value): return value
+        case .number(let value): return value
+        case .string(let value): return value
+        case .array(let values): return values.map(\.foundationObject)
+        case .object(let members): return members.mapValues(\.foundationObject)
+        }
+    }
 }

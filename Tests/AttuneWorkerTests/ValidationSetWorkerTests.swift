@@ -86,12 +86,12 @@ final class ValidationSetWorkerTests: XCTestCase {
         // The versions record them.
         let history = try fleet.registry.history(user: "vera", model: fleet.model)
         XCTAssertEqual(history.map(\.jobId), [validated.jobID, plain.jobID])
-        let record = try XCTUnwrap(history[0].validation.flatMap {
-            try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
-        })
-        XCTAssertEqual(record["samples"] as? Int, 40)
-        XCTAssertEqual(record["loss"] as? Double, completed.validationLoss)
-        XCTAssertEqual(record["accuracy"] as? Double, completed.validationAccuracy)
+        // JSONDecoder, not JSONSerialization: on Linux the latter reads about half of all doubles an ulp off.
+        struct Record: Decodable { let samples: Int; let loss: Double?; let accuracy: Double? }
+        let record = try JSONDecoder().decode(Record.self, from: Data(XCTUnwrap(history[0].validation).utf8))
+        XCTAssertEqual(record.samples, 40)
+        XCTAssertEqual(record.loss, completed.validationLoss)
+        XCTAssertEqual(record.accuracy, completed.validationAccuracy)
         XCTAssertNil(history[1].validation)
 
         // `attune model history`: two columns, blank without a validation set, — for a metric the model lacks.
@@ -117,9 +117,11 @@ final class ValidationSetWorkerTests: XCTestCase {
             try XCTUnwrap(JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])
         }
         XCTAssertEqual(objects.count, 2)
-        XCTAssertEqual(objects[0]["validationSamples"] as? Int, 40)
-        XCTAssertEqual(objects[0]["validationLoss"] as? Double, completed.validationLoss)
-        XCTAssertEqual(objects[0]["validationAccuracy"] as? Double, completed.validationAccuracy)
+        struct Printed: Decodable { let validationSamples: Int?; let validationLoss: Double?; let validationAccuracy: Double? }
+        let printed = try JSONDecoder().decode(Printed.self, from: Data(json.split(separator: "\n")[0].utf8))
+        XCTAssertEqual(printed.validationSamples, 40)
+        XCTAssertEqual(printed.validationLoss, completed.validationLoss)
+        XCTAssertEqual(printed.validationAccuracy, completed.validationAccuracy)
         for key in ["validationSamples", "validationLoss", "validationAccuracy"] {
             XCTAssertTrue(objects[1][key] is NSNull, "\(key): \(objects[1])")
         }

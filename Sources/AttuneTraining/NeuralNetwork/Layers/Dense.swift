@@ -1,4 +1,6 @@
+import AttuneKernels
 import CBLAS
+import Foundation
 
 // Fully connected layer (Core ML `innerProduct`).
 //
@@ -12,7 +14,10 @@ import CBLAS
 //   db [out]              db = Σ_rows dy
 //   dx [B, in]            dx = dy · W      (skipped for the earliest updatable layer)
 //
-// All three products go through cblas_sgemm. One big enough is cut into fixed blocks that threads run in
+// A small layer (at most `smallWeights` weights) runs its three products in `SmallProducts`, whose per-call
+// cost is nothing next to OpenBLAS's locked buffer pool; the choice follows the layer's shape alone, never
+// the batch, so a sample's outputs have the same bits in training, validation and prediction. A larger
+// layer's products go through cblas_sgemm; one big enough is cut into fixed blocks that threads run in
 // parallel (`ProductSplit`, `PartPool`), with the same bits however many threads run them.
 // Gradients overwrite their buffers (one backward per mini-batch), so nothing has to be zeroed between steps.
 struct DenseLayer: Sendable {
@@ -27,8 +32,22 @@ struct DenseLayer: Sendable {
     let biasOffset: Int
     let trainable: Bool
 
+    /// 64×64: the 64-32-10 net's layers and their like, whose products at a mini-batch of 8 are a few
+    /// thousand multiply-adds. At mini-batch 256 such a product still runs about as fast as OpenBLAS's.
+    static let smallWeights = 4096
+
+    /// `ATTUNE_SMALL_PRODUCTS=0` sends every product to BLAS (to compare the two on one build).
+    static let smallProductsEnabled = SmallProducts.isSupported
+        && ProcessInfo.processInfo.environment["ATTUNE_SMALL_PRODUCTS"] != "0"
+
+    var isSmall: Bool { Self.smallProductsEnabled && inputs * outputs <= Self.smallWeights }
+
     func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int,
                  params: UnsafePointer<Float>) {
+        if isSmall {
+            return SmallProducts.affine(x: x, weights: params + weightOffset, bias: hasBias ? params + biasOffset : nil,
+                                        y: y, rows: batch, inputs: inputs, outputs: outputs)
+        }
         let split = ProductSplit(length: outputs, work: batch * outputs * inputs)
         if split.count == 1 { return forward(x: x, y: y, batch: batch, params: params, columns: 0..<outputs) }
         PartPool.shared.run(parts: split.count) { part in
@@ -64,6 +83,18 @@ struct DenseLayer: Sendable {
     /// parts of both run as one job.
     func backward(x: UnsafePointer<Float>, dy: UnsafePointer<Float>, dx: UnsafeMutablePointer<Float>?,
                   batch: Int, params: UnsafePointer<Float>, grads: UnsafeMutablePointer<Float>?) {
+        if isSmall {
+            if let grads {
+                SmallProducts.weightGradient(x: x, dy: dy, dw: grads + weightOffset, rows: batch, inputs: inputs,
+                                             outputs: outputs)
+                biasGradient(dy: dy, batch: batch, grads: grads, rows: 0..<outputs)
+            }
+            if let dx {
+                SmallProducts.inputGradient(dy: dy, weights: params + weightOffset, dx: dx, rows: batch,
+                                            inputs: inputs, outputs: outputs)
+            }
+            return
+        }
         let work = batch * outputs * inputs
         let rows = ProductSplit(length: outputs, work: work), columns = ProductSplit(length: inputs, work: work)
         if rows.count == 1 && columns.count == 1 {
@@ -88,6 +119,11 @@ struct DenseLayer: Sendable {
                     Int32(rows.count), Int32(inputs), Int32(batch),
                     1, dy + rows.lowerBound, Int32(outputs), x, Int32(inputs),
                     0, grads + weightOffset + rows.lowerBound * inputs, Int32(inputs))
+        biasGradient(dy: dy, batch: batch, grads: grads, rows: rows)
+    }
+
+    /// Entries `rows` of db = Σ_rows dy.
+    private func biasGradient(dy: UnsafePointer<Float>, batch: Int, grads: UnsafeMutablePointer<Float>, rows: Range<Int>) {
         guard hasBias else { return }
         let db = grads + biasOffset
         (db + rows.lowerBound).update(repeating: 0, count: rows.count)
