@@ -59,6 +59,10 @@ final class PartPool: @unchecked Sendable {
     // For tests and the bench: split jobs run, and parts helpers ran.
     private let splitJobs = Atomic<Int>(0)
     private let helperParts = Atomic<Int>(0)
+    // For the bench, to tell why helpers were left out: jobs run alone after misses (backoff) or in a
+    // contention pause, and the misses themselves (a helper kept the caller waiting, or started no part).
+    private let aloneAfterMisses = Atomic<Int>(0), aloneInPause = Atomic<Int>(0)
+    private let lateJobs = Atomic<Int>(0), absentJobs = Atomic<Int>(0)
     private let lock = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     private let helperWake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
     private let ownerWake = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
@@ -95,6 +99,13 @@ final class PartPool: @unchecked Sendable {
         (splitJobs.load(ordering: .relaxed), helperParts.load(ordering: .relaxed))
     }
 
+    /// Why split jobs ran without helpers, for the bench's summary line.
+    var leftOutSummary: String {
+        "alone after misses \(aloneAfterMisses.load(ordering: .relaxed)), in contention pauses "
+            + "\(aloneInPause.load(ordering: .relaxed)); misses: helper late \(lateJobs.load(ordering: .relaxed)), "
+            + "helper awake but absent \(absentJobs.load(ordering: .relaxed))"
+    }
+
     /// Runs `body(0)`, …, `body(parts - 1)`, each exactly once, on this thread and any free helper, and
     /// returns when all have run. Parts must write disjoint memory.
     func run(parts: Int, _ body: @escaping (Int) -> Void) {
@@ -108,6 +119,7 @@ final class PartPool: @unchecked Sendable {
         defer { owned.store(false, ordering: .releasing) }
         if yieldsToLoad.load(ordering: .relaxed),
            skipped < backoff || Self.now() &- contendedAt.load(ordering: .relaxed) < Self.contentionPause {
+            if skipped < backoff { aloneAfterMisses.add(1, ordering: .relaxed) } else { aloneInPause.add(1, ordering: .relaxed) }
             skipped += 1
             for part in 0..<parts { body(part) }
             return
@@ -139,6 +151,7 @@ final class PartPool: @unchecked Sendable {
         // Doubled on each miss, halved on each success: one lucky job on a busy machine does not bring
         // the helpers back for good.
         backoff = late || absent ? min(max(backoff * 2, Self.minimumBackoff), Self.maximumBackoff) : backoff / 2
+        if late { lateJobs.add(1, ordering: .relaxed) } else if absent { absentJobs.add(1, ordering: .relaxed) }
         skipped = 0
         if theirs > 0 { helperParts.add(theirs, ordering: .relaxed) }
     }

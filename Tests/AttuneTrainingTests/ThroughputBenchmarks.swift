@@ -90,6 +90,7 @@ final class ThroughputBenchmarks: XCTestCase {
         // After the tasks, so the thread count is the one they ran with.
         print("peer attune blas: libblas.so.3 is \(BLASRuntime.summary); \(TrainingThreads.summary), "
               + "\(PartPool.shared.counts.jobs) split, \(PartPool.shared.counts.helperParts) parts on helpers")
+        print("peer attune pool: \(PartPool.shared.leftOutSummary)")
     }
 
     /// The coremltools fixtures of every other kind, each updated with 1,000 digits rows (random inputs of

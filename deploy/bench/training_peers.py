@@ -147,7 +147,7 @@ def table(lines):
             continue
         words = line.split()
         peer = words[1]
-        if words[2] == "blas:" or words[2] == "skipped:":
+        if words[2] in ("blas:", "pool:", "skipped:"):
             notes.append(f"  {peer}: {' '.join(words[3:])}")
             continue
         fields = dict(w.split("=", 1) for w in words[2:])
