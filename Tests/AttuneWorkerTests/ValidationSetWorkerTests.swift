@@ -128,7 +128,8 @@ final class ValidationSetWorkerTests: XCTestCase {
         let knnJSON = try attune(fleet, ["model", "history", "--name", knnName, "--user", "kim", "--json"])
         let knnObject = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(knnJSON.utf8)) as? [String: Any])
         XCTAssertTrue(knnObject["validationLoss"] is NSNull)
-        XCTAssertEqual(knnObject["validationAccuracy"] as? Double, knnCompleted.validationAccuracy)
+        let knnPrinted = try JSONDecoder().decode(Printed.self, from: Data(knnJSON.utf8))
+        XCTAssertEqual(knnPrinted.validationAccuracy, knnCompleted.validationAccuracy)
     }
 
     func testAMalformedValidationSampleIsDeadLetteredNamingIt() throws {
