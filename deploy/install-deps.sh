@@ -29,9 +29,9 @@ if [[ " $* " == *" --python "* || " $* " == *" --browser "* ]]; then
     python3 -m venv "$venv" >&2
     "$venv/bin/pip" install -q --disable-pip-version-check numpy pillow coremltools==9.0 >&2
   fi
-  # examples/python (run by the tests) publishes and consumes with pika.
-  if ! "$venv/bin/python" -c "import pika" 2>/dev/null; then
-    "$venv/bin/pip" install -q --disable-pip-version-check pika >&2
+  # examples/python (run by the tests) publishes and consumes with pika, and signs device tokens with PyJWT.
+  if ! "$venv/bin/python" -c "import pika, jwt, cryptography" 2>/dev/null; then
+    "$venv/bin/pip" install -q --disable-pip-version-check pika "pyjwt[crypto]" >&2
   fi
 fi
 if [[ " $* " == *" --browser "* ]]; then

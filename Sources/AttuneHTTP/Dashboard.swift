@@ -4,7 +4,7 @@ import Foundation
 import Hummingbird
 import ServiceLifecycle
 
-/// The operators' page at `/` of `attune serve`, as Flower is for Celery: jobs in flight and finished, live
+/// The operators' page at `/` of `attune serve`'s admin listener, as Flower is for Celery: jobs in flight and finished, live
 /// from `attune.events` over server-sent events, each job's loss per epoch drawn with Chart.js (Debian's
 /// libjs-chart.js, served beside the page), throughput over time, the dead-letter queue with its reasons,
 /// and a user's version history.
@@ -18,6 +18,14 @@ enum Dashboard {
         router.get("/") { _, _ in
             Response(status: .ok, headers: [.contentType: "text/html; charset=utf-8"],
                      body: .init(byteBuffer: ByteBuffer(string: page)))
+        }
+        router.get("dashboard/app.js") { _, _ in
+            Response(status: .ok, headers: [.contentType: "text/javascript; charset=utf-8"],
+                     body: .init(byteBuffer: ByteBuffer(string: script)))
+        }
+        router.get("dashboard/app.css") { _, _ in
+            Response(status: .ok, headers: [.contentType: "text/css; charset=utf-8"],
+                     body: .init(byteBuffer: ByteBuffer(string: style)))
         }
         router.get("dashboard/chart.js") { _, _ -> Response in
             guard let script = FileManager.default.contents(atPath: chartJS) else {
@@ -91,17 +99,11 @@ enum Dashboard {
     static let page = #"""
     <!doctype html>
     <html lang="en"><head><meta charset="utf-8"><title>Attune</title>
-    <style>
-      body { font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }
-      h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 1.6em; }
-      table { border-collapse: collapse; } td, th { padding: 2px 10px; border-bottom: 1px solid #ddd; text-align: left; }
-      .charts { display: flex; flex-wrap: wrap; gap: 12px; } .job { width: 300px; border: 1px solid #ddd; padding: 6px; }
-      .job h3 { font-size: 12px; margin: 0 0 4px; font-weight: normal; } .failed { color: #b00; } .completed { color: #070; }
-    </style></head>
+    <link rel="stylesheet" href="/dashboard/app.css"></head>
     <body>
     <h1>Attune <small id="status">connecting…</small></h1>
     <h2>Throughput (jobs completed per 5 s)</h2>
-    <div style="width: 620px; height: 160px"><canvas id="throughput"></canvas></div>
+    <div class="throughput"><canvas id="throughput"></canvas></div>
     <h2>Jobs</h2>
     <table><thead><tr><th>job</th><th>user</th><th>model</th><th>state</th><th>epoch</th><th>loss</th><th>version</th></tr></thead>
     <tbody id="jobs"></tbody></table>
@@ -114,7 +116,19 @@ enum Dashboard {
     <table><thead><tr><th>version</th><th>base</th><th>samples</th><th>epochs</th><th>loss</th><th>job</th><th>when</th></tr></thead>
     <tbody id="history"></tbody></table>
     <script src="/dashboard/chart.js"></script>
-    <script>
+    <script src="/dashboard/app.js"></script></body></html>
+    """#
+
+    static let style = #"""
+      body { font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }
+      h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 1.6em; }
+      table { border-collapse: collapse; } td, th { padding: 2px 10px; border-bottom: 1px solid #ddd; text-align: left; }
+      .charts { display: flex; flex-wrap: wrap; gap: 12px; } .job { width: 300px; border: 1px solid #ddd; padding: 6px; }
+      .job h3 { font-size: 12px; margin: 0 0 4px; font-weight: normal; } .failed { color: #b00; } .completed { color: #070; }
+      .throughput { width: 620px; height: 160px; }
+    """#
+
+    static let script = #"""
     const jobs = new Map(), charts = new Map(), buckets = new Map();
     window.attuneDashboard = { jobs, charts };
     const cell = (row, text, cls) => { const td = row.insertCell(); td.textContent = text ?? ""; if (cls) td.className = cls; };
@@ -189,6 +203,5 @@ enum Dashboard {
     source.onmessage = message => { onEvent(JSON.parse(message.data)); };
     setInterval(render, 500); setInterval(drawThroughput, 2000); setInterval(loadDeadLetters, 10000);
     loadDeadLetters(); drawThroughput();
-    </script></body></html>
     """#
 }

@@ -5,71 +5,112 @@ import Hummingbird
 import HummingbirdAuth
 import Logging
 
-/// `attune serve`: personalized models for devices. `GET /v1/models/{name}/users/{user}` answers the
-/// user's newest `.mlmodel` (the base model while the user has no version), with an ETag naming the exact
-/// version: a device that sends it back in `If-None-Match` gets 304 until a new version lands. `HEAD` gives
-/// the headers alone. Every request carries an application's bearer token (`attune token create`), which
-/// sees only its application's models: 401 without a valid token, 403 for another application's model.
+/// `attune serve`'s device port: personalized models and nothing else. `GET /v1/models/{name}/users/{user}`
+/// answers the user's newest `.mlmodel` (the base model while the user has no version), with an ETag naming
+/// the exact version: a device that sends it back in `If-None-Match` gets 304 until a new version lands.
+/// `HEAD` gives the headers alone. A personal model needs that user's token (a JWT the application's backend
+/// signs with its device key); an application-wide token (`attune token create`) fetches only what is the
+/// same for every user: `/v1/models/{name}` (the deployed base) and `/v1/collections/{name}`. 401 without a
+/// valid token, 403 for another user's model or another application's. Operators' pages are on the admin
+/// listener (`AdminServer`), never here.
 public enum DeliveryServer {
-    /// - Parameter dashboard: the broker and Chart.js file for the operators' page at `/`; nil: no page.
-    /// - Parameter keys: open the stored models and states (`StorageKeys.load()`).
-    public static func application(host: String, port: Int, databaseURL: String, keys: StorageKeys = .none,
-                                   dashboard: (amqpURL: String, chartJS: String)? = nil,
+    /// - Parameter idle: how long a connection may take to send a complete request head.
+    public static func application(host: String, port: Int, delivery: ModelDelivery, idle: Duration = .seconds(15),
                                    logger: Logger) -> some ApplicationProtocol {
-        let delivery = ModelDelivery(databaseURL: databaseURL, keys: keys)
-        let router = Router(context: BasicAuthRequestContext<AuthorizedApplication>.self)
+        let router = Router()
+        router.add(middleware: HardeningMiddleware(headers: HTTPHardening.deviceHeaders, logger: logger))
         router.get("healthz") { _, _ in "ok\n" }
-        if let dashboard {
-            let hub = EventHub(amqpURL: dashboard.amqpURL, logger: logger)
-            hub.start()
-            Dashboard.add(to: router, hub: hub, delivery: delivery, amqpURL: dashboard.amqpURL, chartJS: dashboard.chartJS)
+        router.get("readyz") { _, _ -> Response in
+            let ready = (try? await delivery.withRegistry { try $0.connection.query("SELECT 1").rowCount == 1 }) ?? false
+            return HardeningMiddleware<BasicRequestContext>.plain(ready ? .ok : .serviceUnavailable,
+                                                                ready ? "ready\n" : "not ready: PostgreSQL does not answer\n")
         }
-        let models = router.group("v1/models")
-            .add(middleware: TokenAuthenticator(delivery: delivery))
-        models.on(":name/users/:user", method: .get) { request, context in
-            try await keyFaultsAsUnavailable(logger) { try await serve(request, context, delivery, withBody: true) }
-        }
-        models.on(":name/users/:user", method: .head) { request, context in
-            try await keyFaultsAsUnavailable(logger) { try await serve(request, context, delivery, withBody: false) }
-        }
-        router.group("v1/collections").add(middleware: TokenAuthenticator(delivery: delivery))
-            .get(":name/users/:user") { request, context in
-                try await manifest(request, context, delivery)
+        for method in [HTTPRequest.Method.get, .head] {
+            router.on("v1/models/:name/users/:user", method: method) { request, context in
+                try await keyFaultsAsUnavailable(logger) {
+                    try await servePersonal(request, context, delivery, withBody: method == .get)
+                }
             }
-        return Application(router: router, configuration: .init(address: .hostname(host, port: port)),
+            router.on("v1/models/:name", method: method) { request, context in
+                try await keyFaultsAsUnavailable(logger) {
+                    try await serveBase(request, context, delivery, withBody: method == .get)
+                }
+            }
+        }
+        router.get("v1/collections/:name/users/:user") { request, context in
+            try await manifest(request, context, delivery, personal: true)
+        }
+        router.get("v1/collections/:name") { request, context in
+            try await manifest(request, context, delivery, personal: false)
+        }
+        return Application(router: router, server: HTTPHardening.server(idle: idle),
+                           configuration: .init(address: .hostname(host, port: port), serverName: nil),
                            onServerRunning: { channel in
                                let bound = channel.localAddress
                                logger.info("serving models on http://\(bound?.ipAddress ?? host):\(bound?.port ?? port)")
                            }, logger: logger)
     }
 
-    static func serve(_ request: Request, _ context: BasicAuthRequestContext<AuthorizedApplication>,
-                      _ delivery: ModelDelivery, withBody: Bool) async throws -> Response {
-        guard let application = context.identity else {
-            return Response(status: .unauthorized, headers: [.wwwAuthenticate: "Bearer"],
-                            body: .init(byteBuffer: ByteBuffer(string: "a bearer token is required (attune token create)\n")))
+    /// Who the request's bearer token proves its sender to be: a JWT is checked in memory, an `att_` token
+    /// against the database (cached until a token changes); nil for no token or one that does not verify.
+    static func caller(_ request: Request, _ delivery: ModelDelivery) async throws -> DeviceCaller? {
+        guard let token = request.headers.bearer?.token else { return nil }
+        if token.hasPrefix("att_") {
+            return try await delivery.application(forToken: token).map(DeviceCaller.application)
         }
+        return await delivery.tokens.caller(forJWT: token)
+    }
+
+    static let unauthorized = Response(status: .unauthorized, headers: [.wwwAuthenticate: "Bearer", .contentType: "text/plain; charset=utf-8"],
+                                       body: .init(byteBuffer: ByteBuffer(string: "a valid bearer token is required\n")))
+
+    static func text(_ status: HTTPResponse.Status, _ text: String) -> Response {
+        HardeningMiddleware<BasicRequestContext>.plain(status, text)
+    }
+
+    static func servePersonal(_ request: Request, _ context: BasicRequestContext, _ delivery: ModelDelivery,
+                              withBody: Bool) async throws -> Response {
+        guard let caller = try await caller(request, delivery) else { return unauthorized }
         let name = try context.parameters.require("name"), user = try context.parameters.require("user")
-        guard application.models.contains(name) else {
-            return Response(status: .forbidden, body: .init(byteBuffer: ByteBuffer(
-                string: "application \(application.name) may not fetch model \(name)\n")))
+        guard case .user(let tokenUser, _, _) = caller else {
+            return text(.forbidden, "a personal model needs its user's token (signed by the application's backend); "
+                            + "application tokens fetch /v1/models/\(name) and collections\n")
         }
-        guard Identifier.isValid(user) else {
-            return Response(status: .badRequest, body: .init(byteBuffer: ByteBuffer(string: "invalid user id\n")))
+        guard tokenUser == user, caller.mayFetch(name) else {
+            return text(.forbidden, "this token may not fetch that model\n")
         }
         guard let current = try await delivery.current(model: name, user: user, attributes: attributes(request)) else {
-            return Response(status: .notFound, body: .init(byteBuffer: ByteBuffer(string: "no model \(name)\n")))
+            return text(.notFound, "no such model\n")
         }
-        var headers: HTTPFields = [.eTag: current.etag, .cacheControl: "no-cache"]
+        return try await answer(request, current, withBody: withBody, name: name) {
+            try await delivery.bytes(model: name, user: user, current)
+        }
+    }
+
+    static func serveBase(_ request: Request, _ context: BasicRequestContext, _ delivery: ModelDelivery,
+                          withBody: Bool) async throws -> Response {
+        guard let caller = try await caller(request, delivery) else { return unauthorized }
+        let name = try context.parameters.require("name")
+        guard caller.mayFetch(name) else { return text(.forbidden, "this token may not fetch that model\n") }
+        guard let current = try await delivery.currentBase(model: name, attributes: attributes(request)) else {
+            return text(.notFound, "no such model\n")
+        }
+        return try await answer(request, current, withBody: withBody, name: name) {
+            try await delivery.bytes(model: name, user: "", current)
+        }
+    }
+
+    static func answer(_ request: Request, _ current: DeliveredModel, withBody: Bool, name: String,
+                       bytes: () async throws -> Data) async throws -> Response {
+        var headers: HTTPFields = [.eTag: current.etag, .cacheControl: "no-cache, private"]
         if let match = request.headers[.ifNoneMatch], Self.matches(match, current.etag) {
             return Response(status: .notModified, headers: headers)
         }
-        let bytes = try await delivery.bytes(model: name, user: user, current)
+        let data = try await bytes()
         headers[.contentType] = "application/octet-stream"
-        headers[.contentLength] = "\(bytes.count)"
+        headers[.contentLength] = "\(data.count)"
         headers[.contentDisposition] = "attachment; filename=\"\(name).mlmodel\""
-        return Response(status: .ok, headers: headers,
-                        body: withBody ? .init(byteBuffer: ByteBuffer(bytes: bytes)) : .init())
+        return Response(status: .ok, headers: headers, body: withBody ? .init(byteBuffer: ByteBuffer(bytes: data)) : .init())
     }
 
     /// A model this server cannot decrypt is the operator's to fix (a key missing from ATTUNE_KEYS): 503, a
@@ -92,30 +133,38 @@ public enum DeliveryServer {
     }
 
     /// A collection's models for one device, each with the ETag and path to fetch it, so that a device
-    /// updates the set together: `{"collection": …, "models": [{"model", "etag", "path"}]}`.
-    static func manifest(_ request: Request, _ context: BasicAuthRequestContext<AuthorizedApplication>,
-                         _ delivery: ModelDelivery) async throws -> Response {
-        guard let application = context.identity else {
-            return Response(status: .unauthorized, headers: [.wwwAuthenticate: "Bearer"])
+    /// updates the set together: `{"collection": …, "models": [{"model", "etag", "path"}]}`. Per user with
+    /// that user's token; the deployed bases alone (`personal: false`) with any token of the application.
+    static func manifest(_ request: Request, _ context: BasicRequestContext, _ delivery: ModelDelivery,
+                         personal: Bool) async throws -> Response {
+        guard let caller = try await caller(request, delivery) else { return unauthorized }
+        let name = try context.parameters.require("name")
+        let user = personal ? try context.parameters.require("user") : nil
+        if let user {
+            guard case .user(let tokenUser, _, _) = caller, tokenUser == user else {
+                return text(.forbidden, "a user's collection needs that user's token\n")
+            }
         }
-        let name = try context.parameters.require("name"), user = try context.parameters.require("user")
-        guard Identifier.isValid(user) else { return Response(status: .badRequest) }
         let models = try await delivery.withRegistry { try $0.collection(name) }
-        guard !models.isEmpty else {
-            return Response(status: .notFound, body: .init(byteBuffer: ByteBuffer(string: "no collection \(name)\n")))
-        }
-        guard models.allSatisfy(application.models.contains) else {
-            return Response(status: .forbidden, body: .init(byteBuffer: ByteBuffer(
-                string: "application \(application.name) may not fetch every model of \(name)\n")))
+        guard !models.isEmpty else { return text(.notFound, "no such collection\n") }
+        guard models.allSatisfy(caller.mayFetch) else {
+            return text(.forbidden, "this token may not fetch every model of that collection\n")
         }
         var entries: [[String: String]] = []
         let query = request.uri.query.map { "?" + $0 } ?? ""
         for model in models {
-            guard let current = try await delivery.current(model: model, user: user, attributes: attributes(request)) else { continue }
-            entries.append(["model": model, "etag": current.etag, "path": "/v1/models/\(model)/users/\(user)\(query)"])
+            let found: DeliveredModel?
+            if let user {
+                found = try await delivery.current(model: model, user: user, attributes: attributes(request))
+            } else {
+                found = try await delivery.currentBase(model: model, attributes: attributes(request))
+            }
+            guard let current = found else { continue }
+            let path = user.map { "/v1/models/\(model)/users/\($0)" } ?? "/v1/models/\(model)"
+            entries.append(["model": model, "etag": current.etag, "path": path + query])
         }
         let body = try JSONSerialization.data(withJSONObject: ["collection": name, "models": entries], options: [.sortedKeys])
-        return Response(status: .ok, headers: [.contentType: "application/json", .cacheControl: "no-cache"],
+        return Response(status: .ok, headers: [.contentType: "application/json", .cacheControl: "no-cache, private"],
                         body: .init(byteBuffer: ByteBuffer(bytes: body)))
     }
 
@@ -128,13 +177,3 @@ public enum DeliveryServer {
     }
 }
 
-/// Finds the application of a request's bearer token; a missing or unknown token leaves it anonymous.
-struct TokenAuthenticator: AuthenticatorMiddleware {
-    typealias Context = BasicAuthRequestContext<AuthorizedApplication>
-    let delivery: ModelDelivery
-
-    func authenticate(request: Request, context: Context) async throws -> AuthorizedApplication? {
-        guard let token = request.headers.bearer?.token else { return nil }
-        return try await delivery.withRegistry { try $0.application(forToken: token) }
-    }
-}

@@ -1,7 +1,9 @@
 import AttuneSpec
 import AttuneStore
 import AttuneTraining
+import Crypto
 import Foundation
+import Logging
 
 /// What a device is served for one user of one model: the newest personal version written into its base
 /// (the base itself while the user has none), named by an ETag that changes exactly when the bytes do.
@@ -21,10 +23,35 @@ public final class ModelDelivery: @unchecked Sendable {
     private var idle: [ModelRegistry] = []
     /// Decoded base models by "name@version": immutable once imported.
     private var bases: [String: (spec: CoreML_Specification_Model, model: UpdatableModel)] = [:]
+    let cache: DeliveryCache
+    /// Device tokens, checked in memory against the keys last read.
+    public private(set) var tokens: DeviceTokenVerifier!
+    private var notifications: DeliveryNotifications?
 
     public init(databaseURL: String, keys: StorageKeys = .none) {
         self.databaseURL = databaseURL
         self.keys = keys
+        cache = DeliveryCache()
+        tokens = DeviceTokenVerifier(load: { [unowned self] in try await self.withRegistry { try $0.deviceKeySet() } })
+    }
+
+    /// Reads the device keys and starts listening for commits, so heads and tokens can be cached (until
+    /// then, and whenever the listening connection is down, every request reads the database).
+    public func start(logger: Logger) async {
+        do {
+            try await tokens.reload()
+        } catch {
+            logger.warning("device keys not read yet (read again when PostgreSQL answers): \((error as? DatabaseError)?.publicDescription ?? "\(type(of: error))")")
+        }
+        let listener = DeliveryNotifications(databaseURL: databaseURL, cache: cache, logger: logger) { [tokens] in
+            Task { try? await tokens?.reload() }
+        }
+        lock.withLock { notifications = listener }
+        listener.start()
+    }
+
+    public func stop() {
+        lock.withLock { notifications }?.stop()
     }
 
     /// Which version a device should have now; nil if the model does not exist. `attributes` (the device's
@@ -32,7 +59,10 @@ public final class ModelDelivery: @unchecked Sendable {
     /// head is served while it personalizes that base, the deployed base itself otherwise (a line never
     /// changes base, so a population moved to a new base gets it plain until the user's line is there).
     public func current(model: String, user: String, attributes: [String: String] = [:]) async throws -> DeliveredModel? {
-        try await withRegistry { registry in
+        let attributesKey = attributes.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: "&")
+        if let cached = cache.head(model: model, user: user, attributes: attributesKey) { return cached }
+        let generation = cache.readGeneration()
+        let current = try await withRegistry { registry -> DeliveredModel? in
             guard let base = try registry.deployedBase(model: model, attributes: attributes) else { return nil }
             if let head = try registry.head(user: user, model: model), head.baseVersion == base {
                 return DeliveredModel(etag: Self.etag(model, base, user, head.version), baseVersion: base,
@@ -40,17 +70,50 @@ public final class ModelDelivery: @unchecked Sendable {
             }
             return DeliveredModel(etag: Self.etag(model, base, user, 0), baseVersion: base, version: 0)
         }
+        if let generation {
+            cache.storeHead(current, model: model, user: user, attributes: attributesKey, readAt: generation)
+        }
+        return current
+    }
+
+    /// The deployed base itself, for every user alike (application-wide tokens).
+    public func currentBase(model: String, attributes: [String: String] = [:]) async throws -> DeliveredModel? {
+        let attributesKey = attributes.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: "&")
+        if let cached = cache.head(model: model, user: "", attributes: attributesKey) { return cached }
+        let generation = cache.readGeneration()
+        let current = try await withRegistry { registry -> DeliveredModel? in
+            try registry.deployedBase(model: model, attributes: attributes).map {
+                DeliveredModel(etag: "\"\(model)@\($0)\"", baseVersion: $0, version: 0)
+            }
+        }
+        if let generation {
+            cache.storeHead(current, model: model, user: "", attributes: attributesKey, readAt: generation)
+        }
+        return current
+    }
+
+    /// The application of an application-wide token (`att_…`), nil for none; cached by the token's digest.
+    public func application(forToken token: String) async throws -> AuthorizedApplication? {
+        let digest = SHA256.hash(data: Data(token.utf8)).map { String(format: "%02x", $0) }.joined()
+        if let cached = cache.application(tokenDigest: digest) { return cached }
+        let generation = cache.readGeneration()
+        let application = try await withRegistry { try $0.application(forToken: token) }
+        if let generation { cache.storeApplication(application, tokenDigest: digest, readAt: generation) }
+        return application
     }
 
     /// The `.mlmodel` bytes of `delivered`, as `attune model export` writes them.
     public func bytes(model: String, user: String, _ delivered: DeliveredModel) async throws -> Data {
-        try await withRegistry { registry in
+        if let cached = cache.bytes(etag: delivered.etag) { return cached }
+        let built = try await withRegistry { registry in
             let base = try self.base(registry, model, delivered.baseVersion)
             guard delivered.version > 0 else { return try ModelFile.encode(base.spec) }
             let state = try Attune_V1_UpdateState(
                 serializedBytes: registry.personalVersion(user: user, model: model, version: delivered.version).state)
             return try ModelFile.encode(base.model.applying(state))
         }
+        cache.storeBytes(built, etag: delivered.etag)
+        return built
     }
 
     /// Strong: one ETag, one byte sequence (bases are immutable, versions never reused).

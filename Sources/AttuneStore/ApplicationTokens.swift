@@ -1,4 +1,5 @@
 import AttuneSpec
+import Crypto
 import Foundation
 
 /// An application's bearer token as `attune token create` prints it once: `att_<id>_<secret>`.
@@ -19,6 +20,11 @@ public struct TokenRecord: Sendable, Equatable {
 public struct AuthorizedApplication: Sendable, Equatable {
     public let name: String
     public let models: Set<String>
+
+    public init(name: String, models: Set<String>) {
+        self.name = name
+        self.models = models
+    }
 }
 
 extension ModelRegistry {
@@ -26,24 +32,15 @@ extension ModelRegistry {
     /// token for it. The secret exists only in the returned value; the database keeps its SHA-256.
     public func issueToken(application: String, models: [String]) throws -> IssuedToken {
         try Identifier.validate(application, field: "application")
+        let id = randomHex(bytes: 6)
         var generator = SystemRandomNumberGenerator()  // getrandom(2): fit for secrets
-        let id = (0..<6).map { _ in String(format: "%02x", UInt8.random(in: .min ... .max, using: &generator)) }.joined()
-        let secretBytes = (0..<32).map { _ in UInt8.random(in: .min ... .max, using: &generator) }
-        let secret = Data(secretBytes).base64EncodedString()
-            .replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
+        let secret = Base64URL.encode(Data((0..<32).map { _ in UInt8.random(in: .min ... .max, using: &generator) }))
         let conn = connection
         try conn.transaction {
-            try conn.query("INSERT INTO attune_applications (name) VALUES ($1) ON CONFLICT DO NOTHING", [application])
-            for model in models {
-                try conn.query("""
-                    INSERT INTO attune_application_models (application, model) VALUES ($1, $2) ON CONFLICT DO NOTHING
-                    """, [application, model])
-            }
+            try addApplication(application, models: models)
             try conn.query("""
-                INSERT INTO attune_application_tokens (id, application, secret_sha256)
-                VALUES ($1, $2, sha256(convert_to($3, 'UTF8')))
-                """, [id, application, secret])
+                INSERT INTO attune_application_tokens (id, application, secret_sha256) VALUES ($1, $2, $3)
+                """, [id, application, BinaryBytea(Data(SHA256.hash(data: Data(secret.utf8))))])
         }
         return IssuedToken(id: id, token: "att_\(id)_\(secret)")
     }
@@ -52,14 +49,18 @@ extension ModelRegistry {
     public func application(forToken token: String) throws -> AuthorizedApplication? {
         let parts = token.split(separator: "_", maxSplits: 2, omittingEmptySubsequences: false)
         guard parts.count == 3, parts[0] == "att", parts[1].count == 12 else { return nil }
+        // Found by its public id, then the secret's SHA-256 compared here in constant time, so the answer's
+        // timing says nothing about how much of a guessed secret was right.
         let result = try connection.query("""
-            SELECT t.application, coalesce(array_to_string(array_agg(m.model ORDER BY m.model), ','), '') AS models
+            SELECT t.application, encode(t.secret_sha256, 'base64') AS secret_sha256,
+                   coalesce(array_to_string(array_agg(m.model ORDER BY m.model), ','), '') AS models
             FROM attune_application_tokens t
             LEFT JOIN attune_application_models m ON m.application = t.application
-            WHERE t.id = $1 AND t.revoked_at IS NULL AND t.secret_sha256 = sha256(convert_to($2, 'UTF8'))
-            GROUP BY t.application
-            """, [String(parts[1]), String(parts[2])])
-        guard result.rowCount == 1 else { return nil }
+            WHERE t.id = $1 AND t.revoked_at IS NULL
+            GROUP BY t.application, t.secret_sha256
+            """, [String(parts[1])])
+        guard result.rowCount == 1, let stored = try result[0].base64Bytes("secret_sha256"),
+              ConstantTime.equal(stored, Data(SHA256.hash(data: Data(parts[2].utf8)))) else { return nil }
         let models = try result[0].string("models").split(separator: ",").map(String.init)
         return AuthorizedApplication(name: try result[0].string("application"), models: Set(models))
     }
@@ -84,5 +85,15 @@ extension ModelRegistry {
                             createdAt: Date(timeIntervalSince1970: try $0.double("created_at")),
                             revokedAt: try $0.optionalDouble("revoked_at").map { Date(timeIntervalSince1970: $0) })
             }
+    }
+}
+
+/// Byte-wise comparison whose time depends on the lengths only, for secrets and their digests.
+public enum ConstantTime {
+    public static func equal(_ a: Data, _ b: Data) -> Bool {
+        guard a.count == b.count else { return false }
+        var difference: UInt8 = 0
+        for (x, y) in zip(a, b) { difference |= x ^ y }
+        return difference == 0
     }
 }

@@ -89,6 +89,37 @@ public final class PostgresConnection {
         try check(result, operation: operation)
     }
 
+    // MARK: - Notifications
+
+    /// Waits up to `timeout` seconds for NOTIFY messages on channels this connection LISTENs to, and
+    /// returns their payloads (empty on a timeout). Throws a connection error once the server is gone, so a
+    /// listener knows it may have missed some.
+    public func notifications(timeout: TimeInterval) throws -> [String] {
+        let conn = try open("wait for notifications")
+        var payloads = drainNotifications(conn)
+        guard payloads.isEmpty else { return payloads }
+        var poller = pollfd(fd: PQsocket(conn), events: Int16(POLLIN), revents: 0)
+        guard poller.fd >= 0 else { throw lastError("wait for notifications") }
+        let ready = poll(&poller, 1, Int32(max(0, timeout) * 1000))
+        if ready < 0 && errno != EINTR { throw lastError("wait for notifications") }
+        if ready > 0 {
+            guard PQconsumeInput(conn) == 1, PQstatus(conn) == CONNECTION_OK else {
+                throw lastError("wait for notifications")
+            }
+            payloads = drainNotifications(conn)
+        }
+        return payloads
+    }
+
+    private func drainNotifications(_ conn: OpaquePointer) -> [String] {
+        var payloads: [String] = []
+        while let notice = PQnotifies(conn) {
+            payloads.append(String(cString: notice.pointee.extra))
+            PQfreemem(notice)
+        }
+        return payloads
+    }
+
     /// Runs `body` in a transaction: COMMIT when it returns, ROLLBACK when it throws. Nested calls
     /// become savepoints, so an inner failure undoes only the inner work.
     /// `snapshot`: one snapshot for every statement (REPEATABLE READ), for reads that must agree with each

@@ -9,7 +9,7 @@ struct Attune: AsyncParsableCommand {
         commandName: "attune",
         abstract: "Personalizes Core ML updatable models per user on a fleet of workers.",
         subcommands: [Migrate.self, TopologyCommand.self, Model.self, Enqueue.self, Cancel.self, WorkerCommand.self, Watch.self, Dlq.self, Audit.self,
-                      ImageTensorCommand.self, Serve.self, Token.self, Deployment.self, Collection.self, Keys.self])
+                      ImageTensorCommand.self, Serve.self, Token.self, App.self, Operator.self, Deployment.self, Collection.self, Keys.self])
 
     static func bootstrapLogging() {
         LoggingSystem.bootstrap { label in

@@ -1,5 +1,6 @@
 import ArgumentParser
 import AttuneHTTP
+import AttuneSpec
 import AttuneStore
 import Foundation
 import Logging
@@ -7,18 +8,25 @@ import ServiceLifecycle
 
 struct Serve: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Serve personalized models to devices over HTTP, to applications holding a token.",
+        abstract: "Serve personalized models to devices, and the operators' dashboard on a listener of its own.",
         discussion: """
-            GET /v1/models/NAME/users/USER answers the user's newest .mlmodel (the base model while the user \
-            has no version) with an ETag naming the version; If-None-Match gives 304 until a new version \
-            lands; HEAD gives the headers alone. Requests carry `Authorization: Bearer TOKEN` from `attune \
-            token create`; a token sees only its application's models.
+            The device port answers /v1/models/NAME/users/USER (that user's token: a JWT signed by the \
+            application's backend with its device key, attune app key create), /v1/models/NAME and \
+            /v1/collections/NAME (any token of the application, attune token create), /healthz and /readyz; \
+            nothing else. The dashboard and its /api/* listen on --admin-host:--admin-port (loopback by \
+            default) for the operators of --operators only; without that file there is no dashboard.
             """)
     @OptionGroup var database: DatabaseOptions
-    @Option(help: "Port to listen on (0: any free one, logged).") var port: Int = 8080
-    @Option(help: "Address to listen on.") var host: String = "0.0.0.0"
+    @Option(help: "Device port (0: any free one, logged).") var port: Int = 8080
+    @Option(help: "Address devices reach.") var host: String = "0.0.0.0"
+    @Option(help: "Port of the operators' dashboard (0: any free one, logged).") var adminPort: Int = 8081
+    @Option(help: "Address of the operators' dashboard; keep it internal.") var adminHost: String = "127.0.0.1"
+    @Option(help: "Operators' htpasswd file of bcrypt hashes (attune operator add; env ATTUNE_OPERATORS_FILE).")
+    var operators: String?
+    @Option(help: "Seconds a connection may take to send a complete request head (after opening or after its last answer).")
+    var idleTimeout: Int = 15
     @OptionGroup var broker: BrokerOptions
-    @Flag(help: "No operators' dashboard at / (it reads every event from the broker).") var noDashboard = false
+    @Flag(help: "No admin listener at all.") var noDashboard = false
     @Option(help: "Chart.js for the dashboard (Debian's libjs-chart.js).")
     var chartJS: String = "/usr/share/javascript/chart.js/chart.min.js"
 
@@ -27,21 +35,131 @@ struct Serve: AsyncParsableCommand {
         let logger = Logger(label: "attune.serve")
         let keys = try StorageKeys.load()
         keys.logSummary(to: logger)
-        let app = DeliveryServer.application(host: host, port: port, databaseURL: database.resolved(), keys: keys,
-                                             dashboard: noDashboard ? nil : (broker.resolved(), chartJS), logger: logger)
-        try await ServiceGroup(configuration: .init(services: [app], gracefulShutdownSignals: [.sigterm, .sigint],
+        let delivery = ModelDelivery(databaseURL: database.resolved(), keys: keys)
+        var services: [any Service] = [DeliveryServer.application(host: host, port: port, delivery: delivery,
+                                                                            idle: .seconds(idleTimeout), logger: logger)]
+        if !noDashboard {
+            if let file = operators ?? ProcessInfo.processInfo.environment["ATTUNE_OPERATORS_FILE"] {
+                let credentials = try OperatorCredentials.load(path: file)
+                services.append(AdminServer.application(host: adminHost, port: adminPort, operators: credentials,
+                                                        delivery: delivery, amqpURL: broker.resolved(), chartJS: chartJS,
+                                                        logger: logger))
+            } else {
+                logger.warning("no operators' dashboard: give --operators FILE (attune operator add --file FILE NAME)")
+            }
+        }
+        await delivery.start(logger: logger)
+        defer { delivery.stop() }
+        try await ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint],
                                                     logger: logger)).run()
+    }
+}
+
+struct Operator: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Operators of the dashboard: an htpasswd file of bcrypt hashes that attune serve --operators reads.",
+        subcommands: [Add.self])
+
+    struct Add: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Add an operator (or change their password), reading the password from standard input.")
+        @Option(help: "The operators file (made if missing, mode 0600).") var file: String
+        @Argument(help: "The operator's name, [A-Za-z0-9_.@-]{1,64}.") var name: String
+
+        func run() throws {
+            guard name.range(of: #"^[A-Za-z0-9_.@-]{1,64}$"#, options: .regularExpression) != nil else {
+                throw ValidationError("operator name \(name) is not allowed: use 1 to 64 of A-Z a-z 0-9 _ . @ -")
+            }
+            guard let password = readLine(strippingNewline: true), password.count >= 12 else {
+                throw ValidationError("give the password on standard input, at least 12 characters")
+            }
+            let existing = (try? String(contentsOfFile: file, encoding: .utf8)) ?? ""
+            var lines = existing.split(separator: "\n").map(String.init).filter { !$0.hasPrefix(name + ":") }
+            lines.append(OperatorCredentials.line(name: name, password: password))
+            FileManager.default.createFile(atPath: file, contents: Data((lines.joined(separator: "\n") + "\n").utf8),
+                                           attributes: [.posixPermissions: 0o600])
+            FileHandle.standardError.write(Data("operator \(name) in \(file)\n".utf8))
+        }
+    }
+}
+
+struct App: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Applications that fetch models from attune serve, and their device keys.",
+        subcommands: [Key.self])
+
+    struct Key: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Ed25519 keys an application's backend signs its users' device tokens with.",
+            subcommands: [Create.self, Rotate.self, Retire.self, List.self])
+
+        struct Create: ParsableCommand {
+            static let configuration = CommandConfiguration(
+                abstract: "Issue a device key for an application (made if new) that may fetch the given models.",
+                discussion: "Prints the private key once, as a JWK for the backend's JWT library; only the public half is stored.")
+            @OptionGroup var database: DatabaseOptions
+            @Option(help: "Application name, [A-Za-z0-9_-]{1,128}.") var app: String
+            @Option(help: "A base model the application may fetch (repeat; added to those it had).") var model: [String] = []
+
+            func run() throws {
+                let key = try database.registry().createDeviceKey(application: app, models: model)
+                print(key.privateJWK)
+                FileHandle.standardError.write(Data("device key \(key.kid) for \(app); keep it in the backend, it is not shown again\n".utf8))
+            }
+        }
+
+        struct Rotate: ParsableCommand {
+            static let configuration = CommandConfiguration(
+                abstract: "A new device key; the application's current keys keep verifying for the grace window, then stop.")
+            @OptionGroup var database: DatabaseOptions
+            @Option(help: "Application name.") var app: String
+            @Option(help: "How long tokens signed with the old keys stay valid (s, m, h or d; at least your tokens' lifetime).")
+            var grace: String = "24h"
+
+            func run() throws {
+                let key = try database.registry().rotateDeviceKeys(application: app, grace: try Duration.seconds(parsing: grace))
+                print(key.privateJWK)
+                FileHandle.standardError.write(Data("device key \(key.kid) for \(app); the previous keys retire in \(grace)\n".utf8))
+            }
+        }
+
+        struct Retire: ParsableCommand {
+            static let configuration = CommandConfiguration(abstract: "Stop a device key now (a leaked private key).")
+            @OptionGroup var database: DatabaseOptions
+            @Argument(help: "The key's id (kid).") var kid: String
+
+            func run() throws {
+                guard try database.registry().retireDeviceKey(kid: kid) else {
+                    throw ValidationError("no live device key \(kid) (see attune app key list)")
+                }
+                print("retired \(kid)")
+            }
+        }
+
+        struct List: ParsableCommand {
+            static let configuration = CommandConfiguration(abstract: "Device keys still verifying, never their private halves.")
+            @OptionGroup var database: DatabaseOptions
+            @Option(help: "Only this application's keys.") var app: String?
+
+            func run() throws {
+                let format = ISO8601DateFormatter()
+                for key in try database.registry().deviceKeys(application: app) {
+                    let state = key.retiresAt.map { "retires \(format.string(from: $0))" } ?? "current"
+                    print("\(key.kid)  \(key.application)  created \(format.string(from: key.createdAt))  \(state)")
+                }
+            }
+        }
     }
 }
 
 struct Token: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Bearer tokens of the applications that fetch models from attune serve.",
-        subcommands: [Create.self, Revoke.self, List.self])
+        subcommands: [Create.self, Device.self, Revoke.self, List.self])
 
     struct Create: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Issue a token for an application (made if new) that may fetch the given models.",
+            abstract: "Issue an application-wide token (base models and collections, never a user's model).",
             discussion: "The token is printed once; only its SHA-256 is stored.")
         @OptionGroup var database: DatabaseOptions
         @Option(help: "Application name, [A-Za-z0-9_-]{1,128}.") var app: String
@@ -52,6 +170,25 @@ struct Token: ParsableCommand {
             let issued = try database.registry().issueToken(application: app, models: model)
             print(issued.token)
             FileHandle.standardError.write(Data("token \(issued.id) for \(app); keep it secret, it is not shown again\n".utf8))
+        }
+    }
+
+    struct Device: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Sign a user's device token with an application's device key, as its backend does.",
+            discussion: "For tests, scripts and the demo; a backend signs the same JWT with its own library (README: Model delivery).")
+        @Option(help: "The application's private JWK (attune app key create), a file.") var keyFile: String
+        @Option(help: "The user the token is for.") var user: String
+        @Option(help: "Only this model (repeat); none: every model of the application.") var model: [String] = []
+        @Option(help: "Lifetime (s, m, h or d; at most 24h).") var ttl: String = "15m"
+
+        func run() async throws {
+            let jwk = try String(contentsOfFile: keyFile, encoding: .utf8)
+            let lifetime = try Duration.seconds(parsing: ttl)
+            guard lifetime <= DeviceClaims.maximumLifetime else { throw ValidationError("--ttl is at most 24h") }
+            try Identifier.validate(user, field: "user")
+            let claims = DeviceClaims(user: user, models: model.isEmpty ? nil : model, lifetime: lifetime)
+            print(try await DeviceTokenSigner.sign(claims, privateJWK: jwk.trimmingCharacters(in: .whitespacesAndNewlines)))
         }
     }
 

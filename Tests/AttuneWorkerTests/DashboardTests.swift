@@ -20,30 +20,30 @@ final class DashboardTests: XCTestCase {
         defer { fleet.stop() }
         fleet.startWorker(fleet.configuration())
 
-        let server = Process()
-        server.executableURL = Paths.attuneExecutable
-        server.arguments = ["serve", "--port", "0", "--host", "127.0.0.1", "--database-url", fleet.databaseURL,
-                            "--amqp-url", fleet.amqpURL]
-        let output = Pipe()
-        server.standardOutput = output
-        server.standardError = output
-        try server.run()
+        // The dashboard is on the admin listener, for the operators of this file only.
+        let operators = NSTemporaryDirectory() + "/operators-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: operators) }
+        let password = "browser-operator-" + UUID().uuidString.prefix(8)
+        let add = Process()
+        add.executableURL = Paths.attuneExecutable
+        add.arguments = ["operator", "add", "--file", operators, "ops"]
+        let input = Pipe()
+        add.standardInput = input
+        try add.run()
+        input.fileHandleForWriting.write(Data((password + "\n").utf8))
+        try input.fileHandleForWriting.close()
+        add.waitUntilExit()
+        XCTAssertEqual(add.terminationStatus, 0)
+        let server = try DeliveryPortTests.startServer(databaseURL: fleet.databaseURL, amqpURL: fleet.amqpURL,
+                                                       extra: ["--operators", operators])
         defer {
-            server.terminate()
+            server.process.terminate()
             let deadline = Date().addingTimeInterval(15)
-            while server.isRunning && Date() < deadline { Thread.sleep(forTimeInterval: 0.1) }
-            XCTAssertFalse(server.isRunning, "attune serve should stop on SIGTERM, open event streams included")
-            if server.isRunning { kill(server.processIdentifier, SIGKILL) }
+            while server.process.isRunning && Date() < deadline { Thread.sleep(forTimeInterval: 0.1) }
+            XCTAssertFalse(server.process.isRunning, "attune serve should stop on SIGTERM, open event streams included")
+            if server.process.isRunning { kill(server.process.processIdentifier, SIGKILL) }
         }
-        var text = "", port: Int?
-        while port == nil, case let chunk = output.fileHandleForReading.availableData, !chunk.isEmpty {
-            text += String(decoding: chunk, as: UTF8.self)
-            if let range = text.range(of: #"on http://127\.0\.0\.1:[0-9]+"#, options: .regularExpression) {
-                port = Int(text[range].split(separator: ":").last ?? "")
-            }
-        }
-        let served = try XCTUnwrap(port, "attune serve never said its port: \(text)")
-        Thread { while !output.fileHandleForReading.availableData.isEmpty {} }.start()
+        let served = try XCTUnwrap(server.adminPort)
 
         let artefacts = environment["ATTUNE_TEST_ARTIFACTS"] ?? NSTemporaryDirectory()
         try FileManager.default.createDirectory(atPath: artefacts, withIntermediateDirectories: true)
@@ -54,7 +54,7 @@ final class DashboardTests: XCTestCase {
                              "--url", "http://127.0.0.1:\(served)/", "--attune", Paths.attuneExecutable.path,
                              "--model", fleet.model, "--user", "browser_user", "--job-id", "dash-" + UUID().uuidString.prefix(8),
                              "--epochs", "5", "--csv", Paths.repository.appendingPathComponent("examples/data/digits.csv.gz").path,
-                             "--screenshot", screenshot]
+                             "--screenshot", screenshot, "--username", "ops", "--password", password]
         var browserEnvironment = environment
         browserEnvironment["ATTUNE_AMQP_URL"] = fleet.amqpURL
         browser.environment = browserEnvironment
@@ -67,6 +67,7 @@ final class DashboardTests: XCTestCase {
         browser.waitUntilExit()
         XCTAssertEqual(browser.terminationStatus, 0, "browser check: \(err.suffix(2000))")
         XCTAssertTrue(out.contains("\"points\": 5"), out)
+        XCTAssertTrue(out.contains("\"refused_without_credential\": true"), out)
         let image = try Data(contentsOf: URL(fileURLWithPath: screenshot))
         XCTAssertEqual(Array(image.prefix(4)), [0x89, 0x50, 0x4E, 0x47], "a PNG screenshot")
         print("dashboard screenshot: \(screenshot) (\(image.count) bytes)")

@@ -1,6 +1,7 @@
 import AttuneQueue
 import AttuneSpec
 import AttuneStore
+import Crypto
 import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -13,7 +14,8 @@ final class DeliveryTests: XCTestCase {
     private func attune(_ fleet: FleetHarness, _ arguments: [String]) throws -> (status: Int32, out: Data) {
         let process = Process()
         process.executableURL = Paths.attuneExecutable
-        process.arguments = arguments + ["--database-url", fleet.databaseURL]
+        // `token device` signs offline and takes no database.
+        process.arguments = arguments + (arguments.starts(with: ["token", "device"]) ? [] : ["--database-url", fleet.databaseURL])
         let out = Pipe()
         process.standardOutput = out
         process.standardError = FileHandle.nullDevice
@@ -25,6 +27,25 @@ final class DeliveryTests: XCTestCase {
 
     private func token(_ fleet: FleetHarness, app: String, models: [String]) throws -> String {
         let result = try attune(fleet, ["token", "create", "--app", app] + models.flatMap { ["--model", $0] })
+        XCTAssertEqual(result.status, 0)
+        return String(decoding: result.out, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    /// A device key for `app` (`attune app key create`): its private JWK.
+    private func deviceKey(_ fleet: FleetHarness, app: String, models: [String]) throws -> String {
+        let result = try attune(fleet, ["app", "key", "create", "--app", app] + models.flatMap { ["--model", $0] })
+        XCTAssertEqual(result.status, 0)
+        return String(decoding: result.out, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    /// A user's token signed with `jwk`, as the application's backend makes it (`attune token device`).
+    private func userToken(_ fleet: FleetHarness, jwk: String, user: String, ttl: String = "10m",
+                           models: [String] = []) throws -> String {
+        let file = NSTemporaryDirectory() + "/jwk-\(UUID().uuidString).json"
+        try Data(jwk.utf8).write(to: URL(fileURLWithPath: file))
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let result = try attune(fleet, ["token", "device", "--key-file", file, "--user", user, "--ttl", ttl]
+                                    + models.flatMap { ["--model", $0] })
         XCTAssertEqual(result.status, 0)
         return String(decoding: result.out, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
     }
@@ -103,7 +124,8 @@ final class DeliveryTests: XCTestCase {
         let model = "sealed_" + UUID().uuidString.prefix(6).lowercased()
         _ = try ModelRegistry(connection: fleet.registry.connection, keys: try StorageKeys(parsing: key("k_serve")))
             .importBaseModel(name: model, kind: "neuralNetworkClassifier", bytes: try Data(contentsOf: Paths.digitsModel))
-        let token = try token(fleet, app: "app_" + UUID().uuidString.prefix(6).lowercased(), models: [model])
+        let jwk = try deviceKey(fleet, app: "app_" + UUID().uuidString.prefix(6).lowercased(), models: [model])
+        let token = try userToken(fleet, jwk: jwk, user: "someone")
         let path = "/v1/models/\(model)/users/someone"
 
         let (keyless, port) = try startServer(fleet, keys: key("k_other"))
@@ -127,16 +149,19 @@ final class DeliveryTests: XCTestCase {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
         let app = "app_" + UUID().uuidString.prefix(6).lowercased()
-        let mine = try token(fleet, app: app, models: [fleet.model])
-        let theirs = try token(fleet, app: app + "_other", models: ["some_other_model"])
+        let user = "device_" + UUID().uuidString.prefix(6).lowercased()
+        let jwk = try deviceKey(fleet, app: app, models: [fleet.model])
+        let mine = try userToken(fleet, jwk: jwk, user: user)
+        let theirs = try userToken(fleet, jwk: try deviceKey(fleet, app: app + "_other", models: ["some_other_model"]), user: user)
+        let appWide = try token(fleet, app: app, models: [fleet.model])
         let (server, port) = try startServer(fleet)
         defer { server.terminate(); server.waitUntilExit() }
-        let user = "device_" + UUID().uuidString.prefix(6).lowercased()
         let path = "/v1/models/\(fleet.model)/users/\(user)"
 
         XCTAssertEqual(try fetch(port, path, token: nil).status, 401)
         XCTAssertEqual(try fetch(port, path, token: "att_000000000000_guess").status, 401)
         XCTAssertEqual(try fetch(port, path, token: theirs).status, 403, "another application's token")
+        XCTAssertEqual(try fetch(port, path, token: appWide).status, 403, "an application-wide token opens no personal model")
 
         // No version yet: the base model, as `attune model export` writes it.
         let first = try fetch(port, path, token: mine)
@@ -152,22 +177,137 @@ final class DeliveryTests: XCTestCase {
         XCTAssertEqual(head.headers["etag"], firstTag)
         XCTAssertEqual(head.headers["content-length"], "\(first.body.count)")
         XCTAssertTrue(head.body.isEmpty)
+        // The base alone, the same for everyone, is what the application-wide token fetches.
+        let base = try fetch(port, "/v1/models/\(fleet.model)", token: appWide)
+        XCTAssertEqual(base.status, 200)
+        XCTAssertEqual(base.body, first.body)
 
-        // A version lands: the device's next poll gets the new bytes, then 304 again.
+        // A version lands: the server hears of the commit from PostgreSQL and drops the head it cached, so
+        // the device's next poll gets the new bytes (within the notification's delivery), then 304 again.
         fleet.startWorker(fleet.configuration())
         try fleet.publish(Digits.job(user: user, model: fleet.model, rows: 0..<20, epochs: 2))
         _ = try fleet.events(untilEnded: 1)
-        let second = try fetch(port, path, token: mine, ifNoneMatch: firstTag)
-        XCTAssertEqual(second.status, 200)
+        var second = try fetch(port, path, token: mine, ifNoneMatch: firstTag)
+        let deadline = Date().addingTimeInterval(2)
+        while second.status == 304 && Date() < deadline {
+            Thread.sleep(forTimeInterval: 0.05)
+            second = try fetch(port, path, token: mine, ifNoneMatch: firstTag)
+        }
+        XCTAssertEqual(second.status, 200, "the new version reaches the device within 2 s of its commit")
         let secondTag = try XCTUnwrap(second.headers["etag"])
         XCTAssertNotEqual(secondTag, firstTag)
         XCTAssertEqual(second.body, try exported(fleet, ["--user", user]))
         XCTAssertNotEqual(second.body, first.body)
         XCTAssertEqual(try fetch(port, path, token: mine, ifNoneMatch: secondTag).status, 304)
+        XCTAssertEqual(try fetch(port, path, token: mine).body, second.body, "the cached bytes are the same bytes")
 
-        // A revoked token is refused.
-        let id = String(mine.split(separator: "_")[1])
+        // A revoked application token is refused, once the server hears of it.
+        let id = String(appWide.split(separator: "_")[1])
         XCTAssertEqual(try attune(fleet, ["token", "revoke", id]).status, 0)
-        XCTAssertEqual(try fetch(port, path, token: mine).status, 401)
+        var revoked = try fetch(port, "/v1/models/\(fleet.model)", token: appWide).status
+        let revokeDeadline = Date().addingTimeInterval(2)
+        while revoked != 401 && Date() < revokeDeadline {
+            Thread.sleep(forTimeInterval: 0.05)
+            revoked = try fetch(port, "/v1/models/\(fleet.model)", token: appWide).status
+        }
+        XCTAssertEqual(revoked, 401)
+    }
+
+    /// A user's token opens that user's model and no other; tokens that are expired, tampered with, signed
+    /// by a key attune never issued, or that name another algorithm (`none`, HS256 keyed with the public
+    /// key) are 401. The hostile tokens are made here with swift-crypto, not with the server's library.
+    func testAUserTokenOpensOnlyThatUsersModelAndForgedTokensAreRefused() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let app = "app_" + UUID().uuidString.prefix(6).lowercased()
+        let jwkText = try deviceKey(fleet, app: app, models: [fleet.model])
+        let jwk = try JSONDecoder().decode([String: String].self, from: Data(jwkText.utf8))
+        let kid = try XCTUnwrap(jwk["kid"])
+        let key = try Curve25519.Signing.PrivateKey(rawRepresentation: try XCTUnwrap(base64URL(try XCTUnwrap(jwk["d"]))))
+        let (server, port) = try startServer(fleet)
+        defer { server.terminate(); server.waitUntilExit() }
+        let alice = "/v1/models/\(fleet.model)/users/alice", bob = "/v1/models/\(fleet.model)/users/bob"
+        let now = Int(Date().timeIntervalSince1970)
+        let claims: [String: Any] = ["sub": "alice", "aud": "attune", "iat": now, "exp": now + 600]
+
+        let good = try jwt(["alg": "EdDSA", "kid": kid, "typ": "JWT"], claims) { try key.signature(for: $0) }
+        XCTAssertEqual(try fetch(port, alice, token: good).status, 200, "our own signing matches the server's checks")
+        XCTAssertEqual(try fetch(port, alice, token: try userToken(fleet, jwk: jwkText, user: "alice")).status, 200)
+        XCTAssertEqual(try fetch(port, bob, token: good).status, 403, "alice's token on bob's model")
+        XCTAssertEqual(try fetch(port, "/v1/collections/any/users/bob", token: good).status, 403)
+        let digitsOnly = try jwt(["alg": "EdDSA", "kid": kid], claims.merging(["models": ["other_model"]]) { $1 }) {
+            try key.signature(for: $0)
+        }
+        XCTAssertEqual(try fetch(port, alice, token: digitsOnly).status, 403, "a token bound to another model")
+
+        var refused: [String: String] = [:]
+        refused["expired"] = try jwt(["alg": "EdDSA", "kid": kid], claims.merging(["iat": now - 700, "exp": now - 100]) { $1 }) {
+            try key.signature(for: $0)
+        }
+        refused["lives longer than a day"] = try jwt(["alg": "EdDSA", "kid": kid], claims.merging(["exp": now + 90_000]) { $1 }) {
+            try key.signature(for: $0)
+        }
+        refused["another audience"] = try jwt(["alg": "EdDSA", "kid": kid], claims.merging(["aud": "elsewhere"]) { $1 }) {
+            try key.signature(for: $0)
+        }
+        var parts = good.split(separator: ".").map(String.init)
+        let bobClaims = try JSONSerialization.data(withJSONObject: claims.merging(["sub": "bob"]) { $1 })
+        refused["tampered"] = [parts[0], base64URL(bobClaims), parts[2]].joined(separator: ".")
+        refused["wrong key"] = try jwt(["alg": "EdDSA", "kid": kid], claims) { try Curve25519.Signing.PrivateKey().signature(for: $0) }
+        refused["unknown kid"] = try jwt(["alg": "EdDSA", "kid": "0123456789abcdef"], claims) { try key.signature(for: $0) }
+        refused["alg none"] = try jwt(["alg": "none", "kid": kid], claims) { _ in Data() }
+        refused["HS256 keyed with the public key"] = try jwt(["alg": "HS256", "kid": kid], claims) { input in
+            Data(HMAC<SHA256>.authenticationCode(for: input, using: SymmetricKey(data: key.publicKey.rawRepresentation)))
+        }
+        parts[2] = String(parts[2].dropLast(2)) + (parts[2].hasSuffix("AA") ? "BA" : "AA")
+        refused["signature changed"] = parts.joined(separator: ".")
+        for (why, token) in refused.sorted(by: { $0.key < $1.key }) {
+            let answer = try fetch(port, alice, token: token)
+            XCTAssertEqual(answer.status, 401, why)
+            XCTAssertEqual(answer.headers["www-authenticate"], "Bearer", why)
+        }
+    }
+
+    /// After `attune app key rotate --grace 3s`, tokens of the old key keep working for the window and are
+    /// refused after it; the new key's tokens work at once.
+    func testRotatedKeysTokensStayValidForTheGraceWindowAndNoLonger() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let app = "app_" + UUID().uuidString.prefix(6).lowercased()
+        let old = try userToken(fleet, jwk: try deviceKey(fleet, app: app, models: [fleet.model]), user: "carol")
+        let (server, port) = try startServer(fleet)
+        defer { server.terminate(); server.waitUntilExit() }
+        let path = "/v1/models/\(fleet.model)/users/carol"
+        XCTAssertEqual(try fetch(port, path, token: old).status, 200)
+
+        let rotated = try attune(fleet, ["app", "key", "rotate", "--app", app, "--grace", "3s"])
+        XCTAssertEqual(rotated.status, 0)
+        let rotatedAt = Date()
+        let new = try userToken(fleet, jwk: String(decoding: rotated.out, as: UTF8.self), user: "carol")
+        XCTAssertEqual(try fetch(port, path, token: new).status, 200, "the new key works at once")
+        XCTAssertEqual(try fetch(port, path, token: old).status, 200, "the old key's token inside the window")
+        Thread.sleep(until: rotatedAt.addingTimeInterval(3.5))
+        XCTAssertEqual(try fetch(port, path, token: old).status, 401, "the old key's token after the window")
+        XCTAssertEqual(try fetch(port, path, token: new).status, 200)
+        let listed = String(decoding: try attune(fleet, ["app", "key", "list", "--app", app]).out, as: UTF8.self)
+        XCTAssertEqual(listed.split(separator: "\n").count, 1, "only the new key still verifies: \(listed)")
+    }
+
+    private func jwt(_ header: [String: String], _ claims: [String: Any], sign: (Data) throws -> Data) throws -> String {
+        let head = base64URL(try JSONSerialization.data(withJSONObject: header))
+        let body = base64URL(try JSONSerialization.data(withJSONObject: claims))
+        let signature = try sign(Data("\(head).\(body)".utf8))
+        return "\(head).\(body).\(base64URL(signature))"
+    }
+
+    private func base64URL(_ data: Data) -> String {
+        data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+
+    private func base64URL(_ text: String) -> Data? {
+        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
+        return Data(base64Encoded: base64)
     }
 }

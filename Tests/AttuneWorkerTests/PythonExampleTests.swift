@@ -71,4 +71,40 @@ final class PythonExampleTests: XCTestCase {
         XCTAssertEqual(try fleet.registry.history(user: "py_json", model: fleet.model).map(\.jobId), [jsonJob])
         XCTAssertEqual(try fleet.registry.history(user: "py_protobuf", model: fleet.model).map(\.jobId), [protobufJob])
     }
+
+    /// The device flow a backend team would copy: PyJWT (another JWT implementation than the server's)
+    /// signs alice's token with the JWK `attune app key create` printed; the device fetches its model, gets
+    /// 304 with its ETag, and is refused bob's model.
+    func testABackendSignsWithPyJWTAndTheDeviceFetchesOnlyItsOwnModel() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("py-\(UUID().uuidString).jwk")
+        defer { try? FileManager.default.removeItem(at: keyFile) }
+        let created = try ChildProcess.run(Paths.attuneExecutable, ["app", "key", "create", "--app", "py_app_" + UUID().uuidString.prefix(6),
+                                                                   "--model", fleet.model, "--database-url", fleet.databaseURL])
+        XCTAssertEqual(created.status, 0, created.output)
+        let jwk = try XCTUnwrap(created.output.split(separator: "\n").first { $0.hasPrefix("{") })
+        try Data(jwk.utf8).write(to: keyFile)
+        let server = try DeliveryPortTests.startServer(databaseURL: fleet.databaseURL, amqpURL: fleet.amqpURL)
+        defer { server.stop() }
+        let script = examples.appendingPathComponent("device_token.py").path
+        func run(_ arguments: [String]) throws -> String {
+            let result = try ChildProcess.run(URL(fileURLWithPath: "/usr/bin/env"), [python, script] + arguments)
+            XCTAssertEqual(result.status, 0, result.output)
+            return try XCTUnwrap(result.output.split(separator: "\n").last.map(String.init), result.output)
+        }
+        let token = try run(["sign", "--key-file", keyFile.path, "--user", "alice", "--ttl", "600"])
+        let url = "http://127.0.0.1:\(server.devicePort)"
+        struct Fetched: Decodable { let status: Int; let etag: String?; let bytes: Int }
+        func fetch(_ user: String, etag: String? = nil) throws -> Fetched {
+            try JSONDecoder().decode(Fetched.self, from: Data(try run(["fetch", "--url", url, "--model", fleet.model, "--user", user,
+                                                                       "--token", token] + (etag.map { ["--etag", $0] } ?? [])).utf8))
+        }
+        let first = try fetch("alice")
+        XCTAssertEqual(first.status, 200)
+        XCTAssertEqual(first.etag, "\"\(fleet.model)@1/alice/v0\"")
+        XCTAssertGreaterThan(first.bytes, 1000)
+        XCTAssertEqual(try fetch("alice", etag: first.etag).status, 304)
+        XCTAssertEqual(try fetch("bob").status, 403)
+    }
 }

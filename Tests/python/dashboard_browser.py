@@ -1,8 +1,11 @@
-"""The dashboard in a real headless browser (Debian's chromium and chromium-driver, through selenium): open
-the page, wait until it is live, enqueue a job with the attune CLI, and wait until the job's row shows it
-completed and its loss chart holds one point per epoch; keep a screenshot. Prints one JSON line; exits 1
+"""The dashboard in a real headless browser (Debian's chromium and chromium-driver, through selenium): first
+without the operator's credential (the page must be refused and nothing of the dashboard run), then with
+it (HTTP basic auth, sent by the browser with the page, its scripts and its event stream): wait until it is live, enqueue a job with the attune CLI, and wait until the job's row shows it
+completed and its loss chart holds one point per epoch, and that the Content Security Policy refused nothing;
+keep a screenshot. Prints one JSON line; exits 1
 with the reason on any failure. Run by Tests/AttuneWorkerTests/DashboardTests.swift."""
 import argparse
+import base64
 import json
 import os
 import subprocess
@@ -24,14 +27,27 @@ def main():
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--csv", required=True)
     p.add_argument("--screenshot", required=True)
+    p.add_argument("--username", required=True)
+    p.add_argument("--password", required=True)
     args = p.parse_args()
 
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1300,1700"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     try:
+        driver.get(args.url)
+        # Headless Chromium answers a basic-auth challenge it cannot fill with an empty page.
+        time.sleep(1)
+        refused = driver.execute_script(
+            "return [document.getElementById('status') === null, typeof window.attuneDashboard, typeof window.Chart]")
+        if refused != [True, "undefined", "undefined"]:
+            fail(f"without the credential the dashboard loaded: {refused!r}")
+        credential = base64.b64encode(f"{args.username}:{args.password}".encode()).decode()
+        driver.execute_cdp_cmd("Network.enable", {})
+        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": "Basic " + credential}})
         driver.get(args.url)
         wait(driver, "document.getElementById('status').textContent === 'live'", 30, "the page never went live")
         subprocess.run([args.attune, "enqueue", "--model", args.model, "--user", args.user, "--csv", args.csv,
@@ -52,7 +68,12 @@ def main():
         if not canvas:
             fail("no canvas for the job's chart")
         driver.save_screenshot(args.screenshot)
-        print(json.dumps({"points": points, "row": True, "screenshot": args.screenshot}))
+        blocked = [e["message"] for e in driver.get_log("browser")
+                   if "Content Security Policy" in e["message"] or "Refused to" in e["message"]]
+        if blocked:
+            fail(f"the Content Security Policy blocked part of the dashboard: {blocked[:3]}")
+        print(json.dumps({"points": points, "row": True, "refused_without_credential": True,
+                          "screenshot": args.screenshot}))
     finally:
         driver.quit()
 

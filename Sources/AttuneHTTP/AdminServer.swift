@@ -1,0 +1,45 @@
+import Foundation
+import Hummingbird
+import HummingbirdAuth
+import Logging
+
+/// `attune serve`'s admin listener: the operators' dashboard and its APIs (`/`, `/dashboard/*`, `/api/*`),
+/// on an address of its own (loopback unless told otherwise) and only for an operator of the operators file
+/// (HTTP basic auth). Nothing here is routed on the device port.
+public enum AdminServer {
+    public static func application(host: String, port: Int, operators: OperatorCredentials, delivery: ModelDelivery,
+                                   amqpURL: String, chartJS: String, logger: Logger) -> some ApplicationProtocol {
+        let router = Router()
+        router.add(middleware: HardeningMiddleware(headers: HTTPHardening.adminHeaders, logger: logger))
+        router.add(middleware: OperatorMiddleware(operators: operators))
+        let hub = EventHub(amqpURL: amqpURL, logger: logger)
+        hub.start()
+        Dashboard.add(to: router, hub: hub, delivery: delivery, amqpURL: amqpURL, chartJS: chartJS)
+        return Application(router: router, server: HTTPHardening.server(idle: .seconds(60)),
+                           configuration: .init(address: .hostname(host, port: port), serverName: nil),
+                           onServerRunning: { channel in
+                               let bound = channel.localAddress
+                               logger.info("serving the operators' dashboard on http://\(bound?.ipAddress ?? host):\(bound?.port ?? port)")
+                           }, logger: logger)
+    }
+}
+
+/// 401 with a basic-auth challenge unless the request carries an operator's name and password.
+struct OperatorMiddleware<Context: RequestContext>: RouterMiddleware {
+    let operators: OperatorCredentials
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        if let basic = request.headers.basic {
+            let operators = self.operators
+            let valid = await withCheckedContinuation { done in
+                // bcrypt takes tens of milliseconds: off the event loop.
+                Thread { done.resume(returning: operators.verify(name: basic.username, password: basic.password)) }.start()
+            }
+            if valid { return try await next(request, context) }
+        }
+        return Response(status: .unauthorized,
+                        headers: [.wwwAuthenticate: "Basic realm=\"attune operators\", charset=\"UTF-8\"",
+                                  .contentType: "text/plain; charset=utf-8"],
+                        body: .init(byteBuffer: ByteBuffer(string: "an operator's name and password are required\n")))
+    }
+}

@@ -1,0 +1,84 @@
+import Crypto
+import Foundation
+import HummingbirdBcrypt
+
+/// The operators allowed on the admin listener: an htpasswd file of bcrypt hashes (`name:$2y$…` or
+/// `$2b$`, one a line, as `htpasswd -B` or `attune operator add` writes it). HTTP basic auth because a
+/// browser sends it by itself with the page, its fetches and its event stream (which cannot carry a bearer
+/// header), and because nginx, Prometheus and Flower read the same file.
+public struct OperatorCredentials: Sendable {
+    public struct FileError: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    private let hashes: [String: String]
+    /// Credentials that verified lately, by the SHA-256 of name and password: bcrypt is slow on purpose,
+    /// and the dashboard asks every few seconds.
+    private let verified = VerifiedCredentials()
+
+    public var names: [String] { hashes.keys.sorted() }
+
+    public init(hashes: [String: String]) {
+        self.hashes = hashes
+    }
+
+    public static func load(path: String) throws -> OperatorCredentials {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw FileError(description: "cannot read the operators file \(path); make it with attune operator add --file \(path) NAME")
+        }
+        var hashes: [String: String] = [:]
+        for (number, line) in String(decoding: data, as: UTF8.self).split(separator: "\n").enumerated() {
+            let text = line.trimmingCharacters(in: .whitespaces)
+            if text.isEmpty || text.hasPrefix("#") { continue }
+            let parts = text.split(separator: ":", maxSplits: 1)
+            guard parts.count == 2, ["$2a$", "$2b$", "$2y$"].contains(where: parts[1].hasPrefix) else {
+                throw FileError(description: "\(path) line \(number + 1) is not NAME:BCRYPT-HASH (htpasswd -B, or attune operator add)")
+            }
+            // htpasswd writes $2y$, the same algorithm as $2b$ (a PHP-era name), which is what the verifier knows.
+            let hash = parts[1].hasPrefix("$2y$") ? "$2b$" + parts[1].dropFirst(4) : String(parts[1])
+            hashes[String(parts[0])] = hash
+        }
+        guard !hashes.isEmpty else {
+            throw FileError(description: "\(path) names no operator; add one with attune operator add --file \(path) NAME")
+        }
+        return OperatorCredentials(hashes: hashes)
+    }
+
+    /// A line for the file: `name:` and a fresh bcrypt hash of `password`.
+    public static func line(name: String, password: String, cost: UInt8 = 11) -> String {
+        "\(name):\(Bcrypt.hash(password, cost: cost))"
+    }
+
+    /// Whether `name` and `password` are an operator's. Runs bcrypt (tens of milliseconds) unless the pair
+    /// verified in the last five minutes.
+    public func verify(name: String, password: String) -> Bool {
+        guard let hash = hashes[name] else {
+            // As slow as a real check, so timing does not tell which names exist.
+            _ = Bcrypt.verify(password, hash: Self.decoy)
+            return false
+        }
+        let digest = Data(SHA256.hash(data: Data("\(name)\u{0}\(password)\u{0}\(hash)".utf8)))
+        if verified.contains(digest) { return true }
+        guard Bcrypt.verify(password, hash: hash) else { return false }
+        verified.insert(digest)
+        return true
+    }
+
+    private static let decoy = Bcrypt.hash("not an operator", cost: 11)
+}
+
+private final class VerifiedCredentials: @unchecked Sendable {
+    private let lock = NSLock()
+    private var until: [Data: Date] = [:]
+
+    func contains(_ digest: Data) -> Bool {
+        lock.withLock { (until[digest] ?? .distantPast) > Date() }
+    }
+
+    func insert(_ digest: Data) {
+        lock.withLock {
+            if until.count > 1000 { until = until.filter { $0.value > Date() } }
+            until[digest] = Date().addingTimeInterval(300)
+        }
+    }
+}
