@@ -30,6 +30,8 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird-auth", from: "2.5.0"),
         .package(url: "https://github.com/vapor/jwt-kit", from: "5.7.1"),
         .package(url: "https://github.com/apple/swift-http-types", from: "1.8.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-nio-extras", from: "1.35.2"),
     ],
     targets: [
         .systemLibrary(name: "CRabbitMQ", pkgConfig: "librabbitmq",
@@ -62,6 +64,8 @@ let package = Package(
                                                    .product(name: "HummingbirdAuth", package: "hummingbird-auth"),
                                                    .product(name: "JWTKit", package: "jwt-kit"),
                                                    .product(name: "HTTPTypes", package: "swift-http-types"),
+                                                   .product(name: "NIOCore", package: "swift-nio"),
+                                                   .product(name: "NIOHTTPTypes", package: "swift-nio-extras"),
                                                    .product(name: "HummingbirdBcrypt", package: "hummingbird-auth"),
                                                    .product(name: "Crypto", package: "swift-crypto"),
                                                    .product(name: "Metrics", package: "swift-metrics"),
@@ -73,6 +77,8 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
         ]),
 
         .testTarget(name: "AttuneSpecTests", dependencies: ["AttuneSpec"]),

@@ -90,4 +90,26 @@ echo "== two new star drawings, and two of dana's held-out digits"
 "$attune" model predict --name doodles --user dana --csv "$data" --rows 1560:1562 --compare "${drawings[@]}" | tail -n +2
 echo "== dana's doodle classifier as an app ships it: the pipeline with its link, and the linked model"
 "$attune" model export --name doodles --user dana -o "$work/Doodles.mlmodel" --linked-models "$work/linked"
+echo "== alice's phone fetches her personal model: the device port, her token, and nothing else"
+# The application's backend holds a device key and signs a short-lived token for the user it logged in
+# (here with attune token device; examples/python/device_token.py does the same with PyJWT).
+"$attune" app key create --app demo_app --model digits > "$work/demo_app.jwk" 2>/dev/null
+alice_token=$("$attune" token device --key-file "$work/demo_app.jwk" --user alice --ttl 10m)
+printf 'a long demo operator password\n' | "$attune" operator add --file "$work/operators" ops
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
+device_port=$(free_port); admin_port=$(free_port)
+"$attune" serve --host 127.0.0.1 --port "$device_port" --admin-port "$admin_port" --operators "$work/operators" \
+  >"$work/serve.log" 2>&1 & pids+=($!)
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$device_port/healthz" >/dev/null && break; sleep 0.1; done
+device=http://127.0.0.1:$device_port
+status() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
+etag=$(curl -s -D - -o "$work/alice-phone.mlmodel" -H "Authorization: Bearer $alice_token" "$device/v1/models/digits/users/alice" |
+  tr -d '\r' | sed -n 's/^ETag: //Ip')
+cmp -s "$work/alice-phone.mlmodel" "$work/alice.mlmodel" && same="the same bytes as the export" || same="NOT the export's bytes"
+echo "  alice's model with her token: 200, ETag $etag, $same"
+echo "  asked again with that ETag: $(status -H "Authorization: Bearer $alice_token" -H "If-None-Match: $etag" "$device/v1/models/digits/users/alice")"
+echo "  bob's model with alice's token: $(status -H "Authorization: Bearer $alice_token" "$device/v1/models/digits/users/bob")"
+echo "  alice's model with no token: $(status "$device/v1/models/digits/users/alice")"
+echo "  the dashboard on the device port: $(status "$device/")"
+echo "  the dashboard on the admin listener, no credential: $(status "http://127.0.0.1:$admin_port/"), as operator ops: $(status -u 'ops:a long demo operator password' "http://127.0.0.1:$admin_port/")"
 echo "== stopping workers (SIGTERM)"

@@ -8,7 +8,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 packages=(postgresql postgresql-contrib rabbitmq-server librabbitmq-dev libpq-dev libblas-dev libpng-dev libturbojpeg0-dev
-          libopenblas0-pthread python3-venv gzip openssl libjs-chart.js protobuf-compiler)
+          libopenblas0-pthread python3-venv gzip openssl libjs-chart.js protobuf-compiler curl)
 [[ " $* " == *" --browser "* ]] && packages+=(chromium chromium-driver)
 missing=()
 for p in "${packages[@]}"; do

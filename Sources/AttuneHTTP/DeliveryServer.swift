@@ -43,7 +43,7 @@ public enum DeliveryServer {
         router.get("v1/collections/:name") { request, context in
             try await manifest(request, context, delivery, personal: false)
         }
-        return Application(router: router, server: HTTPHardening.server(idle: idle),
+        return Application(router: router, server: HTTPHardening.deviceServer(delivery: delivery, idle: idle),
                            configuration: .init(address: .hostname(host, port: port), serverName: nil),
                            onServerRunning: { channel in
                                let bound = channel.localAddress
@@ -168,12 +168,15 @@ public enum DeliveryServer {
                         body: .init(byteBuffer: ByteBuffer(bytes: body)))
     }
 
-    /// RFC 9110's weak comparison for If-None-Match: a list of tags, or `*`.
+    /// RFC 9110's weak comparison for If-None-Match: a list of tags, or `*`. The usual header is the one
+    /// tag the device holds, compared without splitting (this runs on every poll).
     static func matches(_ header: String, _ etag: String) -> Bool {
-        header.split(separator: ",").contains { item in
-            let tag = item.trimmingCharacters(in: .whitespaces)
-            return tag == "*" || (tag.hasPrefix("W/") ? String(tag.dropFirst(2)) : tag) == etag
+        if header == etag { return true }
+        return header.split(separator: ",").contains { item in
+            var tag = item.drop { $0 == " " || $0 == "\t" }
+            while let last = tag.last, last == " " || last == "\t" { tag = tag.dropLast() }
+            if tag.hasPrefix("W/") { tag = tag.dropFirst(2) }
+            return tag == "*" || tag == etag[...]
         }
     }
 }
-

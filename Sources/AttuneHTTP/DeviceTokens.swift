@@ -122,6 +122,13 @@ public final class DeviceTokenVerifier: @unchecked Sendable {
         return accept(kid, claims, now: now)
     }
 
+    /// The caller of a JWT whose signature was already checked, still live; nil when not cached (the
+    /// event loop's fast path cannot wait for a verification).
+    func cachedCaller(forJWT token: String, now: Date = Date()) -> DeviceCaller? {
+        guard let hit = lock.withLock({ verified[token] }) else { return nil }
+        return accept(hit.kid, hit.claims, now: now)
+    }
+
     private func accept(_ kid: String, _ claims: DeviceClaims, now: Date) -> DeviceCaller? {
         lock.withLock {
             guard let key = keys[kid], key.retiresAt.map({ now < $0 }) ?? true, now < claims.exp.value else { return nil }

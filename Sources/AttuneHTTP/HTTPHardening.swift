@@ -3,6 +3,7 @@ import Foundation
 import HTTPTypes
 import Hummingbird
 import HummingbirdCore
+import NIOCore
 import Logging
 
 /// What both of `attune serve`'s listeners do to every request: size limits, headers that keep browsers
@@ -16,10 +17,18 @@ enum HTTPHardening {
     /// answer (Hummingbird's idle timer counts parsed requests, not bytes, so a client that trickles a header
     /// byte by byte is closed too).
     static func server(idle: Duration) -> HTTPServerBuilder {
-        .http1(configuration: .init(
-            idleTimeout: .nanoseconds(Int64(idle.components.seconds) * 1_000_000_000),
-            httpDecoderConfiguration: .init(maxHeaderFieldSize: 8 << 10, maxHeaderListSize: 16 << 10, maxHeaderFieldCount: 64)))
+        .http1(configuration: .init(idleTimeout: .seconds(idle.components.seconds), httpDecoderConfiguration: decoderLimits))
     }
+
+    /// The device port: `DevicePortHandler` answers polls on the event loop and keeps the idle deadline.
+    static func deviceServer(delivery: ModelDelivery, idle: Duration) -> HTTPServerBuilder {
+        .http1(configuration: .init(
+            additionalChannelHandlers: [DevicePortHandler(delivery: delivery, idle: .seconds(idle.components.seconds))],
+            idleTimeout: nil, httpDecoderConfiguration: decoderLimits))
+    }
+
+    static let decoderLimits = HTTP1Channel.Configuration.DecoderConfiguration(
+        maxHeaderFieldSize: 8 << 10, maxHeaderListSize: 16 << 10, maxHeaderFieldCount: 64)
 
     /// A device's answers are files and short texts: nothing in them may run, be framed or be sniffed.
     static let deviceHeaders: HTTPFields = [

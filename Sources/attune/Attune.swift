@@ -2,6 +2,8 @@ import ArgumentParser
 import AttuneStore
 import Foundation
 import Logging
+import NIOCore
+import NIOPosix
 
 @main
 struct Attune: AsyncParsableCommand {
@@ -10,6 +12,25 @@ struct Attune: AsyncParsableCommand {
         abstract: "Personalizes Core ML updatable models per user on a fleet of workers.",
         subcommands: [Migrate.self, TopologyCommand.self, Model.self, Enqueue.self, Cancel.self, WorkerCommand.self, Watch.self, Dlq.self, Audit.self,
                       ImageTensorCommand.self, Serve.self, Token.self, App.self, Operator.self, Deployment.self, Collection.self, Keys.self])
+
+    /// `attune serve` runs Swift Concurrency on NIO's event loops, so a request's handler does not hop
+    /// between the event loop and the concurrency pool (measured: the device port's 304s, see the README's
+    /// delivery bench). Only there: the other commands block in C libraries on their own threads.
+    static func main() async {
+        if CommandLine.arguments.dropFirst().first == "serve" {
+            _ = NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
+        }
+        do {
+            var command = try parseAsRoot()
+            if var asyncCommand = command as? AsyncParsableCommand {
+                try await asyncCommand.run()
+            } else {
+                try command.run()
+            }
+        } catch {
+            exit(withError: error)
+        }
+    }
 
     static func bootstrapLogging() {
         LoggingSystem.bootstrap { label in

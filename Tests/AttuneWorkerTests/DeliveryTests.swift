@@ -234,6 +234,13 @@ final class DeliveryTests: XCTestCase {
         XCTAssertEqual(try fetch(port, alice, token: good).status, 200, "our own signing matches the server's checks")
         XCTAssertEqual(try fetch(port, alice, token: try userToken(fleet, jwk: jwkText, user: "alice")).status, 200)
         XCTAssertEqual(try fetch(port, bob, token: good).status, 403, "alice's token on bob's model")
+        // Also when bob's head and alice's token are both in the server's memory and the ETag is right: the
+        // event loop's fast answer to a poll checks the same things as the full route.
+        let bobToken = try jwt(["alg": "EdDSA", "kid": kid], claims.merging(["sub": "bob"]) { $1 }) { try key.signature(for: $0) }
+        let bobTag = try XCTUnwrap(try fetch(port, bob, token: bobToken).headers["etag"])
+        XCTAssertEqual(try fetch(port, bob, token: bobToken, ifNoneMatch: bobTag).status, 304)
+        XCTAssertEqual(try fetch(port, alice, token: good, ifNoneMatch: "\"\(fleet.model)@1/alice/v0\"").status, 304)
+        XCTAssertEqual(try fetch(port, bob, token: good, ifNoneMatch: bobTag).status, 403, "alice's cached token on bob's cached head")
         XCTAssertEqual(try fetch(port, "/v1/collections/any/users/bob", token: good).status, 403)
         let digitsOnly = try jwt(["alg": "EdDSA", "kid": kid], claims.merging(["models": ["other_model"]]) { $1 }) {
             try key.signature(for: $0)
@@ -269,16 +276,21 @@ final class DeliveryTests: XCTestCase {
     }
 
     /// After `attune app key rotate --grace 3s`, tokens of the old key keep working for the window and are
-    /// refused after it; the new key's tokens work at once.
+    /// refused after it; the new key's tokens work at once. A token that expires is refused though the
+    /// server verified it while it lived.
     func testRotatedKeysTokensStayValidForTheGraceWindowAndNoLonger() throws {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
         let app = "app_" + UUID().uuidString.prefix(6).lowercased()
-        let old = try userToken(fleet, jwk: try deviceKey(fleet, app: app, models: [fleet.model]), user: "carol")
+        let firstKey = try deviceKey(fleet, app: app, models: [fleet.model])
+        let old = try userToken(fleet, jwk: firstKey, user: "carol")
         let (server, port) = try startServer(fleet)
         defer { server.terminate(); server.waitUntilExit() }
         let path = "/v1/models/\(fleet.model)/users/carol"
-        XCTAssertEqual(try fetch(port, path, token: old).status, 200)
+        let tag = try XCTUnwrap(try fetch(port, path, token: old).headers["etag"])
+        XCTAssertEqual(try fetch(port, path, token: old, ifNoneMatch: tag).status, 304)
+        let brief = try userToken(fleet, jwk: firstKey, user: "carol", ttl: "2s")
+        XCTAssertEqual(try fetch(port, path, token: brief, ifNoneMatch: tag).status, 304)
 
         let rotated = try attune(fleet, ["app", "key", "rotate", "--app", app, "--grace", "3s"])
         XCTAssertEqual(rotated.status, 0)
@@ -288,6 +300,8 @@ final class DeliveryTests: XCTestCase {
         XCTAssertEqual(try fetch(port, path, token: old).status, 200, "the old key's token inside the window")
         Thread.sleep(until: rotatedAt.addingTimeInterval(3.5))
         XCTAssertEqual(try fetch(port, path, token: old).status, 401, "the old key's token after the window")
+        XCTAssertEqual(try fetch(port, path, token: old, ifNoneMatch: tag).status, 401, "also on the poll's fast path")
+        XCTAssertEqual(try fetch(port, path, token: brief, ifNoneMatch: tag).status, 401, "an expired token, verified before")
         XCTAssertEqual(try fetch(port, path, token: new).status, 200)
         let listed = String(decoding: try attune(fleet, ["app", "key", "list", "--app", app]).out, as: UTF8.self)
         XCTAssertEqual(listed.split(separator: "\n").count, 1, "only the new key still verifies: \(listed)")
