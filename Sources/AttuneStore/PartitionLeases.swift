@@ -18,11 +18,46 @@ public final class PartitionLeases {
     /// Partitions whose lock this session holds.
     public private(set) var held: Set<Int> = []
 
-    public init(url: String, partitionCount: Int, memberId: Int32 = Int32.random(in: 1...Int32.max)) throws {
+    /// - Parameter workerName: shown by `attune topology status` beside the partitions this session holds
+    ///   (it is the lease connection's application_name).
+    public init(url: String, partitionCount: Int, workerName: String = "attune-worker",
+                memberId: Int32 = Int32.random(in: 1...Int32.max)) throws {
         self.memberId = memberId
         self.partitionCount = partitionCount
         connection = try PostgresConnection(url: url)
+        try connection.query("SELECT set_config('application_name', $1, false)", [Self.applicationName(workerName)])
         try connection.query("SELECT pg_advisory_lock($1, $2)", [Int(Self.memberClass), Int(memberId)])
+    }
+
+    static let applicationPrefix = "attune-lease:"
+
+    static func applicationName(_ workerName: String) -> String {
+        // PostgreSQL keeps 63 bytes of an application_name; a worker's name is an identifier (ASCII).
+        String((applicationPrefix + workerName).prefix(63))
+    }
+
+    /// Who holds what, as PostgreSQL's lock table says now: every live worker's lease session with the
+    /// partitions it holds (none: it stands by). Read on any connection; takes no lock.
+    public static func holders(on connection: PostgresConnection) throws -> [LeaseHolder] {
+        try connection.query("""
+            SELECT a.pid, coalesce(a.application_name, '') AS name,
+                   extract(epoch FROM a.backend_start)::float8 AS since,
+                   coalesce(array_to_string(array_agg(p.objid::int ORDER BY p.objid::int)
+                                            FILTER (WHERE p.objid IS NOT NULL), ','), '') AS partitions
+            FROM pg_locks m
+            JOIN pg_stat_activity a ON a.pid = m.pid
+            LEFT JOIN pg_locks p ON p.pid = m.pid AND p.locktype = 'advisory' AND p.granted AND p.objsubid = 2
+                                AND p.classid = $2::bigint::oid AND p.database = m.database
+            WHERE m.locktype = 'advisory' AND m.granted AND m.objsubid = 2 AND m.classid = $1::bigint::oid
+              AND m.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            GROUP BY a.pid, a.application_name, a.backend_start
+            ORDER BY a.application_name, a.pid
+            """, [Int(memberClass), Int(partitionClass)]).rows.map { row in
+                let name = try row.string("name")
+                return LeaseHolder(worker: name.hasPrefix(applicationPrefix) ? String(name.dropFirst(applicationPrefix.count)) : name,
+                                   pid: try row.int("pid"), since: Date(timeIntervalSince1970: try row.double("since")),
+                                   partitions: try row.string("partitions").split(separator: ",").compactMap { Int($0) })
+            }
     }
 
     /// The live members' ids, smallest first.
@@ -66,4 +101,14 @@ public final class PartitionLeases {
         connection.close()
         held.removeAll()
     }
+}
+
+/// One live worker's lease session, as `attune topology status` shows it.
+public struct LeaseHolder: Sendable, Equatable {
+    public let worker: String
+    /// The lease session's server process (several workers may share a name).
+    public let pid: Int
+    public let since: Date
+    /// Held partitions, ascending; empty for a worker standing by.
+    public let partitions: [Int]
 }

@@ -450,7 +450,8 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         lastLeaseLook = Date()
         do {
             if leases == nil {
-                leases = try PartitionLeases(url: configuration.databaseURL, partitionCount: Topology.partitionCount)
+                leases = try PartitionLeases(url: configuration.databaseURL, partitionCount: Topology.partitionCount,
+                                             workerName: configuration.workerName)
             }
             guard let leases else { return }
             let target = try leases.target()

@@ -137,7 +137,8 @@ final class FleetHarness {
         workers.append((worker, thread, done))
     }
 
-    func startWorkerProcess(name: String, concurrency: Int = 1) throws {
+    @discardableResult
+    func startWorkerProcess(name: String, concurrency: Int = 1) throws -> Process {
         let process = Process()
         process.executableURL = Paths.attuneExecutable
         process.arguments = ["worker", "--name", name, "--concurrency", "\(concurrency)"]
@@ -149,6 +150,7 @@ final class FleetHarness {
         process.standardOutput = FileHandle.nullDevice
         try process.run()
         processes.append(process)
+        return process
     }
 
     /// Waits until `count` workers hold partition leases between them, every partition held.
