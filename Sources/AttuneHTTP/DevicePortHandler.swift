@@ -7,8 +7,9 @@ import NIOHTTPTypes
 ///
 /// - **The poll, on the event loop.** "Is there a newer model?" with a token, a head and an ETag that are
 ///   all in memory already is answered 304 right here, without a task, a router or a middleware: that one
-///   question is most of a device port's traffic (`ModelDelivery.notModified` decides, with the same
-///   checks as the full route). Anything else, or anything not cached, goes on to Hummingbird.
+///   question is most of a device port's traffic. So is the model itself when its bytes are cached
+///   (`ModelDelivery.answerFromMemory` decides, with the same checks as the full route). Anything else, or
+///   anything not cached, goes on to Hummingbird.
 /// - **The slow-client deadline.** A connection that does not complete a request head within `idle` of
 ///   opening or of its last answer is closed (a client trickling its header byte by byte included).
 ///   Hummingbird's own idle timer cannot do it here, since it never sees the requests answered above.
@@ -49,9 +50,12 @@ final class DevicePortHandler: ChannelDuplexHandler, RemovableChannelHandler {
         case .head(let request):
             deadline?.cancel()
             deadline = nil
-            if open == 0, let answer = delivery.notModified(request) {
+            if open == 0, let answer = delivery.answerFromMemory(request) {
                 swallowing = true
-                context.write(wrapOutboundOut(.head(answer)), promise: nil)
+                context.write(wrapOutboundOut(.head(answer.head)), promise: nil)
+                if let body = answer.body {
+                    context.write(wrapOutboundOut(.body(context.channel.allocator.buffer(bytes: body))), promise: nil)
+                }
                 context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
                 arm(context)
                 return
@@ -81,14 +85,14 @@ final class DevicePortHandler: ChannelDuplexHandler, RemovableChannelHandler {
 }
 
 extension ModelDelivery {
-    /// 304 for a device's poll when everything it needs is in memory: a JWT already verified (still live,
-    /// key not retired), for the user in the path and a model it may fetch, a cached head, and that head's
-    /// ETag in If-None-Match. nil sends the request the long way (which makes the same checks and more).
-    func notModified(_ request: HTTPRequest) -> HTTPResponse? {
+    /// The answer to a device's request for its personal model when everything it needs is in memory: a
+    /// JWT already verified (still live, key not retired), for the user in the path and a model it may
+    /// fetch, and a cached head; then 304 if If-None-Match names that head, else 200 with the head's bytes
+    /// if they are cached. nil sends the request the long way (which makes the same checks and more).
+    func answerFromMemory(_ request: HTTPRequest) -> (head: HTTPResponse, body: Data?)? {
         guard request.method == .get || request.method == .head, let path = request.path,
               path.utf8.count <= HTTPHardening.maxTarget, request.headerFields[.contentLength] == nil,
               request.headerFields[.transferEncoding] == nil,
-              let match = request.headerFields[.ifNoneMatch],
               let authorization = request.headerFields[.authorization], authorization.hasPrefix("Bearer ") else { return nil }
         // /v1/models/NAME/users/USER with no query (a device's attributes go the long way).
         let parts = path.split(separator: "/", omittingEmptySubsequences: false)
@@ -96,13 +100,19 @@ extension ModelDelivery {
         let name = String(parts[3]), user = String(parts[5])
         guard let caller = tokens.cachedCaller(forJWT: String(authorization.dropFirst(7))),
               case .user(let tokenUser, _, _) = caller, tokenUser == user, caller.mayFetch(name),
-              case .some(.some(let current)) = cache.head(model: name, user: user, attributes: ""),
-              DeliveryServer.matches(match, current.etag) else { return nil }
+              case .some(.some(let current)) = cache.head(model: name, user: user, attributes: "") else { return nil }
         var fields = HTTPHardening.deviceHeaders
         fields[.eTag] = current.etag
         fields[.cacheControl] = "no-cache, private"
         fields[.date] = HTTPDate.now()
-        return HTTPResponse(status: .notModified, headerFields: fields)
+        if let match = request.headerFields[.ifNoneMatch], DeliveryServer.matches(match, current.etag) {
+            return (HTTPResponse(status: .notModified, headerFields: fields), nil)
+        }
+        guard let bytes = cache.bytes(etag: current.etag) else { return nil }
+        fields[.contentType] = "application/octet-stream"
+        fields[.contentLength] = "\(bytes.count)"
+        fields[.contentDisposition] = "attachment; filename=\"\(name).mlmodel\""
+        return (HTTPResponse(status: .ok, headerFields: fields), request.method == .get ? bytes : nil)
     }
 }
 
