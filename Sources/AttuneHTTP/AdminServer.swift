@@ -2,19 +2,28 @@ import Foundation
 import Hummingbird
 import HummingbirdAuth
 import Logging
+import Prometheus
 
-/// `attune serve`'s admin listener: the operators' dashboard and its APIs (`/`, `/dashboard/*`, `/api/*`),
+/// `attune serve`'s admin listener: the operators' dashboard and its APIs (`/`, `/dashboard/*`, `/api/*`)
+/// and the device port's Prometheus metrics (`/metrics`, scraped with the operator's basic auth),
 /// on an address of its own (loopback unless told otherwise) and only for an operator of the operators file
 /// (HTTP basic auth). Nothing here is routed on the device port.
 public enum AdminServer {
     public static func application(host: String, port: Int, operators: OperatorCredentials, delivery: ModelDelivery,
-                                   amqpURL: String, chartJS: String, logger: Logger) -> some ApplicationProtocol {
+                                   amqpURL: String, chartJS: String, metrics: PrometheusCollectorRegistry,
+                                   logger: Logger) -> some ApplicationProtocol {
         let router = Router()
         router.add(middleware: HardeningMiddleware(headers: HTTPHardening.adminHeaders, logger: logger))
         router.add(middleware: OperatorMiddleware(operators: operators))
         let hub = EventHub(amqpURL: amqpURL, logger: logger)
         hub.start()
         Dashboard.add(to: router, hub: hub, delivery: delivery, amqpURL: amqpURL, chartJS: chartJS)
+        router.get("metrics") { _, _ -> Response in
+            var buffer = [UInt8]()
+            metrics.emit(into: &buffer)
+            return Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
+                            body: .init(byteBuffer: ByteBuffer(bytes: buffer)))
+        }
         return Application(router: router, server: HTTPHardening.server(idle: .seconds(60)),
                            configuration: .init(address: .hostname(host, port: port), serverName: nil),
                            onServerRunning: { channel in

@@ -18,7 +18,7 @@ public enum DeliveryServer {
     public static func application(host: String, port: Int, delivery: ModelDelivery, idle: Duration = .seconds(15),
                                    logger: Logger) -> some ApplicationProtocol {
         let router = Router()
-        router.add(middleware: HardeningMiddleware(headers: HTTPHardening.deviceHeaders, logger: logger))
+        router.add(middleware: HardeningMiddleware(headers: HTTPHardening.deviceHeaders, logger: logger, countsDeliveries: true))
         router.get("healthz") { _, _ in "ok\n" }
         router.get("readyz") { _, _ -> Response in
             let ready = (try? await delivery.withRegistry { try $0.connection.query("SELECT 1").rowCount == 1 }) ?? false

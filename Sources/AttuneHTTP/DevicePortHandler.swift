@@ -51,6 +51,7 @@ final class DevicePortHandler: ChannelDuplexHandler, RemovableChannelHandler {
             deadline?.cancel()
             deadline = nil
             if open == 0, let answer = delivery.answerFromMemory(request) {
+                DeliveryMetrics.shared.count(.personal, status: Int(answer.head.status.code), fromMemory: true)
                 swallowing = true
                 context.write(wrapOutboundOut(.head(answer.head)), promise: nil)
                 if let body = answer.body {

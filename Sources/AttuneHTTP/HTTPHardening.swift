@@ -54,6 +54,8 @@ enum HTTPHardening {
 struct HardeningMiddleware<Context: RequestContext>: RouterMiddleware {
     let headers: HTTPFields
     let logger: Logger
+    /// Counts the device port's answers (`DeliveryMetrics`); the admin listener's are not counted.
+    var countsDeliveries = false
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         var response: Response
@@ -78,6 +80,10 @@ struct HardeningMiddleware<Context: RequestContext>: RouterMiddleware {
         }
         for field in headers where response.headers[field.name] == nil {
             response.headers.append(field)
+        }
+        if countsDeliveries {
+            DeliveryMetrics.shared.count(DeliveryMetrics.route(ofPath: request.uri.path), status: Int(response.status.code),
+                                         fromMemory: false)
         }
         return response
     }

@@ -35,6 +35,7 @@ struct Serve: AsyncParsableCommand {
         let logger = Logger(label: "attune.serve")
         let keys = try StorageKeys.load()
         keys.logSummary(to: logger)
+        let metrics = OperationsServer.bootstrapMetrics()
         let delivery = ModelDelivery(databaseURL: database.resolved(), keys: keys)
         var services: [any Service] = [DeliveryServer.application(host: host, port: port, delivery: delivery,
                                                                             idle: .seconds(idleTimeout), logger: logger)]
@@ -43,7 +44,7 @@ struct Serve: AsyncParsableCommand {
                 let credentials = try OperatorCredentials.load(path: file)
                 services.append(AdminServer.application(host: adminHost, port: adminPort, operators: credentials,
                                                         delivery: delivery, amqpURL: broker.resolved(), chartJS: chartJS,
-                                                        logger: logger))
+                                                        metrics: metrics, logger: logger))
             } else {
                 logger.warning("no operators' dashboard: give --operators FILE (attune operator add --file FILE NAME)")
             }

@@ -175,6 +175,19 @@ final class DeliveryPortTests: XCTestCase {
         let history = try Self.fetch(admin, "/api/history?model=\(fleet.model)&user=alice", headers: operatorHeaders)
         XCTAssertEqual(history.status, 200)
         XCTAssertEqual(history.body, "[]")
+
+        // The device port's answers are counted for the admin listener's /metrics (operators only): a poll
+        // answered from memory on the event loop, the first fetch through the router.
+        let device = ["Authorization": "Bearer \(try XCTUnwrap(callers["a device token"] ?? nil))"]
+        let model = "/v1/models/\(fleet.model)/users/alice"
+        let tag = try XCTUnwrap(try Self.fetch(server.devicePort, model, headers: device).headers["etag"])
+        XCTAssertEqual(try Self.fetch(server.devicePort, model, headers: device.merging(["If-None-Match": tag]) { $1 }).status, 304)
+        XCTAssertEqual(try Self.fetch(admin, "/metrics").status, 401)
+        let metrics = try Self.fetch(admin, "/metrics", headers: operatorHeaders)
+        XCTAssertEqual(metrics.status, 200)
+        XCTAssertTrue(metrics.body.contains(#"attune_delivery_requests_total{route="personal",status="304",answered_by="event_loop"} 1"#), metrics.body)
+        XCTAssertTrue(metrics.body.contains(#"attune_delivery_requests_total{route="personal",status="200",answered_by="router"} 1"#), metrics.body)
+        XCTAssertTrue(metrics.body.contains(#"route="other",status="404",answered_by="router"}"#), metrics.body)
     }
 
     func testBothListenersRefuseOversizedSlowAndBodiedRequestsWithHardeningHeaders() throws {
