@@ -87,6 +87,13 @@ let package = Package(
         .testTarget(name: "AttuneStoreTests", dependencies: ["AttuneStore", "AttuneSpec",
                                                              .product(name: "Crypto", package: "swift-crypto")]),
         .testTarget(name: "AttuneQueueTests", dependencies: ["AttuneQueue", "AttuneSpec"]),
+        // Server-free tests of the delivery server's decisions: tokens, the event loop's answers, operators.
+        .testTarget(name: "AttuneHTTPTests", dependencies: ["AttuneHTTP", "AttuneStore",
+                                                           .product(name: "Crypto", package: "swift-crypto"),
+                                                           .product(name: "HTTPTypes", package: "swift-http-types"),
+                                                           .product(name: "NIOCore", package: "swift-nio"),
+                                                           .product(name: "NIOEmbedded", package: "swift-nio"),
+                                                           .product(name: "NIOHTTPTypes", package: "swift-nio-extras")]),
         .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore",
                                                               "AttuneQueue", "AttuneSpec",
                                                               .product(name: "Crypto", package: "swift-crypto")]),

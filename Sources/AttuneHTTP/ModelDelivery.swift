@@ -7,7 +7,7 @@ import Logging
 
 /// What a device is served for one user of one model: the newest personal version written into its base
 /// (the base itself while the user has none), named by an ETag that changes exactly when the bytes do.
-public struct DeliveredModel: Sendable {
+public struct DeliveredModel: Sendable, Equatable {
     public let etag: String
     public let baseVersion: Int
     /// 0: the base model itself.
@@ -48,6 +48,11 @@ public final class ModelDelivery: @unchecked Sendable {
         }
         lock.withLock { notifications = listener }
         listener.start()
+    }
+
+    /// Tests put a verifier with keys of their own in place of the database's.
+    func replaceTokensForTesting(_ verifier: DeviceTokenVerifier) {
+        tokens = verifier
     }
 
     public func stop() {

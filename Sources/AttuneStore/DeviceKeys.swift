@@ -20,6 +20,14 @@ public struct DeviceKeyRecord: Sendable, Equatable {
     public let createdAt: Date
     /// Tokens it signed verify until then and not after; nil while it is the application's current key.
     public let retiresAt: Date?
+
+    public init(kid: String, application: String, publicKey: Data, createdAt: Date, retiresAt: Date?) {
+        self.kid = kid
+        self.application = application
+        self.publicKey = publicKey
+        self.createdAt = createdAt
+        self.retiresAt = retiresAt
+    }
 }
 
 /// Which models each application may fetch, and its device keys: all `serve` needs to check a device
@@ -27,6 +35,11 @@ public struct DeviceKeyRecord: Sendable, Equatable {
 public struct DeviceKeySet: Sendable {
     public let keys: [DeviceKeyRecord]
     public let models: [String: Set<String>]
+
+    public init(keys: [DeviceKeyRecord], models: [String: Set<String>]) {
+        self.keys = keys
+        self.models = models
+    }
 }
 
 extension ModelRegistry {
