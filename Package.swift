@@ -76,7 +76,8 @@ let package = Package(
         .testTarget(name: "AttuneQueueTests", dependencies: ["AttuneQueue", "AttuneSpec"]),
         .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore",
                                                               "AttuneQueue", "AttuneSpec",
-                                                              .product(name: "Crypto", package: "swift-crypto")]),
+                                                              .product(name: "Crypto", package: "swift-crypto"),
+                                                              .product(name: "Logging", package: "swift-log")]),
     ],
     swiftLanguageModes: [.v5]
 )
