@@ -19,7 +19,7 @@
 #   deploy/fault-suite.sh [--jobs N] [--users U] [--hot H] [--workers W] [--concurrency C] [--kills K] [--sigterms T]
 #                         [--bad B] [--republish R] [--scheduled L] [--samples S] [--epochs E] [--timeout SECONDS]
 #                         [--pg-terminates N] [--pg-restarts N] [--pg-crashes N] [--pg-kills N]
-#                         [--cluster N] [--node-kills N] [--debug] [--keep]
+#                         [--cluster N] [--node-kills N] [--ha] [--ha-kills N] [--ha-failovers N] [--debug] [--keep]
 #
 # Database faults, each a count (0 leaves it out): --pg-terminates (20) rounds of pg_terminate_backend on
 # every backend of the workers (found by application_name, which each worker gets through PGAPPNAME; the
@@ -27,6 +27,12 @@
 # --pg-restarts (1) fast stops; --pg-crashes (1) immediate stops; --pg-kills (1) SIGKILLs of the postmaster.
 # The server commits synchronously (ATTUNE_PG_CRASH_SAFE): with synchronous_commit off a crash loses commits
 # a worker has already acked, which the checks below catch as lost jobs.
+#
+# --ha runs PostgreSQL as a primary and a synchronous secondary under pg_auto_failover (deploy/postgres-ha.sh),
+# every process reaching it through the multi-host URL. The database faults become: --ha-kills (1) times the
+# primary's postmaster and pg_autoctl SIGKILLed (its machine lost), pg_auto_failover promoting the secondary,
+# the killed node started again to rejoin as secondary; --ha-failovers (1) planned failovers after that, which
+# bring the primary back. --pg-terminates still applies (to the primary); restarts, crashes and kills do not.
 #
 # --scheduled jobs (a tenth of them by default) carry a learning-rate schedule (step or exponential decay), so
 # the replay checks schedules too.
@@ -38,6 +44,7 @@ cd "$(dirname "$0")/.."
 jobs=3000 users=60 hot=3 workers=4 concurrency=1 kills=8 sigterms=3 bad=15 republish=30 scheduled= samples=100 epochs= timeout=900
 build=release keep=0 cluster=0
 pg_terminates=20 pg_restarts_planned=1 pg_crashes_planned=1 pg_kills_planned=1 node_kills_planned=1
+ha=0 ha_kills_planned=1 ha_failovers_planned=1
 while (($#)); do
   case "$1" in
     --jobs) jobs=$2; shift ;;
@@ -59,6 +66,9 @@ while (($#)); do
     --pg-crashes) pg_crashes_planned=$2; shift ;;
     --pg-kills) pg_kills_planned=$2; shift ;;
     --node-kills) node_kills_planned=$2; shift ;;
+    --ha) ha=1 pg_restarts_planned=0 pg_crashes_planned=0 pg_kills_planned=0 ;;
+    --ha-kills) ha_kills_planned=$2; shift ;;
+    --ha-failovers) ha_failovers_planned=$2; shift ;;
     --debug) build=debug ;;
     --keep) keep=1 ;;
     *) echo "fault-suite.sh: unknown argument $1 (see the comment at the top)" >&2; exit 2 ;;
@@ -92,7 +102,11 @@ cleanup() {
   else
     deploy/rabbitmq.sh stop "$work/rabbitmq" >/dev/null 2>&1 || true
   fi
-  deploy/postgres.sh stop "$work/postgres" >/dev/null 2>&1 || true
+  if ((ha)); then
+    deploy/postgres-ha.sh down "$work/postgres-ha" >/dev/null 2>&1 || true
+  else
+    deploy/postgres.sh stop "$work/postgres" >/dev/null 2>&1 || true
+  fi
   if [ "$keep" = 1 ]; then echo "kept $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
@@ -115,7 +129,12 @@ say() { echo "[$(date +%T)] $*"; }
 
 start_servers() {
   local pg amqp
-  pg=$(ATTUNE_PG_CRASH_SAFE=1 deploy/postgres.sh start "$work/postgres" "$pg_port" 2>>"$work/servers.log")
+  if ((ha)); then
+    pg=$(deploy/postgres-ha.sh up "$work/postgres-ha" 2>>"$work/servers.log")
+    pg=${pg//\'/}
+  else
+    pg=$(ATTUNE_PG_CRASH_SAFE=1 deploy/postgres.sh start "$work/postgres" "$pg_port" 2>>"$work/servers.log")
+  fi
   if ((cluster > 0)); then
     amqp=$(deploy/rabbitmq-cluster.sh start "$work/rabbitmq" "$cluster" 2>>"$work/servers.log")
     amqp=${amqp#*=}
@@ -131,7 +150,9 @@ start_servers() {
   fi
   export ATTUNE_DATABASE_URL=${pg#*=} ATTUNE_AMQP_URL=$amqp
 }
-if ((cluster > 0)); then
+if ((ha)); then
+  say "starting PostgreSQL under pg_auto_failover (a monitor, a primary and a secondary) and RabbitMQ in $work"
+elif ((cluster > 0)); then
   say "starting PostgreSQL on $pg_port and a RabbitMQ cluster of $cluster nodes in $work"
 else
   say "starting PostgreSQL on $pg_port and RabbitMQ on $amqp_port in $work"
@@ -191,6 +212,7 @@ await_started() {
 }
 killed=0 terminated=0 pg_restarts=0 pg_crashes=0 pg_kills=0 amqp_restarts=0 node_kills=0 after_node_loss=()
 pg_terminate_rounds=0 backends_in_commit=0 backends_busy=0 backends_idle=0 last_pg_outage=0
+ha_kills=0 ha_failovers=0 ha_writable_after=() ha_rejoined_after=() ha_failover_took=()
 start_postgres() {
   ATTUNE_PG_CRASH_SAFE=1 deploy/postgres.sh start "$work/postgres" "$pg_port" >/dev/null 2>>"$work/servers.log"
 }
@@ -265,6 +287,46 @@ chaos() {
       esac
       last_pg_outage=$(date +%s)
       say "PostgreSQL is back" ;;
+    ha-kill)
+      local gap=$(( last_pg_outage + 12 - $(date +%s) ))
+      ((gap <= 0)) || sleep "$gap"
+      local was t0 waited
+      was=$(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") \
+        || { echo "FAIL: pg_auto_failover names no primary" >&2; exit 1; }
+      sleep "0.$((RANDOM % 10))"
+      say "SIGKILLing PostgreSQL node $was, the primary (its postmaster and pg_autoctl)"
+      t0=$(date +%s.%N)
+      deploy/postgres-ha.sh kill "$work/postgres-ha" "$was" 2>>"$work/servers.log"
+      # Writable again once pg_auto_failover has promoted the secondary; the URL finds it.
+      until psql "$ATTUNE_DATABASE_URL" -XAtqc "SELECT 1" >/dev/null 2>&1; do
+        (( $(date +%s) - ${t0%.*} < 240 )) || { echo "FAIL: no writable PostgreSQL 240 s after the primary was killed" >&2; exit 1; }
+        sleep 0.2
+      done
+      waited=$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")
+      ha_writable_after+=("$waited")
+      say "node $(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") took writes $waited s after the kill; starting node $was again"
+      t0=$(date +%s.%N)
+      deploy/postgres-ha.sh start "$work/postgres-ha" "$was" 2>>"$work/servers.log"
+      deploy/postgres-ha.sh wait "$work/postgres-ha" 2>>"$work/servers.log" \
+        || { echo "FAIL: node $was did not rejoin as secondary" >&2; exit 1; }
+      ha_rejoined_after+=("$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")")
+      ha_kills=$((ha_kills + 1))
+      last_pg_outage=$(date +%s)
+      say "node $was rejoined as secondary after ${ha_rejoined_after[-1]} s" ;;
+    ha-failover)
+      local gap=$(( last_pg_outage + 12 - $(date +%s) ))
+      ((gap <= 0)) || sleep "$gap"
+      local was t0
+      was=$(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") \
+        || { echo "FAIL: pg_auto_failover names no primary" >&2; exit 1; }
+      say "planned failover away from PostgreSQL node $was"
+      t0=$(date +%s.%N)
+      deploy/postgres-ha.sh failover "$work/postgres-ha" 2>>"$work/servers.log" \
+        || { echo "FAIL: the planned failover did not complete" >&2; exit 1; }
+      ha_failover_took+=("$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")")
+      ha_failovers=$((ha_failovers + 1))
+      last_pg_outage=$(date +%s)
+      say "node $(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") is primary after ${ha_failover_took[-1]} s" ;;
     pg-terminate)
       local counts
       counts=$(terminate_worker_backends) || { echo "FAIL: could not terminate the workers' backends" >&2; exit 1; }
@@ -320,6 +382,10 @@ spread "$pg_restarts_planned" 30 45 postgres
 spread "$pg_crashes_planned" 40 60 pg-crash
 spread "$pg_kills_planned" 65 80 pg-kill
 plan+=("$((good * 55 / 100)) rabbitmq")
+if ((ha)); then
+  spread "$ha_kills_planned" 25 45 ha-kill
+  spread "$ha_failovers_planned" 60 80 ha-failover
+fi
 ((cluster > 0)) && spread "$node_kills_planned" 70 85 node-kill
 mapfile -t plan < <(printf '%s\n' "${plan[@]}" | sort -n)
 deadline=$(( $(date +%s) + timeout ))
@@ -412,6 +478,9 @@ PY
 echo "workers killed       $killed (SIGKILL)"
 echo "workers stopped      $terminated by SIGTERM mid-run, $((${#stopped[@]} - terminated)) at the end; non-zero exits: $term_failures"
 [ -f "$work/term-times" ] && echo "SIGTERM to exit (s)  $(sort -n -k2 "$work/term-times" | awk '{print $2}' | tr '\n' ' ')"
+if ((ha)); then
+  echo "PostgreSQL HA        primary SIGKILLed $ha_kills of $ha_kills_planned (writes again after ${ha_writable_after[*]:-} s; killed node a secondary again after ${ha_rejoined_after[*]:-} s); planned failovers $ha_failovers of $ha_failovers_planned (${ha_failover_took[*]:-} s)"
+fi
 echo "PostgreSQL faults    $pg_terminate_rounds of $pg_terminates termination rounds ($backends_in_commit backends killed in a commit, $backends_busy in another statement, $backends_idle idle); $pg_restarts of $pg_restarts_planned restarts, $pg_crashes of $pg_crashes_planned crashes (immediate stop), $pg_kills of $pg_kills_planned postmaster SIGKILLs"
 if ((cluster > 0)); then
   echo "RabbitMQ faults      leading node stopped and started $amqp_restarts, SIGKILLed and started $node_kills of $node_kills_planned (of $cluster nodes)"

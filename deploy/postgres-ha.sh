@@ -11,6 +11,7 @@
 #   deploy/postgres-ha.sh failover DIR    a planned failover (pg_autoctl perform failover); returns once a
 #                                         new primary and a secondary are in place again
 #   deploy/postgres-ha.sh primary DIR     print the number (1 or 2) of the node that is primary now
+#   deploy/postgres-ha.sh wait DIR        wait (up to 3 minutes) until one node is primary and the other secondary
 #   deploy/postgres-ha.sh kill DIR N      SIGKILL node N's postmaster and its pg_autoctl (its machine lost)
 #   deploy/postgres-ha.sh start DIR N     start node N's pg_autoctl again (after kill); it rejoins as secondary
 #   deploy/postgres-ha.sh down DIR        stop everything (DIR stays; delete it to remove every trace)
@@ -25,7 +26,7 @@ AUTOCTL=${AUTOCTL:-/usr/bin/pg_autoctl}
 
 log() { echo "postgres-ha.sh: $*" >&2; }
 die() { log "$*"; exit 1; }
-usage() { sed -n '2,21p' "$0" >&2; exit 2; }
+usage() { sed -n '2,22p' "$0" >&2; exit 2; }
 
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
@@ -205,6 +206,7 @@ case "$CMD" in
         log "stopped" ;;
     status) as_pg "$AUTOCTL" show state --pgdata "$DIR/monitor" ;;
     primary) primary ;;
+    wait) wait_for_pair 180 ;;
     failover)
         before=$(primary) || die "no primary now"
         as_pg "$AUTOCTL" perform failover --pgdata "$DIR/monitor" >>"$DIR/log/failover.log" 2>&1 \
