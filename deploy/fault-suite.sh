@@ -25,8 +25,8 @@
 # every backend of the workers (found by application_name, which each worker gets through PGAPPNAME; the
 # suite's own connections are left alone), each round waiting up to 5 s for a worker's commit to be running;
 # --pg-restarts (1) fast stops; --pg-crashes (1) immediate stops; --pg-kills (1) SIGKILLs of the postmaster.
-# The server commits synchronously (ATTUNE_PG_CRASH_SAFE): with synchronous_commit off a crash loses commits
-# a worker has already acked, which the checks below catch as lost jobs.
+# The server commits synchronously (ATTUNE_PG_CRASH_SAFE=1): with synchronous_commit off a crash loses commits
+# a worker has already acked, which the checks below catch (run with ATTUNE_PG_CRASH_SAFE=0 to see them fail).
 #
 # --ha runs PostgreSQL as a primary and a synchronous secondary under pg_auto_failover (deploy/postgres-ha.sh),
 # every process reaching it through the multi-host URL. The database faults become: --ha-kills (1) times the
@@ -75,6 +75,8 @@ while (($#)); do
   esac
   shift
 done
+
+export ATTUNE_PG_CRASH_SAFE=${ATTUNE_PG_CRASH_SAFE:-1}
 
 if [ "$build" = release ]; then
   swift build -c release 2>&1 | tail -n 1
@@ -133,7 +135,7 @@ start_servers() {
     pg=$(deploy/postgres-ha.sh up "$work/postgres-ha" 2>>"$work/servers.log")
     pg=${pg//\'/}
   else
-    pg=$(ATTUNE_PG_CRASH_SAFE=1 deploy/postgres.sh start "$work/postgres" "$pg_port" 2>>"$work/servers.log")
+    pg=$(deploy/postgres.sh start "$work/postgres" "$pg_port" 2>>"$work/servers.log")
   fi
   if ((cluster > 0)); then
     amqp=$(deploy/rabbitmq-cluster.sh start "$work/rabbitmq" "$cluster" 2>>"$work/servers.log")
@@ -214,7 +216,7 @@ killed=0 terminated=0 pg_restarts=0 pg_crashes=0 pg_kills=0 amqp_restarts=0 node
 pg_terminate_rounds=0 backends_in_commit=0 backends_busy=0 backends_idle=0 last_pg_outage=0
 ha_kills=0 ha_failovers=0 ha_writable_after=() ha_rejoined_after=() ha_failover_took=()
 start_postgres() {
-  ATTUNE_PG_CRASH_SAFE=1 deploy/postgres.sh start "$work/postgres" "$pg_port" >/dev/null 2>>"$work/servers.log"
+  deploy/postgres.sh start "$work/postgres" "$pg_port" >/dev/null 2>>"$work/servers.log"
 }
 # One round of pg_terminate_backend on every backend of the workers (application_name fault-*, from
 # PGAPPNAME), in one statement on the server: it waits up to 5 s, looking every millisecond, for a worker's commit
