@@ -33,6 +33,7 @@
 # primary's postmaster and pg_autoctl SIGKILLed (its machine lost), pg_auto_failover promoting the secondary,
 # the killed node started again to rejoin as secondary; --ha-failovers (1) planned failovers after that, which
 # bring the primary back. --pg-terminates still applies (to the primary); restarts, crashes and kills do not.
+# ATTUNE_HA_FAST=1 shortens pg_auto_failover's detection (deploy/postgres-ha.sh): about 16 s instead of 50.
 #
 # --scheduled jobs (a tenth of them by default) carry a learning-rate schedule (step or exponential decay), so
 # the replay checks schedules too.

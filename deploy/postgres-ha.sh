@@ -17,6 +17,10 @@
 #   deploy/postgres-ha.sh down DIR        stop everything (DIR stays; delete it to remove every trace)
 #
 # Ports: free ones picked at `up` (ATTUNE_HA_PORTS="MONITOR P1 P2" to choose). Progress goes to stderr.
+# ATTUNE_HA_FAST=1 at `up`: pg_auto_failover's own detection settings, shortened for a loopback test bed (a
+# primary lost is replaced in about 16 s instead of 50): the monitor checks health every second and counts a
+# node unhealthy after 5 s, and promotes after waiting 10 s for the lost primary to demote itself, which its
+# keeper does once it has been cut off for 5 s (network_partition_timeout), so that order stays safe.
 # Not for production: every connection from loopback is trusted (pg_autoctl's --auth trust; the attune
 # role's password is set but not asked for), and fsync is off.
 set -euo pipefail
@@ -26,7 +30,7 @@ AUTOCTL=${AUTOCTL:-/usr/bin/pg_autoctl}
 
 log() { echo "postgres-ha.sh: $*" >&2; }
 die() { log "$*"; exit 1; }
-usage() { sed -n '2,22p' "$0" >&2; exit 2; }
+usage() { sed -n '2,26p' "$0" >&2; exit 2; }
 
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
@@ -147,6 +151,21 @@ EOF
         fi
     done
     wait_for_pair 180 || die "the pair did not form; see $DIR/log"
+    if [ "${ATTUNE_HA_FAST:-0}" = 1 ]; then
+        as_pg "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$(port 0)" -d pg_auto_failover >/dev/null <<'EOF'
+ALTER SYSTEM SET pgautofailover.health_check_period = 1000;
+ALTER SYSTEM SET pgautofailover.health_check_timeout = 1000;
+ALTER SYSTEM SET pgautofailover.health_check_max_retries = 1;
+ALTER SYSTEM SET pgautofailover.health_check_retry_delay = 500;
+ALTER SYSTEM SET pgautofailover.node_considered_unhealthy_timeout = 5000;
+ALTER SYSTEM SET pgautofailover.primary_demote_timeout = 10000;
+SELECT pg_reload_conf();
+EOF
+        for i in 1 2; do
+            as_pg "$AUTOCTL" config set --pgdata "$DIR/node$i" timeout.network_partition_timeout 5 >/dev/null
+        done
+        log "fast detection: health checked every 1 s, unhealthy after 5 s, promotion after 10 s"
+    fi
     local p; p=$(primary)
     as_pg "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$(port "$p")" -d postgres >&2 <<'EOF'
 DO $$
