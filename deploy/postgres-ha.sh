@@ -167,17 +167,8 @@ EOF
         log "fast detection: health checked every 1 s, unhealthy after 5 s, promotion after 10 s"
     fi
     local p; p=$(primary)
-    as_pg "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$(port "$p")" -d postgres >&2 <<'EOF'
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'attune') THEN
-        CREATE ROLE attune LOGIN PASSWORD 'attune';
-    END IF;
-    ALTER ROLE attune CREATEDB;
-END
-$$;
-ALTER DATABASE attune OWNER TO attune;
-EOF
+    as_pg "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$(port "$p")" -d postgres >&2 \
+        <"$(dirname "$0")/attune-database.sql"
     log "primary node$p, synchronous standby: $(as_pg "$PG_BIN/psql" -XAtq -h 127.0.0.1 -p "$(port "$p")" -d postgres \
         -c 'SHOW synchronous_standby_names')"
     echo "export ATTUNE_DATABASE_URL='$(url)'"

@@ -122,21 +122,7 @@ EOF
             || { log "server did not start; see $LOGFILE"; exit 1; }
     fi
 
-    # The application role owns its database, which is all CREATE EXTENSION lo needs:
-    # lo is a trusted extension since PostgreSQL 13, so no superuser rights are required.
-    # CREATEDB: a test that runs vacuumlo (which judges a whole database) makes a database of its own.
-    psql_super "$PORT" -d postgres <<'EOF' >&2
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'attune') THEN
-        CREATE ROLE attune LOGIN PASSWORD 'attune';
-    END IF;
-    ALTER ROLE attune CREATEDB;
-END
-$$;
-SELECT 'CREATE DATABASE attune OWNER attune'
-WHERE NOT EXISTS (SELECT 1 FROM pg_database WHERE datname = 'attune') \gexec
-EOF
+    psql_super "$PORT" -d postgres <"$(dirname "$0")/attune-database.sql" >&2
     if grep -q '^ssl = on' "$DATA/postgresql.conf"; then
         # Plain connections say so: libpq's default (sslmode=prefer) would try TLS first, where a
         # client certificate is asked for.

@@ -73,6 +73,14 @@ final class JobStepsTests: XCTestCase {
         }
     }
 
+    /// A store whose server went away: every lookup fails.
+    final class DownStore: MemoryStore {
+        override func lookup(jobIds: [String], heads: [UserModel], models: [String],
+                             known: [UserModel: Int]) throws -> JobLookup {
+            throw DatabaseError(kind: .connection, operation: "lookup", message: "server closed the connection")
+        }
+    }
+
     private func incoming(_ jobs: [Attune_V1_TrainingJob]) throws -> [IncomingJob] {
         try jobs.enumerated().map { index, job in
             let (body, contentType) = try JobCodec.encode(job, as: .protobuf)
@@ -81,8 +89,9 @@ final class JobStepsTests: XCTestCase {
         }
     }
 
-    private func steps(_ store: MemoryStore) -> JobSteps {
-        JobSteps(store: store, configuration: WorkerConfiguration(databaseURL: "", amqpURL: "", workerName: "w"))
+    private func steps(_ store: MemoryStore, failures: Logger = FailureClassifier.failures) -> JobSteps {
+        JobSteps(store: store, configuration: WorkerConfiguration(databaseURL: "", amqpURL: "", workerName: "w"),
+                 failures: failures)
     }
 
     private func run(_ steps: JobSteps, _ jobs: [Attune_V1_TrainingJob]) throws -> [JobResult] {
@@ -259,12 +268,6 @@ final class JobStepsTests: XCTestCase {
     }
 
     func testALookupFailureRetriesTheWholeBatch() throws {
-        final class DownStore: MemoryStore {
-            override func lookup(jobIds: [String], heads: [UserModel], models: [String],
-                                 known: [UserModel: Int]) throws -> JobLookup {
-                throw DatabaseError(kind: .connection, operation: "lookup", message: "server closed the connection")
-            }
-        }
         let store = DownStore(modelBytes: try Data(contentsOf: Paths.digitsModel))
         let results = try run(steps(store), [Digits.job(user: "gus", model: "d", rows: 0..<10)])
         guard case .outcome(.transient(let reason)) = results[0] else { return XCTFail("\(results[0])") }
@@ -275,18 +278,10 @@ final class JobStepsTests: XCTestCase {
     /// A batch-level database failure names its batch by size and first ids, not by an id list that runs
     /// on (nor as `job(s) …`).
     func testALookupFailureNamesTheBatchByItsSizeAndFirstIds() throws {
-        final class DownStore: MemoryStore {
-            override func lookup(jobIds: [String], heads: [UserModel], models: [String],
-                                 known: [UserModel: Int]) throws -> JobLookup {
-                throw DatabaseError(kind: .connection, operation: "lookup", message: "server closed the connection")
-            }
-        }
         let store = DownStore(modelBytes: try Data(contentsOf: Paths.digitsModel))
         let log = LogLines()
-        let steps = JobSteps(store: store, configuration: WorkerConfiguration(databaseURL: "", amqpURL: "", workerName: "w"),
-                             failures: log.logger)
         let jobs = (1...7).map { Digits.job(id: "job-\($0)", user: "u\($0)", model: "d", rows: 0..<4) }
-        _ = steps.run(try incoming(jobs), report: { _ in }, isAbandoning: { false })
+        _ = try run(steps(store, failures: log.logger), jobs)
         XCTAssertEqual(log.lines.count, 1, "\(log.lines)")
         XCTAssertTrue(log.lines[0].hasPrefix("7 jobs (job-1, job-2, job-3, job-4, job-5 and 2 more): "), log.lines[0])
         XCTAssertTrue(log.lines[0].contains("server closed the connection"), log.lines[0])
