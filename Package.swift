@@ -96,7 +96,8 @@ let package = Package(
                                                            .product(name: "NIOHTTPTypes", package: "swift-nio-extras")]),
         .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore",
                                                               "AttuneQueue", "AttuneSpec",
-                                                              .product(name: "Crypto", package: "swift-crypto")]),
+                                                              .product(name: "Crypto", package: "swift-crypto"),
+                                                              .product(name: "Logging", package: "swift-log")]),
     ],
     swiftLanguageModes: [.v5]
 )

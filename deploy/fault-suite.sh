@@ -1,20 +1,39 @@
 #!/usr/bin/env bash
 # The fault suite: on throwaway PostgreSQL and RabbitMQ servers (loopback, free ports, a temporary
 # folder), publish jobs for many users (a few hot), run several worker processes, and while they work
-# SIGKILL workers at random moments (and start new ones), SIGTERM some, restart PostgreSQL once and
-# RabbitMQ once. Then check that every job ended exactly once, as one version or as a dead letter,
-# that every user's model equals a sequential replay of its jobs, that no large object is orphaned, and
-# that every large object is encrypted under the current key (ATTUNE_KEYS, a throwaway one by default).
+# SIGKILL workers at random moments (and start new ones), SIGTERM some, and hit PostgreSQL: terminate the
+# workers' backends many times (pg_terminate_backend, most of them while a commit runs), restart it,
+# crash it (pg_ctl stop -m immediate) and SIGKILL its postmaster, each time starting it again on the same
+# data and port; restart RabbitMQ once. Then check that every job ended exactly once, as one version or as
+# a dead letter, that every user's model equals a sequential replay of its jobs, that no large object is
+# orphaned, that every job a `completed` event reported has that version in the database, and that every
+# large object is encrypted under the current key (ATTUNE_KEYS, a throwaway one by default).
 # Prints the counts; exits non-zero on any violation.
 #
 # --cluster N runs RabbitMQ as a cluster of N nodes on loopback (deploy/rabbitmq-cluster.sh) instead of
 # one node: each worker gets every node's URL, in an order of its own so they start on different nodes,
 # and the broker fault becomes stopping the node that leads the partition queues in the middle of the run
-# and starting it again once the others have gone on without it.
+# and starting it again once the others have gone on without it; --node-kills more times (1 by default)
+# the leading node's Erlang VM is SIGKILLed instead, and started again the same way.
 #
 #   deploy/fault-suite.sh [--jobs N] [--users U] [--hot H] [--workers W] [--concurrency C] [--kills K] [--sigterms T]
 #                         [--bad B] [--republish R] [--scheduled L] [--samples S] [--epochs E] [--timeout SECONDS]
-#                         [--cluster N] [--debug] [--keep]
+#                         [--pg-terminates N] [--pg-restarts N] [--pg-crashes N] [--pg-kills N]
+#                         [--cluster N] [--node-kills N] [--ha] [--ha-kills N] [--ha-failovers N] [--debug] [--keep]
+#
+# Database faults, each a count (0 leaves it out): --pg-terminates (20) rounds of pg_terminate_backend on
+# every backend of the workers (found by application_name, which each worker gets through PGAPPNAME; the
+# suite's own connections are left alone), each round waiting up to 5 s for a worker's commit to be running;
+# --pg-restarts (1) fast stops; --pg-crashes (1) immediate stops; --pg-kills (1) SIGKILLs of the postmaster.
+# The server commits synchronously (ATTUNE_PG_CRASH_SAFE=1): with synchronous_commit off a crash loses commits
+# a worker has already acked, which the checks below catch (run with ATTUNE_PG_CRASH_SAFE=0 to see them fail).
+#
+# --ha runs PostgreSQL as a primary and a synchronous secondary under pg_auto_failover (deploy/postgres-ha.sh),
+# every process reaching it through the multi-host URL. The database faults become: --ha-kills (1) times the
+# primary's postmaster and pg_autoctl SIGKILLed (its machine lost), pg_auto_failover promoting the secondary,
+# the killed node started again to rejoin as secondary; --ha-failovers (1) planned failovers after that, which
+# bring the primary back. --pg-terminates still applies (to the primary); restarts, crashes and kills do not.
+# ATTUNE_HA_FAST=1 shortens pg_auto_failover's detection (deploy/postgres-ha.sh): about 16 s instead of 50.
 #
 # --scheduled jobs (a tenth of them by default) carry a learning-rate schedule (step or exponential decay), so
 # the replay checks schedules too.
@@ -25,6 +44,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=3000 users=60 hot=3 workers=4 concurrency=1 kills=8 sigterms=3 bad=15 republish=30 scheduled= samples=100 epochs= timeout=900
 build=release keep=0 cluster=0
+pg_terminates=20 pg_restarts_planned=1 pg_crashes_planned=1 pg_kills_planned=1 node_kills_planned=1
+ha=0 ha_kills_planned=1 ha_failovers_planned=1
 while (($#)); do
   case "$1" in
     --jobs) jobs=$2; shift ;;
@@ -41,12 +62,22 @@ while (($#)); do
     --epochs) epochs=$2; shift ;;
     --timeout) timeout=$2; shift ;;
     --cluster) cluster=$2; shift ;;
+    --pg-terminates) pg_terminates=$2; shift ;;
+    --pg-restarts) pg_restarts_planned=$2; shift ;;
+    --pg-crashes) pg_crashes_planned=$2; shift ;;
+    --pg-kills) pg_kills_planned=$2; shift ;;
+    --node-kills) node_kills_planned=$2; shift ;;
+    --ha) ha=1 pg_restarts_planned=0 pg_crashes_planned=0 pg_kills_planned=0 ;;
+    --ha-kills) ha_kills_planned=$2; shift ;;
+    --ha-failovers) ha_failovers_planned=$2; shift ;;
     --debug) build=debug ;;
     --keep) keep=1 ;;
     *) echo "fault-suite.sh: unknown argument $1 (see the comment at the top)" >&2; exit 2 ;;
   esac
   shift
 done
+
+export ATTUNE_PG_CRASH_SAFE=${ATTUNE_PG_CRASH_SAFE:-1}
 
 if [ "$build" = release ]; then
   swift build -c release 2>&1 | tail -n 1
@@ -74,7 +105,11 @@ cleanup() {
   else
     deploy/rabbitmq.sh stop "$work/rabbitmq" >/dev/null 2>&1 || true
   fi
-  deploy/postgres.sh stop "$work/postgres" >/dev/null 2>&1 || true
+  if ((ha)); then
+    deploy/postgres-ha.sh down "$work/postgres-ha" >/dev/null 2>&1 || true
+  else
+    deploy/postgres.sh stop "$work/postgres" >/dev/null 2>&1 || true
+  fi
   if [ "$keep" = 1 ]; then echo "kept $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
@@ -97,7 +132,12 @@ say() { echo "[$(date +%T)] $*"; }
 
 start_servers() {
   local pg amqp
-  pg=$(deploy/postgres.sh start "$work/postgres" "$pg_port" 2>>"$work/servers.log")
+  if ((ha)); then
+    pg=$(deploy/postgres-ha.sh up "$work/postgres-ha" 2>>"$work/servers.log")
+    pg=${pg//\'/}
+  else
+    pg=$(deploy/postgres.sh start "$work/postgres" "$pg_port" 2>>"$work/servers.log")
+  fi
   if ((cluster > 0)); then
     amqp=$(deploy/rabbitmq-cluster.sh start "$work/rabbitmq" "$cluster" 2>>"$work/servers.log")
     amqp=${amqp#*=}
@@ -113,7 +153,9 @@ start_servers() {
   fi
   export ATTUNE_DATABASE_URL=${pg#*=} ATTUNE_AMQP_URL=$amqp
 }
-if ((cluster > 0)); then
+if ((ha)); then
+  say "starting PostgreSQL under pg_auto_failover (a monitor, a primary and a secondary) and RabbitMQ in $work"
+elif ((cluster > 0)); then
   say "starting PostgreSQL on $pg_port and a RabbitMQ cluster of $cluster nodes in $work"
 else
   say "starting PostgreSQL on $pg_port and RabbitMQ on $amqp_port in $work"
@@ -149,7 +191,7 @@ start_worker() {
   local slot=$1
   generation=$((generation + 1))
   name[$slot]=fault-$slot-$generation
-  "$attune" worker --no-migrate --name "${name[$slot]}" --concurrency "$concurrency" --heartbeat 5 --shutdown-deadline 3 \
+  PGAPPNAME=${name[$slot]} "$attune" worker --no-migrate --name "${name[$slot]}" --concurrency "$concurrency" --heartbeat 5 --shutdown-deadline 3 \
     --amqp-url "$(broker_urls "$slot")" >>"$work/worker-$slot.log" 2>&1 &
   pid[$slot]=$!
 }
@@ -171,7 +213,43 @@ await_started() {
   echo "FAIL: worker ${name[$slot]} did not start within 20 s" >&2
   return 1
 }
-killed=0 terminated=0 pg_restarts=0 amqp_restarts=0 after_node_loss=
+killed=0 terminated=0 pg_restarts=0 pg_crashes=0 pg_kills=0 amqp_restarts=0 node_kills=0 after_node_loss=()
+pg_terminate_rounds=0 backends_in_commit=0 backends_busy=0 backends_idle=0 last_pg_outage=0
+ha_kills=0 ha_failovers=0 ha_writable_after=() ha_rejoined_after=() ha_failover_took=()
+start_postgres() {
+  deploy/postgres.sh start "$work/postgres" "$pg_port" >/dev/null 2>>"$work/servers.log"
+}
+# One round of pg_terminate_backend on every backend of the workers (application_name fault-*, from
+# PGAPPNAME), in one statement on the server: it waits up to 5 s, looking every millisecond, for a worker's commit
+# (attune_commit_versions, which writes the large objects and moves the heads) to be running, so that most
+# rounds land inside a transaction. Prints how many backends were in a commit, busy otherwise, and idle;
+# the statements themselves are only matched, never printed.
+terminate_worker_backends() {
+  psql "$ATTUNE_DATABASE_URL" -XAtq -F ' ' -v ON_ERROR_STOP=1 <<'SQL'
+CREATE FUNCTION pg_temp.terminate_workers(wait_s float8) RETURNS TABLE (in_commit int, busy int, idle int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    until timestamptz := clock_timestamp() + make_interval(secs => wait_s);
+BEGIN
+    LOOP
+        PERFORM pg_stat_clear_snapshot();
+        EXIT WHEN clock_timestamp() >= until OR EXISTS (
+            SELECT 1 FROM pg_stat_activity
+            WHERE application_name LIKE 'fault-%' AND state = 'active' AND query LIKE '%attune_commit_versions%');
+        PERFORM pg_sleep(0.001);
+    END LOOP;
+    PERFORM pg_stat_clear_snapshot();
+    RETURN QUERY
+        SELECT count(*) FILTER (WHERE a.state = 'active' AND a.query LIKE '%attune_commit_versions%')::int,
+               count(*) FILTER (WHERE a.state <> 'idle' AND NOT (a.state = 'active' AND a.query LIKE '%attune_commit_versions%'))::int,
+               count(*) FILTER (WHERE a.state = 'idle')::int
+        FROM pg_stat_activity a
+        WHERE a.application_name LIKE 'fault-%' AND a.pid <> pg_backend_pid() AND pg_terminate_backend(a.pid);
+END
+$$;
+SELECT * FROM pg_temp.terminate_workers(5);
+SQL
+}
 chaos() {
   case "$1" in
     kill)
@@ -191,30 +269,94 @@ chaos() {
         echo "$p $(python3 -c "print(f'{$(date +%s.%N) - $sent:.1f}')")" >>"$work/term-times" ) &
       say "SIGTERM worker $slot"
       start_worker "$slot" ;;
-    postgres)
-      say "restarting PostgreSQL"
-      deploy/postgres.sh stop "$work/postgres" 2>>"$work/servers.log"
-      sleep 2
-      deploy/postgres.sh start "$work/postgres" "$pg_port" >/dev/null 2>>"$work/servers.log"
-      pg_restarts=$((pg_restarts + 1))
+    postgres|pg-crash|pg-kill)
+      local how=stop verb=restarting
+      [ "$1" = pg-crash ] && how=crash verb="crashing (pg_ctl stop -m immediate)"
+      [ "$1" = pg-kill ] && how=kill verb="SIGKILLing the postmaster of"
+      # One outage at a time: the jobs the last one sent through the retry queues (1 s, then 10 s) are back
+      # before the next begins. Otherwise outages that the versions' thresholds put seconds apart push the same
+      # jobs to their third attempt and its 60 s delay, which the run then waits out doing nothing.
+      local gap=$(( last_pg_outage + 12 - $(date +%s) ))
+      ((gap <= 0)) || sleep "$gap"
+      sleep "0.$((RANDOM % 10))"
+      say "$verb PostgreSQL"
+      deploy/postgres.sh "$how" "$work/postgres" 2>>"$work/servers.log"
+      sleep "$((1 + RANDOM % 2))"
+      start_postgres
+      case "$1" in
+        postgres) pg_restarts=$((pg_restarts + 1)) ;;
+        pg-crash) pg_crashes=$((pg_crashes + 1)) ;;
+        pg-kill) pg_kills=$((pg_kills + 1)) ;;
+      esac
+      last_pg_outage=$(date +%s)
       say "PostgreSQL is back" ;;
-    rabbitmq)
+    ha-kill)
+      local gap=$(( last_pg_outage + 12 - $(date +%s) ))
+      ((gap <= 0)) || sleep "$gap"
+      local was t0 waited
+      was=$(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") \
+        || { echo "FAIL: pg_auto_failover names no primary" >&2; exit 1; }
+      sleep "0.$((RANDOM % 10))"
+      say "SIGKILLing PostgreSQL node $was, the primary (its postmaster and pg_autoctl)"
+      t0=$(date +%s.%N)
+      deploy/postgres-ha.sh kill "$work/postgres-ha" "$was" 2>>"$work/servers.log"
+      # Writable again once pg_auto_failover has promoted the secondary; the URL finds it.
+      until psql "$ATTUNE_DATABASE_URL" -XAtqc "SELECT 1" >/dev/null 2>&1; do
+        (( $(date +%s) - ${t0%.*} < 240 )) || { echo "FAIL: no writable PostgreSQL 240 s after the primary was killed" >&2; exit 1; }
+        sleep 0.2
+      done
+      waited=$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")
+      ha_writable_after+=("$waited")
+      say "node $(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") took writes $waited s after the kill; starting node $was again"
+      t0=$(date +%s.%N)
+      deploy/postgres-ha.sh start "$work/postgres-ha" "$was" 2>>"$work/servers.log"
+      deploy/postgres-ha.sh wait "$work/postgres-ha" 2>>"$work/servers.log" \
+        || { echo "FAIL: node $was did not rejoin as secondary" >&2; exit 1; }
+      ha_rejoined_after+=("$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")")
+      ha_kills=$((ha_kills + 1))
+      last_pg_outage=$(date +%s)
+      say "node $was rejoined as secondary after ${ha_rejoined_after[-1]} s" ;;
+    ha-failover)
+      local gap=$(( last_pg_outage + 12 - $(date +%s) ))
+      ((gap <= 0)) || sleep "$gap"
+      local was t0
+      was=$(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") \
+        || { echo "FAIL: pg_auto_failover names no primary" >&2; exit 1; }
+      say "planned failover away from PostgreSQL node $was"
+      t0=$(date +%s.%N)
+      deploy/postgres-ha.sh failover "$work/postgres-ha" 2>>"$work/servers.log" \
+        || { echo "FAIL: the planned failover did not complete" >&2; exit 1; }
+      ha_failover_took+=("$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")")
+      ha_failovers=$((ha_failovers + 1))
+      last_pg_outage=$(date +%s)
+      say "node $(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") is primary after ${ha_failover_took[-1]} s" ;;
+    pg-terminate)
+      local counts
+      counts=$(terminate_worker_backends) || { echo "FAIL: could not terminate the workers' backends" >&2; exit 1; }
+      read -r in_commit busy idle <<<"$counts"
+      pg_terminate_rounds=$((pg_terminate_rounds + 1))
+      backends_in_commit=$((backends_in_commit + in_commit))
+      backends_busy=$((backends_busy + busy))
+      backends_idle=$((backends_idle + idle))
+      say "terminated the workers' backends: $in_commit in a commit, $busy in another statement, $idle idle" ;;
+    rabbitmq|node-kill)
       if ((cluster > 0)); then
-        local leader before
+        local leader before how=stop-node verb=stopping
+        [ "$1" = node-kill ] && how=kill-node verb="SIGKILLing the Erlang VM of"
         leader=$(deploy/rabbitmq-cluster.sh leader "$work/rabbitmq" attune.jobs.p00 2>>"$work/servers.log")
-        say "stopping RabbitMQ node $leader of $cluster, the leader of attune.jobs.p00"
-        deploy/rabbitmq-cluster.sh stop-node "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
+        say "$verb RabbitMQ node $leader of $cluster, the leader of attune.jobs.p00"
+        deploy/rabbitmq-cluster.sh "$how" "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
         # Wait until the fleet has committed more versions, or 30 s, then bring the node back. Not a check:
-        # a partition whose single active consumer was attached through the stopped node waits until the node
+        # a partition whose single active consumer was attached through the lost node waits until the node
         # returns (RabbitMQ 3.10 keeps that consumer active while its node is unreachable), so when one worker
         # on that node held every partition, nothing moves meanwhile (README: A RabbitMQ cluster).
         before=$(versions)
-        local waited=0
-        while (( $(versions) < before + good / 20 && waited < 300 )); do sleep 0.1; waited=$((waited + 1)); done
+        local until=$(( $(date +%s) + 30 ))
+        while (( $(versions) < before + good / 20 && $(date +%s) < until )); do sleep 0.1; done
         say "committed $(( $(versions) - before )) versions with node $leader down"
         deploy/rabbitmq-cluster.sh start-node "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
-        after_node_loss=$(( $(versions) - before ))
-        amqp_restarts=$((amqp_restarts + 1))
+        after_node_loss+=("$(( $(versions) - before ))")
+        if [ "$1" = node-kill ]; then node_kills=$((node_kills + 1)); else amqp_restarts=$((amqp_restarts + 1)); fi
         say "RabbitMQ node $leader is back in the cluster"
         return
       fi
@@ -231,7 +373,23 @@ good=$((jobs - bad))
 plan=()
 for ((k = 0; k < kills; k++)); do plan+=("$(( (5 + k * 80 / (kills > 1 ? kills - 1 : 1)) * good / 100 )) kill"); done
 for ((t = 0; t < sigterms; t++)); do plan+=("$(( (15 + t * 60 / (sigterms > 1 ? sigterms - 1 : 1)) * good / 100 )) term"); done
-plan+=("$((good * 30 / 100)) postgres" "$((good * 55 / 100)) rabbitmq")
+# Evenly spread over a range of the run, as "percent-of-good action" steps: spread COUNT FROM TO ACTION.
+spread() {
+  local count=$1 from=$2 to=$3 action=$4 i
+  for ((i = 0; i < count; i++)); do
+    plan+=("$(( (from + i * (to - from) / (count > 1 ? count - 1 : 1)) * good / 100 )) $action")
+  done
+}
+spread "$pg_terminates" 8 92 pg-terminate
+spread "$pg_restarts_planned" 30 45 postgres
+spread "$pg_crashes_planned" 40 60 pg-crash
+spread "$pg_kills_planned" 65 80 pg-kill
+plan+=("$((good * 55 / 100)) rabbitmq")
+if ((ha)); then
+  spread "$ha_kills_planned" 25 45 ha-kill
+  spread "$ha_failovers_planned" 60 80 ha-failover
+fi
+((cluster > 0)) && spread "$node_kills_planned" 70 85 node-kill
 mapfile -t plan < <(printf '%s\n' "${plan[@]}" | sort -n)
 deadline=$(( $(date +%s) + timeout ))
 for step in "${plan[@]}"; do
@@ -247,7 +405,7 @@ for step in "${plan[@]}"; do
   done
   chaos "$action"
 done
-say "chaos done: $killed killed, $terminated stopped, $pg_restarts PostgreSQL and $amqp_restarts RabbitMQ restart(s)"
+say "chaos done: $killed killed, $terminated stopped; PostgreSQL: $pg_terminate_rounds termination rounds, $pg_restarts restart(s), $pg_crashes crash(es), $pg_kills kill(s); RabbitMQ: $amqp_restarts restart(s), $node_kills node kill(s)"
 
 status=0
 "$attune" audit wait --model digits --jobs-file "$work/jobs.jsonl" --timeout $(( deadline - $(date +%s) )) || status=1
@@ -271,6 +429,36 @@ echo "== encryption at rest"
 "$attune" keys status 2>/dev/null | tee "$work/keys.txt" || status=1
 grep -q "everything is under the current key" "$work/keys.txt" \
   || { echo "FAIL: stored objects outside the current key (clear text or another key)" >&2; status=1; }
+echo "== completed events"
+# Every job a worker reported completed (a `completed` event, published only after the commit) must have
+# that version in the database now: a commit acknowledged and then lost in a crash would fail here.
+psql "$ATTUNE_DATABASE_URL" -XAtq -F ' ' -c "SELECT job_id, user_id, model, version FROM attune_personal_versions" \
+  >"$work/versions.txt" || status=1
+python3 - "$work/events.jsonl" "$work/versions.txt" <<'PY' || status=1
+import json, sys
+stored = {}
+for line in open(sys.argv[2]):
+    job, user, model, version = line.split()
+    stored[job] = (user, model, int(version))
+reported = {}
+for line in open(sys.argv[1]):
+    try:
+        event = json.loads(line)
+    except ValueError:
+        continue
+    if event.get("kind", "").endswith("COMPLETED"):
+        reported.setdefault(event.get("jobId", ""), set()).add(
+            (event.get("userId", ""), event.get("model", ""), int(event.get("version", "0"))))
+missing = sorted(job for job, versions in reported.items() if any(stored.get(job) != v for v in versions))
+print(f"completed events     {len(reported)} jobs reported completed, {len(reported) - len(missing)} of them stored as reported")
+if stored and not reported:
+    print("FAIL: no completed event was recorded, so none could be checked (see watch.log)", file=sys.stderr)
+    sys.exit(1)
+if missing:
+    shown = ", ".join(f"{job} (reported {sorted(reported[job])}, stored {stored.get(job)})" for job in missing[:10])
+    print(f"FAIL: {len(missing)} job(s) reported completed are not in the database as reported: {shown}", file=sys.stderr)
+    sys.exit(1)
+PY
 echo "== faults and events"
 python3 - "$work/events.jsonl" <<'PY'
 import json, sys
@@ -293,12 +481,16 @@ PY
 echo "workers killed       $killed (SIGKILL)"
 echo "workers stopped      $terminated by SIGTERM mid-run, $((${#stopped[@]} - terminated)) at the end; non-zero exits: $term_failures"
 [ -f "$work/term-times" ] && echo "SIGTERM to exit (s)  $(sort -n -k2 "$work/term-times" | awk '{print $2}' | tr '\n' ' ')"
+if ((ha)); then
+  echo "PostgreSQL HA        primary SIGKILLed $ha_kills of $ha_kills_planned (writes again after ${ha_writable_after[*]:-} s; killed node a secondary again after ${ha_rejoined_after[*]:-} s); planned failovers $ha_failovers of $ha_failovers_planned (${ha_failover_took[*]:-} s)"
+fi
+echo "PostgreSQL faults    $pg_terminate_rounds of $pg_terminates termination rounds ($backends_in_commit backends killed in a commit, $backends_busy in another statement, $backends_idle idle); $pg_restarts of $pg_restarts_planned restarts, $pg_crashes of $pg_crashes_planned crashes (immediate stop), $pg_kills of $pg_kills_planned postmaster SIGKILLs"
 if ((cluster > 0)); then
-  echo "server restarts      PostgreSQL $pg_restarts, RabbitMQ node stopped and started $amqp_restarts (of $cluster)"
-  echo "while a node was down ${after_node_loss:-0} versions committed"
+  echo "RabbitMQ faults      leading node stopped and started $amqp_restarts, SIGKILLed and started $node_kills of $node_kills_planned (of $cluster nodes)"
+  echo "while a node was down ${after_node_loss[*]:-0} versions committed (per fault)"
   echo "broker connections   $(cat "$work"/worker-*.log | grep -o 'connected to the broker at [^ ]*' | sed 's/.*@//; s|/.*||' | sort | uniq -c | awk '{printf "%s %s times  ", $2, $1}')"
 else
-  echo "server restarts      PostgreSQL $pg_restarts, RabbitMQ $amqp_restarts"
+  echo "RabbitMQ faults      restarted $amqp_restarts"
 fi
 echo "took                 $elapsed s (from the servers being up to the end of the audit)"
 (( term_failures == 0 )) || status=1

@@ -4,7 +4,10 @@
 #
 #   deploy/postgres.sh start DIR [PORT]   # prints: export ATTUNE_TEST_DATABASE_URL=...
 #   deploy/postgres.sh stop DIR
+#   deploy/postgres.sh crash DIR    # pg_ctl stop -m immediate: no checkpoint, crash recovery at the next start
+#   deploy/postgres.sh kill DIR     # SIGKILL the postmaster, then wait until its orphaned children have gone
 #
+# After crash or kill, `start DIR PORT` starts the server again on the same data and port.
 # Only the export line goes to stdout, so `eval "$(deploy/postgres.sh start /tmp/pg)"` works.
 # Not for production: fsync is off and the local socket trusts everyone who can reach DIR.
 set -euo pipefail
@@ -12,7 +15,7 @@ set -euo pipefail
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 
 usage() {
-    echo "usage: $0 start DIR [PORT] | $0 stop DIR" >&2
+    echo "usage: $0 start DIR [PORT] | $0 stop|crash|kill DIR" >&2
     exit 2
 }
 
@@ -67,15 +70,19 @@ start)
             --auth-local=trust --auth-host=scram-sha-256 >>"$LOGFILE" 2>&1 \
             || { log "initdb failed; see $LOGFILE"; exit 1; }
         # Benchmarks commit the way production does: every commit waits for its fsync.
-        durability=off buffers=32MB
+        durability=off buffers=32MB commits=off
         [ "${ATTUNE_PG_DURABLE:-0}" = 1 ] && durability=on buffers=${ATTUNE_PG_SHARED_BUFFERS:-256MB}
+        # ATTUNE_PG_CRASH_SAFE=1 (the fault suite): a commit returns once its WAL is written to the kernel,
+        # so a crashed or killed server loses no committed transaction (only a crashed machine could).
+        # With synchronous_commit off, a crash loses the last few hundred milliseconds of commits.
+        [ "${ATTUNE_PG_DURABLE:-0}" = 1 ] || [ "${ATTUNE_PG_CRASH_SAFE:-0}" = 1 ] && commits=on
         cat >>"$DATA/postgresql.conf" <<EOF
 
 # throwaway server written by deploy/postgres.sh: speed over durability (ATTUNE_PG_DURABLE=1: durable)
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$SOCK'
 fsync = $durability
-synchronous_commit = $durability
+synchronous_commit = $commits
 full_page_writes = $durability
 shared_buffers = $buffers
 max_connections = 100
@@ -115,21 +122,7 @@ EOF
             || { log "server did not start; see $LOGFILE"; exit 1; }
     fi
 
-    # The application role owns its database, which is all CREATE EXTENSION lo needs:
-    # lo is a trusted extension since PostgreSQL 13, so no superuser rights are required.
-    # CREATEDB: a test that runs vacuumlo (which judges a whole database) makes a database of its own.
-    psql_super "$PORT" -d postgres <<'EOF' >&2
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'attune') THEN
-        CREATE ROLE attune LOGIN PASSWORD 'attune';
-    END IF;
-    ALTER ROLE attune CREATEDB;
-END
-$$;
-SELECT 'CREATE DATABASE attune OWNER attune'
-WHERE NOT EXISTS (SELECT 1 FROM pg_database WHERE datname = 'attune') \gexec
-EOF
+    psql_super "$PORT" -d postgres <"$(dirname "$0")/attune-database.sql" >&2
     if grep -q '^ssl = on' "$DATA/postgresql.conf"; then
         # Plain connections say so: libpq's default (sslmode=prefer) would try TLS first, where a
         # client certificate is asked for.
@@ -144,6 +137,33 @@ stop)
     else
         log "not running in $DIR"
     fi
+    ;;
+crash)
+    # The server's own immediate shutdown: every process quits at once, as after a crash.
+    if [ -s "$DATA/PG_VERSION" ] && is_running; then
+        as_pg "$PG_BIN/pg_ctl" -D "$DATA" -m immediate -w -t 60 stop >&2
+    else
+        log "not running in $DIR"
+    fi
+    ;;
+kill)
+    # The postmaster killed outright. Its children notice that it is gone and exit by themselves, but a new
+    # postmaster refuses the data directory while any of them still holds the shared memory, so wait.
+    pid=$(sed -n 1p "$DATA/postmaster.pid" 2>/dev/null || true)
+    if [ -z "$pid" ] || ! is_running; then
+        log "not running in $DIR"
+        exit 0
+    fi
+    children=$(ps -o pid= --ppid "$pid" || true)
+    kill -KILL "$pid"
+    for _ in $(seq 1 300); do
+        alive=
+        for p in $pid $children; do kill -0 "$p" 2>/dev/null && alive=1; done
+        [ -z "$alive" ] && break
+        sleep 0.1
+    done
+    [ -z "$alive" ] || { log "processes of the killed server in $DIR still run after 30 s"; exit 1; }
+    log "postmaster $pid killed; its $(echo $children | wc -w) children have exited"
     ;;
 *)
     usage

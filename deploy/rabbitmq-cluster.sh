@@ -7,6 +7,7 @@
 #                                                  export ATTUNE_AMQP_URL='amqp://…:P1/%2f;amqp://…:P2/%2f;…'
 #   deploy/rabbitmq-cluster.sh stop DIR            stop every node
 #   deploy/rabbitmq-cluster.sh stop-node DIR I     stop node I (1-based); the others go on without it
+#   deploy/rabbitmq-cluster.sh kill-node DIR I     SIGKILL node I's Erlang VM (no orderly stop); start-node brings it back
 #   deploy/rabbitmq-cluster.sh start-node DIR I    start node I again; it rejoins the cluster
 #   deploy/rabbitmq-cluster.sh leader DIR QUEUE    print I of the node leading quorum queue QUEUE
 #   deploy/rabbitmq-cluster.sh running DIR         print how many nodes the cluster sees running
@@ -19,7 +20,7 @@ RMQ_BIN=/usr/lib/rabbitmq/bin
 
 log() { echo "rabbitmq-cluster.sh: $*" >&2; }
 die() { log "$*"; exit 1; }
-usage() { sed -n '2,15p' "$0" >&2; exit 2; }
+usage() { sed -n '2,16p' "$0" >&2; exit 2; }
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
@@ -122,6 +123,19 @@ stop() {
   for ((i = n; i >= 1; i--)); do "$here/rabbitmq.sh" stop "$(node_dir "$dir" "$i")" || true; done
 }
 
+# The node's Erlang VM dies at once, as on a crash: no goodbye to its peers or its clients.
+kill_node() {
+  local dir=$1 i=$2 d pid
+  d=$(node_dir "$dir" "$i")
+  pid=$(cat "$d/rabbitmq.pid" 2>/dev/null || true)
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || die "node $i of $dir is not running"
+  kill -KILL "$pid"
+  # Gone, or a zombie its launcher has yet to reap.
+  while kill -0 "$pid" 2>/dev/null && [ "$(ps -o stat= -p "$pid" 2>/dev/null | cut -c1)" != Z ]; do sleep 0.1; done
+  rm -f "$d/rabbitmq.pid"
+  log "node $i (pid $pid) killed"
+}
+
 leader() {
   local dir=$1 queue=$2 n i name
   n=$(node_count "$dir")
@@ -143,6 +157,7 @@ case "${1:-}" in
   start) shift; start "$@" ;;
   stop) shift; stop "$@" ;;
   stop-node) "$here/rabbitmq.sh" stop "$(node_dir "$2" "$3")" ;;
+  kill-node) kill_node "$2" "$3" ;;
   start-node) start_node "$2" "$3"; wait_for_running "$2" "$(node_count "$2")" ;;
   leader) leader "$2" "$3" ;;
   running) running "$2" ;;

@@ -33,13 +33,18 @@ export ATTUNE_KEYS
 # XCTest only: a Swift Testing summary of "0 tests" would close the output and misreport the run.
 # The throughput benchmarks print figures only; deploy/bench-training.sh runs them in a release build.
 swift test --skip-build --disable-swift-testing --skip ThroughputBenchmarks "$@"
-# The fault suite, bounded (about a minute): workers SIGKILLed and SIGTERMed, PostgreSQL and RabbitMQ
-# each restarted once, then every job checked; then once more on a RabbitMQ cluster. Skipped when arguments narrow the run to some tests.
+# The fault suite, bounded (about a minute and a half): workers SIGKILLed and SIGTERMed; the workers' PostgreSQL
+# backends terminated 8 times (most while a commit runs); PostgreSQL restarted, crashed (immediate stop) and its
+# postmaster SIGKILLed, once each; RabbitMQ restarted once; then every job checked, and every job reported
+# completed found in the database. Then once more on a RabbitMQ cluster. Skipped when arguments narrow the run
+# to some tests.
 if [ $# -eq 0 ]; then
   deploy/fault-suite.sh --debug --jobs 300 --users 20 --hot 2 --workers 3 --kills 3 --sigterms 2 --bad 5 \
-    --republish 10 --samples 40 --timeout 170
+    --republish 10 --samples 40 --pg-terminates 8 --timeout 240
   # The same against a three-node RabbitMQ cluster, bounded: workers spread over the nodes, the node leading
-  # the partition queues stopped mid-run and started again (the full run: deploy/fault-suite.sh --cluster 3).
+  # the partition queues stopped mid-run and started again, then SIGKILLed and started again; PostgreSQL
+  # restarted once and its backends terminated 4 times (its crashes are the run above's; the full run:
+  # deploy/fault-suite.sh --cluster 3).
   deploy/fault-suite.sh --debug --cluster 3 --jobs 240 --users 16 --hot 2 --workers 3 --kills 2 --sigterms 1 \
-    --bad 4 --republish 8 --samples 40 --timeout 200
+    --bad 4 --republish 8 --samples 40 --pg-terminates 4 --pg-crashes 0 --pg-kills 0 --node-kills 1 --timeout 300
 fi

@@ -53,11 +53,14 @@ public enum CancelStage: Sendable, Equatable {
 enum FailureClassifier {
     static let failures = Logger(label: "attune.worker.failures")
 
-    static func outcome(for error: Error, jobIds: @autoclosure () -> [String] = []) -> JobOutcome {
+    /// - Parameters:
+    ///   - jobs: the names of the jobs the error concerns (`JobNames`); a batch's line gives their count and
+    ///     the first few.
+    ///   - log: where the error's private text goes, `failures` unless a test listens.
+    static func outcome(for error: Error, jobs names: @autoclosure () -> [String] = [], log: Logger = failures) -> JobOutcome {
         let outcome = publicOutcome(for: error)
         if let hidden = privateText(of: error) {
-            let ids = jobIds()
-            failures.warning("\(ids.isEmpty ? "a job" : "job(s) \(ids.joined(separator: ", "))"): \(hidden)")
+            log.warning("\(JobNames.list(names())): \(hidden)")
         }
         return outcome
     }

@@ -3,6 +3,7 @@ import AttuneSpec
 import AttuneStore
 import AttuneTraining
 import Foundation
+import Logging
 
 /// The steps of a batch of jobs, in the order they happen: decode and check each job, look up the
 /// applied job ids and the users' heads (one round trip), train each job from its user's head (a user's
@@ -27,10 +28,13 @@ final class JobSteps {
     /// must be looked up, not trained from remembered heads and caught only at the commit.
     private var committedIds: Set<String> = []
     private var cancellation: (String) -> String? = { _ in nil }
+    /// Where failures' private text goes (`FailureClassifier`).
+    private let failures: Logger
 
-    init(store: JobStore, configuration: WorkerConfiguration) {
+    init(store: JobStore, configuration: WorkerConfiguration, failures: Logger = FailureClassifier.failures) {
         self.store = store
         self.configuration = configuration
+        self.failures = failures
     }
 
     /// One readable job on its way through the steps.
@@ -72,15 +76,15 @@ final class JobSteps {
         var pending: [Candidate] = []
         for (index, delivery) in incoming.enumerated() {
             do {
-                let job = try JobCodec.decode(delivery.body, contentType: delivery.contentType,
-                                              maxBytes: configuration.limits.maxBodyBytes)
+                let job = try delivery.decoded(configuration.limits)
                 jobs[index] = job
                 try Identifier.validate(job.jobID, field: "job_id")
                 try Identifier.validate(job.userID, field: "user_id")
                 try Identifier.validate(job.model, field: "model")
                 pending.append(Candidate(index: index, job: job, digest: try JobDigest.of(job)))
             } catch {
-                results[index] = .outcome(FailureClassifier.outcome(for: error, jobIds: [delivery.messageId ?? "?"]))
+                let name = JobNames.name(jobs[index].jobID, delivery: delivery.receipt.tag)
+                results[index] = .outcome(FailureClassifier.outcome(for: error, jobs: [name], log: failures))
             }
         }
         // A job id twice in one batch: the first copy goes through the steps, the next only after it, so the
@@ -133,7 +137,7 @@ final class JobSteps {
                 for key in keys where lookup.unchangedHeads[key] == nil { written.removeValue(forKey: key) }
             }
         } catch {
-            let outcome = FailureClassifier.outcome(for: error, jobIds: candidates.map(\.job.jobID))
+            let outcome = FailureClassifier.outcome(for: error, jobs: candidates.map(\.job.jobID), log: failures)
             for candidate in candidates { results[candidate.index] = .outcome(outcome) }
             return []
         }
@@ -163,7 +167,8 @@ final class JobSteps {
             } catch let cancelled as TaskCancellation {
                 results[candidate.index] = cancelled.result
             } catch {
-                results[candidate.index] = .outcome(FailureClassifier.outcome(for: error, jobIds: [candidate.job.jobID]))
+                results[candidate.index] = .outcome(FailureClassifier.outcome(for: error, jobs: [candidate.job.jobID],
+                                                                              log: failures))
             }
         }
         beforeCommit()
@@ -280,7 +285,7 @@ final class JobSteps {
                 Result { try store.commitVersions([entry.version])[0].mapError { $0 as Error } }.flatMap { $0 }
             }
         } catch {
-            let outcome = FailureClassifier.outcome(for: error, jobIds: staged.map(\.candidate.job.jobID))
+            let outcome = FailureClassifier.outcome(for: error, jobs: staged.map(\.candidate.job.jobID), log: failures)
             for entry in staged {
                 written.removeValue(forKey: entry.candidate.key)
                 results[entry.candidate.index] = .outcome(outcome)
@@ -311,7 +316,8 @@ final class JobSteps {
                 results[candidate.index] = .outcome(.cancelled(stage: .commit,
                                                                reason: cancellation(candidate.job.jobID) ?? ""))
             case .failure(let error):
-                results[candidate.index] = .outcome(FailureClassifier.outcome(for: error, jobIds: [candidate.job.jobID]))
+                results[candidate.index] = .outcome(FailureClassifier.outcome(for: error, jobs: [candidate.job.jobID],
+                                                                              log: failures))
             }
         }
         return again
@@ -369,5 +375,19 @@ final class Throttle {
         if now.timeIntervalSince(last) < interval { return false }
         last = now
         return true
+    }
+}
+
+extension IncomingJob {
+    /// The job its body holds, within the size limit: the first of the steps.
+    func decoded(_ limits: JobLimits) throws -> Attune_V1_TrainingJob {
+        try JobCodec.decode(body, contentType: contentType, maxBytes: limits.maxBodyBytes)
+    }
+
+    /// The job as far as its body can be read without a database, for a batch that failed before its steps
+    /// began (PostgreSQL unreachable): its log line and its `failed` events then name the job, its user and
+    /// its model, rather than only the message id, which a producer may have left out.
+    func readable(_ limits: JobLimits) -> Attune_V1_TrainingJob {
+        (try? decoded(limits)) ?? placeholder
     }
 }

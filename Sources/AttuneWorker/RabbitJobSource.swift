@@ -377,10 +377,14 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         let sequence = try connection.send(exchange: copy.exchange, routingKey: copy.routingKey, body: delivery.body,
                                            contentType: delivery.contentType ?? "", headers: copy.headers,
                                            messageId: messageId, mandatory: true)
-        if case .deadLetter(let reason) = job.decision.action {
-            logger.warning("job \(job.decision.event.jobID) dead-lettered: \(reason)")
-        } else {
-            logger.warning("job \(job.decision.event.jobID) failed, will retry: \(job.decision.event.reason)")
+        let name = JobNames.name(job.decision.event.jobID, delivery: delivery.deliveryTag)
+        switch job.decision.action {
+        case .deadLetter(let reason):
+            logger.warning("job \(name) dead-lettered: \(reason)")
+        case .retry(let delayMs, _):
+            logger.warning("job \(name) failed, will retry in \(Double(delayMs) / 1000) s: \(job.decision.event.reason)")
+        case .ack, .requeue:
+            break
         }
         guard let sequence else { return }
         onConfirm[sequence] = CopyConfirmed(receipt: job.receipt, messageId: messageId, event: job.decision.event)
@@ -416,7 +420,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
                 events.append(copy.event)
             } else {
                 // The copy did not reach its queue: the job stays where it was, to be taken again.
-                logger.error("job \(copy.event.jobID): the broker did not take its dead-letter or retry copy; requeued")
+                logger.error("job \(JobNames.name(copy.event.jobID, delivery: copy.receipt.tag)): the broker did not take its dead-letter or retry copy; requeued")
                 try connection.reject(copy.receipt.tag, requeue: true)
                 markSettled(copy.receipt.tag)
             }

@@ -14,6 +14,8 @@ final class TrainingSlot {
     private let metrics: WorkerMetrics
     private let gauges: WorkerMetrics.SlotGauges
     private var logger: Logger
+    /// Where failures' private text goes (`FailureClassifier`).
+    private let failures: Logger
     private var steps: JobSteps?
     /// Pause after a batch that failed transiently (PostgreSQL away, typically), so a slot does not sweep
     /// its whole queue into the retry queues in a second.
@@ -23,8 +25,9 @@ final class TrainingSlot {
     private(set) var retrains = 0
 
     init(index: Int, source: JobSource, configuration: WorkerConfiguration, logger: Logger,
-         metrics: WorkerMetrics = WorkerMetrics(slotCount: 1)) {
+         metrics: WorkerMetrics = WorkerMetrics(slotCount: 1), failures: Logger = FailureClassifier.failures) {
         self.index = index
+        self.failures = failures
         self.source = source
         self.configuration = configuration
         self.metrics = metrics
@@ -95,8 +98,12 @@ final class TrainingSlot {
                                  JobTimeline.shared?.record(.committing, batch.map { $0.messageId ?? "" })
                              })
         } catch {
-            let outcome = FailureClassifier.outcome(for: error, jobIds: batch.map { $0.messageId ?? "?" })
-            return batch.map { ($0.placeholder, .outcome(outcome)) }
+            // No step has read the jobs yet (connecting to PostgreSQL failed): read them here, so that the log
+            // and the `failed` events name every job, its user and its model.
+            let jobs = batch.map { $0.readable(configuration.limits) }
+            let names = zip(batch, jobs).map { JobNames.name($1.jobID, delivery: $0.receipt.tag) }
+            let outcome = FailureClassifier.outcome(for: error, jobs: names, log: failures)
+            return jobs.map { ($0, .outcome(outcome)) }
         }
     }
 
@@ -105,7 +112,7 @@ final class TrainingSlot {
         gauges.databaseConnected.record(0)
         let made = JobSteps(store: try ModelRegistry(connection: PostgresConnection(url: configuration.databaseURL),
                                                      keys: configuration.storageKeys),
-                            configuration: configuration)
+                            configuration: configuration, failures: failures)
         steps = made
         gauges.databaseConnected.record(1)
         return made

@@ -2,6 +2,7 @@ import AttuneQueue
 import AttuneSpec
 @testable import AttuneStore
 import Foundation
+import Logging
 import XCTest
 
 @testable import AttuneWorker
@@ -72,6 +73,14 @@ final class JobStepsTests: XCTestCase {
         }
     }
 
+    /// A store whose server went away: every lookup fails.
+    final class DownStore: MemoryStore {
+        override func lookup(jobIds: [String], heads: [UserModel], models: [String],
+                             known: [UserModel: Int]) throws -> JobLookup {
+            throw DatabaseError(kind: .connection, operation: "lookup", message: "server closed the connection")
+        }
+    }
+
     private func incoming(_ jobs: [Attune_V1_TrainingJob]) throws -> [IncomingJob] {
         try jobs.enumerated().map { index, job in
             let (body, contentType) = try JobCodec.encode(job, as: .protobuf)
@@ -80,8 +89,9 @@ final class JobStepsTests: XCTestCase {
         }
     }
 
-    private func steps(_ store: MemoryStore) -> JobSteps {
-        JobSteps(store: store, configuration: WorkerConfiguration(databaseURL: "", amqpURL: "", workerName: "w"))
+    private func steps(_ store: MemoryStore, failures: Logger = FailureClassifier.failures) -> JobSteps {
+        JobSteps(store: store, configuration: WorkerConfiguration(databaseURL: "", amqpURL: "", workerName: "w"),
+                 failures: failures)
     }
 
     private func run(_ steps: JobSteps, _ jobs: [Attune_V1_TrainingJob]) throws -> [JobResult] {
@@ -258,16 +268,111 @@ final class JobStepsTests: XCTestCase {
     }
 
     func testALookupFailureRetriesTheWholeBatch() throws {
-        final class DownStore: MemoryStore {
-            override func lookup(jobIds: [String], heads: [UserModel], models: [String],
-                                 known: [UserModel: Int]) throws -> JobLookup {
-                throw DatabaseError(kind: .connection, operation: "lookup", message: "server closed the connection")
-            }
-        }
         let store = DownStore(modelBytes: try Data(contentsOf: Paths.digitsModel))
         let results = try run(steps(store), [Digits.job(user: "gus", model: "d", rows: 0..<10)])
         guard case .outcome(.transient(let reason)) = results[0] else { return XCTFail("\(results[0])") }
         XCTAssertFalse(reason.contains("server closed"), reason)
         XCTAssertEqual(store.commits, 0)
+    }
+
+    /// A batch-level database failure names its batch by size and first ids, not by an id list that runs
+    /// on (nor as `job(s) …`).
+    func testALookupFailureNamesTheBatchByItsSizeAndFirstIds() throws {
+        let store = DownStore(modelBytes: try Data(contentsOf: Paths.digitsModel))
+        let log = LogLines()
+        let jobs = (1...7).map { Digits.job(id: "job-\($0)", user: "u\($0)", model: "d", rows: 0..<4) }
+        _ = try run(steps(store, failures: log.logger), jobs)
+        XCTAssertEqual(log.lines.count, 1, "\(log.lines)")
+        XCTAssertTrue(log.lines[0].hasPrefix("7 jobs (job-1, job-2, job-3, job-4, job-5 and 2 more): "), log.lines[0])
+        XCTAssertTrue(log.lines[0].contains("server closed the connection"), log.lines[0])
+    }
+
+    /// A slot that cannot reach PostgreSQL at all fails its batch before any step has read a job. The jobs
+    /// must still be named (they were `?` in the log and had no id in their events when the producer set no
+    /// message id), and their `failed` events must carry the user and model, or they are routed under `~`
+    /// where no subscriber to that user's events sees them.
+    func testABatchThatCannotReachTheDatabaseNamesItsJobsInTheLogAndTheirEvents() throws {
+        let jobs = [Digits.job(id: "first", user: "ann", model: "d", rows: 0..<4),
+                    Digits.job(id: "second", user: "bob", model: "d", rows: 4..<8)]
+        let batch = try jobs.enumerated().map { index, job in
+            let (body, contentType) = try JobCodec.encode(job, as: .protobuf)
+            return IncomingJob(receipt: .init(generation: 1, tag: UInt64(index + 1)), body: body,
+                               contentType: contentType, messageId: nil)
+        } + [IncomingJob(receipt: .init(generation: 1, tag: 3), body: Data("not a job".utf8), contentType: "text/plain",
+                         messageId: nil)]
+        let source = OneBatchSource(batch)
+        let log = LogLines()
+        // Nothing listens on port 1: the connection is refused at once, as when PostgreSQL is down.
+        let configuration = WorkerConfiguration(databaseURL: "postgresql://attune@127.0.0.1:1/attune?connect_timeout=2",
+                                                amqpURL: "", workerName: "w")
+        TrainingSlot(index: 0, source: source, configuration: configuration, logger: Logger(label: "slot"),
+                     failures: log.logger).run()
+
+        XCTAssertEqual(source.settled.count, 3)
+        for (settled, job) in zip(source.settled, jobs) {
+            XCTAssertEqual(settled.decision.event.kind, .failed)
+            XCTAssertTrue(settled.decision.event.willRetry)
+            XCTAssertEqual(settled.decision.event.jobID, job.jobID)
+            XCTAssertEqual(settled.decision.event.userID, job.userID)
+            XCTAssertEqual(settled.decision.event.model, job.model)
+        }
+        // Tried at once on a new connection, then settled: one line per try, every job named.
+        XCTAssertEqual(log.lines.count, 2, "\(log.lines)")
+        for line in log.lines {
+            XCTAssertTrue(line.hasPrefix("3 jobs (first, second, delivery 3): "), line)
+            XCTAssertFalse(line.contains("?,"), line)
+        }
+    }
+
+    /// The names a log line gives.
+    func testJobNames() {
+        XCTAssertEqual(JobNames.list(["a"]), "job a")
+        XCTAssertEqual(JobNames.list(["a", "b", "c"]), "3 jobs (a, b, c)")
+        XCTAssertEqual(JobNames.list((1...40).map { "j\($0)" }), "40 jobs (j1, j2, j3, j4, j5 and 35 more)")
+        XCTAssertEqual(JobNames.name("job-7", delivery: 9), "job-7")
+        // No id, or one that is not valid (it could carry a line break), names the delivery instead.
+        XCTAssertEqual(JobNames.name("", delivery: 9), "delivery 9")
+        XCTAssertEqual(JobNames.name("x\nforged line", delivery: 9), "delivery 9")
+    }
+}
+
+/// Hands one batch to slot 0, then reports that it stops; keeps what it was asked to settle.
+private final class OneBatchSource: JobSource, @unchecked Sendable {
+    private var batch: [IncomingJob]?
+    private(set) var settled: [SettledJob] = []
+
+    init(_ batch: [IncomingJob]) { self.batch = batch }
+
+    func take(slot: Int, max: Int) -> [IncomingJob]? {
+        defer { batch = nil }
+        return batch
+    }
+    func publish(_ events: [Attune_V1_Event]) {}
+    func settle(_ jobs: [SettledJob]) { settled += jobs }
+    var isAbandoning: Bool { false }
+    func pause(_ seconds: TimeInterval) {}
+}
+
+/// A logger whose lines a test can read.
+final class LogLines: @unchecked Sendable {
+    private let lock = NSLock()
+    private var captured: [String] = []
+
+    var lines: [String] { lock.withLock { captured } }
+    var logger: Logger { Logger(label: "attune.worker.failures") { _ in Handler(sink: self) } }
+
+    private struct Handler: LogHandler {
+        let sink: LogLines
+        var logLevel: Logger.Level = .trace
+        var metadata: Logger.Metadata = [:]
+
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+
+        func log(event: LogEvent) {
+            sink.lock.withLock { sink.captured.append(event.message.description) }
+        }
     }
 }
