@@ -244,7 +244,9 @@ BEGIN
                count(*) FILTER (WHERE a.state <> 'idle' AND NOT (a.state = 'active' AND a.query LIKE '%attune_commit_versions%'))::int,
                count(*) FILTER (WHERE a.state = 'idle')::int
         FROM pg_stat_activity a
-        WHERE a.application_name LIKE 'fault-%' AND a.pid <> pg_backend_pid() AND pg_terminate_backend(a.pid);
+        -- The workers' partition-lease sessions too (named attune-lease:<worker> for attune topology status).
+        WHERE (a.application_name LIKE 'fault-%' OR a.application_name LIKE 'attune-lease:fault-%')
+          AND a.pid <> pg_backend_pid() AND pg_terminate_backend(a.pid);
 END
 $$;
 SELECT * FROM pg_temp.terminate_workers(5);
