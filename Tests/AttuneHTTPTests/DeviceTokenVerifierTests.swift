@@ -9,7 +9,12 @@ import XCTest
 final class DeviceTokenVerifierTests: XCTestCase {
     let key = Curve25519.Signing.PrivateKey()
     let kid = "00112233445566aa"
-    let now = Date(timeIntervalSince1970: Double(Int(Date().timeIntervalSince1970)))
+    /// Set when each test starts (XCTest makes every test's instance when the run begins, minutes earlier).
+    var now = Date()
+
+    override func setUp() {
+        now = Date(timeIntervalSince1970: Double(Int(Date().timeIntervalSince1970)))
+    }
 
     final class Loads: @unchecked Sendable {
         let lock = NSLock()
