@@ -21,9 +21,9 @@ public enum DeliveryServer {
         router.add(middleware: HardeningMiddleware(headers: HTTPHardening.deviceHeaders, logger: logger, countsDeliveries: true))
         router.get("healthz") { _, _ in "ok\n" }
         router.get("readyz") { _, _ -> Response in
-            let ready = (try? await delivery.withRegistry { try $0.connection.query("SELECT 1").rowCount == 1 }) ?? false
-            return HardeningMiddleware<BasicRequestContext>.plain(ready ? .ok : .serviceUnavailable,
-                                                                ready ? "ready\n" : "not ready: PostgreSQL does not answer\n")
+            // The reason stays in the probe: devices learn only that the server is not ready.
+            let ready = await OperationsServer.databaseProblem(delivery.databaseURL) == nil
+            return text(ready ? .ok : .serviceUnavailable, ready ? "ready\n" : "not ready: PostgreSQL does not answer\n")
         }
         for method in [HTTPRequest.Method.get, .head] {
             router.on("v1/models/:name/users/:user", method: method) { request, context in
@@ -72,11 +72,11 @@ public enum DeliveryServer {
                               withBody: Bool) async throws -> Response {
         guard let caller = try await caller(request, delivery) else { return unauthorized }
         let name = try context.parameters.require("name"), user = try context.parameters.require("user")
-        guard case .user(let tokenUser, _, _) = caller else {
+        guard case .user = caller else {
             return text(.forbidden, "a personal model needs its user's token (signed by the application's backend); "
                             + "application tokens fetch /v1/models/\(name) and collections\n")
         }
-        guard tokenUser == user, caller.mayFetch(name) else {
+        guard caller.mayFetch(name, ofUser: user) else {
             return text(.forbidden, "this token may not fetch that model\n")
         }
         guard let current = try await delivery.current(model: name, user: user, attributes: attributes(request)) else {
@@ -102,15 +102,24 @@ public enum DeliveryServer {
 
     static func answer(_ request: Request, _ current: DeliveredModel, withBody: Bool, name: String,
                        bytes: () async throws -> Data) async throws -> Response {
-        var headers: HTTPFields = [.eTag: current.etag, .cacheControl: "no-cache, private"]
         if let match = request.headers[.ifNoneMatch], Self.matches(match, current.etag) {
-            return Response(status: .notModified, headers: headers)
+            return Response(status: .notModified, headers: modelHeaders(current, name: name, length: nil))
         }
         let data = try await bytes()
-        headers[.contentType] = "application/octet-stream"
-        headers[.contentLength] = "\(data.count)"
-        headers[.contentDisposition] = "attachment; filename=\"\(name).mlmodel\""
-        return Response(status: .ok, headers: headers, body: withBody ? .init(byteBuffer: ByteBuffer(bytes: data)) : .init())
+        return Response(status: .ok, headers: modelHeaders(current, name: name, length: data.count),
+                        body: withBody ? .init(byteBuffer: ByteBuffer(bytes: data)) : .init())
+    }
+
+    /// A model's answer headers: its ETag and caching rule, and with its bytes (`length`) their type, length
+    /// and file name. The router and the event loop's answers (`DevicePortHandler`) both send these.
+    static func modelHeaders(_ current: DeliveredModel, name: String, length: Int?) -> HTTPFields {
+        var headers: HTTPFields = [.eTag: current.etag, .cacheControl: "no-cache, private"]
+        if let length {
+            headers[.contentType] = "application/octet-stream"
+            headers[.contentLength] = "\(length)"
+            headers[.contentDisposition] = "attachment; filename=\"\(name).mlmodel\""
+        }
+        return headers
     }
 
     /// A model this server cannot decrypt is the operator's to fix (a key missing from ATTUNE_KEYS): 503, a

@@ -100,20 +100,21 @@ extension ModelDelivery {
         guard parts.count == 6, parts[0].isEmpty, parts[1] == "v1", parts[2] == "models", parts[4] == "users" else { return nil }
         let name = String(parts[3]), user = String(parts[5])
         guard let caller = tokens.cachedCaller(forJWT: String(authorization.dropFirst(7))),
-              case .user(let tokenUser, _, _) = caller, tokenUser == user, caller.mayFetch(name),
-              case .some(.some(let current)) = cache.head(model: name, user: user, attributes: "") else { return nil }
-        var fields = HTTPHardening.deviceHeaders
-        fields[.eTag] = current.etag
-        fields[.cacheControl] = "no-cache, private"
-        fields[.date] = HTTPDate.now()
+              caller.mayFetch(name, ofUser: user),
+              case .some(.some(let current)) = cache.head(model: name, user: user,
+                                                          attributes: Self.attributesKey([:])) else { return nil }
+        // The hardening middleware's headers and Hummingbird's Date, which the router's answers get on the way.
+        func fields(length: Int?) -> HTTPFields {
+            var fields = HTTPHardening.deviceHeaders
+            fields.append(contentsOf: DeliveryServer.modelHeaders(current, name: name, length: length))
+            fields[.date] = HTTPDate.now()
+            return fields
+        }
         if let match = request.headerFields[.ifNoneMatch], DeliveryServer.matches(match, current.etag) {
-            return (HTTPResponse(status: .notModified, headerFields: fields), nil)
+            return (HTTPResponse(status: .notModified, headerFields: fields(length: nil)), nil)
         }
         guard let bytes = cache.bytes(etag: current.etag) else { return nil }
-        fields[.contentType] = "application/octet-stream"
-        fields[.contentLength] = "\(bytes.count)"
-        fields[.contentDisposition] = "attachment; filename=\"\(name).mlmodel\""
-        return (HTTPResponse(status: .ok, headerFields: fields), request.method == .get ? bytes : nil)
+        return (HTTPResponse(status: .ok, headerFields: fields(length: bytes.count)), request.method == .get ? bytes : nil)
     }
 }
 

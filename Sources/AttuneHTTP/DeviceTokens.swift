@@ -59,6 +59,12 @@ public enum DeviceCaller: Sendable, Equatable {
         if case .user(_, _, let models?) = self { return models.contains(model) }
         return true
     }
+
+    /// Whether this caller may fetch `user`'s personal `model`: only that user's token, for a model it may fetch.
+    func mayFetch(_ model: String, ofUser user: String) -> Bool {
+        guard case .user(let tokenUser, _, _) = self, tokenUser == user else { return false }
+        return mayFetch(model)
+    }
 }
 
 /// Checks device tokens in memory: the keys and each application's models are loaded from PostgreSQL at

@@ -17,7 +17,7 @@ public struct DeliveredModel: Sendable, Equatable {
 /// Reads heads and builds `.mlmodel` files for `attune serve`, on a few PostgreSQL connections of its own
 /// (libpq blocks, so each call runs on a thread, never on the server's event loops).
 public final class ModelDelivery: @unchecked Sendable {
-    private let databaseURL: String
+    let databaseURL: String
     private let keys: StorageKeys
     private let lock = NSLock()
     private var idle: [ModelRegistry] = []
@@ -64,10 +64,7 @@ public final class ModelDelivery: @unchecked Sendable {
     /// head is served while it personalizes that base, the deployed base itself otherwise (a line never
     /// changes base, so a population moved to a new base gets it plain until the user's line is there).
     public func current(model: String, user: String, attributes: [String: String] = [:]) async throws -> DeliveredModel? {
-        let attributesKey = attributes.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: "&")
-        if let cached = cache.head(model: model, user: user, attributes: attributesKey) { return cached }
-        let generation = cache.readGeneration()
-        let current = try await withRegistry { registry -> DeliveredModel? in
+        try await cachedHead(model: model, user: user, attributes: attributes) { registry in
             guard let base = try registry.deployedBase(model: model, attributes: attributes) else { return nil }
             if let head = try registry.head(user: user, model: model), head.baseVersion == base {
                 return DeliveredModel(etag: Self.etag(model, base, user, head.version), baseVersion: base,
@@ -75,31 +72,37 @@ public final class ModelDelivery: @unchecked Sendable {
             }
             return DeliveredModel(etag: Self.etag(model, base, user, 0), baseVersion: base, version: 0)
         }
-        if let generation {
-            cache.storeHead(current, model: model, user: user, attributes: attributesKey, readAt: generation)
-        }
-        return current
     }
 
     /// The deployed base itself, for every user alike (application-wide tokens).
     public func currentBase(model: String, attributes: [String: String] = [:]) async throws -> DeliveredModel? {
-        let attributesKey = attributes.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: "&")
-        if let cached = cache.head(model: model, user: "", attributes: attributesKey) { return cached }
-        let generation = cache.readGeneration()
-        let current = try await withRegistry { registry -> DeliveredModel? in
+        try await cachedHead(model: model, user: "", attributes: attributes) { registry in
             try registry.deployedBase(model: model, attributes: attributes).map {
                 DeliveredModel(etag: "\"\(model)@\($0)\"", baseVersion: $0, version: 0)
             }
         }
-        if let generation {
-            cache.storeHead(current, model: model, user: "", attributes: attributesKey, readAt: generation)
-        }
+    }
+
+    /// The cache's key for a device's attributes: sorted `key=value` pairs joined by `&`; "" for none (the
+    /// event loop's answers, which take no query, look heads up under it).
+    static func attributesKey(_ attributes: [String: String]) -> String {
+        attributes.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: "&")
+    }
+
+    /// A head from the cache, else read by `read` and cached unless a notification arrived meanwhile.
+    private func cachedHead(model: String, user: String, attributes: [String: String],
+                            read: @escaping @Sendable (ModelRegistry) throws -> DeliveredModel?) async throws -> DeliveredModel? {
+        let key = Self.attributesKey(attributes)
+        if let cached = cache.head(model: model, user: user, attributes: key) { return cached }
+        let generation = cache.readGeneration()
+        let current = try await withRegistry(read)
+        if let generation { cache.storeHead(current, model: model, user: user, attributes: key, readAt: generation) }
         return current
     }
 
     /// The application of an application-wide token (`att_…`), nil for none; cached by the token's digest.
     public func application(forToken token: String) async throws -> AuthorizedApplication? {
-        let digest = SHA256.hash(data: Data(token.utf8)).map { String(format: "%02x", $0) }.joined()
+        let digest = Data(SHA256.hash(data: Data(token.utf8))).base64EncodedString()
         if let cached = cache.application(tokenDigest: digest) { return cached }
         let generation = cache.readGeneration()
         let application = try await withRegistry { try $0.application(forToken: token) }

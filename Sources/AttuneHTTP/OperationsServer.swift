@@ -52,8 +52,15 @@ public enum OperationsServer {
     static func readiness(worker: Worker, databaseURL: String) async -> [String] {
         var problems: [String] = []
         if !worker.isBrokerConnected { problems.append("no connection to RabbitMQ") }
+        if let database = await databaseProblem(databaseURL) { problems.append(database) }
+        return problems
+    }
+
+    /// Why PostgreSQL does not answer `SELECT 1` on a fresh connection within 2 s, in its public words; nil
+    /// when it does. (Worker and `attune serve` readiness.)
+    static func databaseProblem(_ databaseURL: String) async -> String? {
         // libpq blocks: probe on a thread of its own, with a short connect timeout.
-        let database: String? = await withCheckedContinuation { done in
+        await withCheckedContinuation { done in
             Thread {
                 do {
                     let connection = try PostgresConnection(url: withConnectTimeout(databaseURL))
@@ -66,8 +73,6 @@ public enum OperationsServer {
                 }
             }.start()
         }
-        if let database { problems.append(database) }
-        return problems
     }
 
     static func withConnectTimeout(_ url: String) -> String {
