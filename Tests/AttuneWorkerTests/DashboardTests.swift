@@ -24,16 +24,9 @@ final class DashboardTests: XCTestCase {
         let operators = NSTemporaryDirectory() + "/operators-\(UUID().uuidString)"
         defer { try? FileManager.default.removeItem(atPath: operators) }
         let password = "browser-operator-" + UUID().uuidString.prefix(8)
-        let add = Process()
-        add.executableURL = Paths.attuneExecutable
-        add.arguments = ["operator", "add", "--file", operators, "ops"]
-        let input = Pipe()
-        add.standardInput = input
-        try add.run()
-        input.fileHandleForWriting.write(Data((password + "\n").utf8))
-        try input.fileHandleForWriting.close()
-        add.waitUntilExit()
-        XCTAssertEqual(add.terminationStatus, 0)
+        let add = try ChildProcess.run(Paths.attuneExecutable, ["operator", "add", "--file", operators, "ops"],
+                                       stdin: password + "\n")
+        XCTAssertEqual(add.status, 0, add.output)
         let server = try DeliveryPortTests.startServer(databaseURL: fleet.databaseURL, amqpURL: fleet.amqpURL,
                                                        extra: ["--operators", operators])
         defer {

@@ -26,11 +26,24 @@ final class DeliveryPortTests: XCTestCase {
         }
     }
 
-    static func startServer(databaseURL: String, amqpURL: String, extra: [String] = []) throws -> Server {
+    struct ServerStopped: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    /// Starts `attune serve` on free ports and waits until it says them (the admin port too when `extra`
+    /// names an operators file); a server that stops first fails the test with its output.
+    /// - Parameter environment: variables to set (a value) or remove (nil) for the server.
+    static func startServer(databaseURL: String, amqpURL: String, extra: [String] = [],
+                            environment: [String: String?] = [:]) throws -> Server {
         let process = Process()
         process.executableURL = Paths.attuneExecutable
         process.arguments = ["serve", "--port", "0", "--host", "127.0.0.1", "--admin-port", "0",
                              "--database-url", databaseURL, "--amqp-url", amqpURL] + extra
+        if !environment.isEmpty {
+            var merged = ProcessInfo.processInfo.environment
+            for (name, value) in environment { merged[name] = value }
+            process.environment = merged
+        }
         let output = Pipe()
         process.standardOutput = output
         process.standardError = output
@@ -47,7 +60,7 @@ final class DeliveryPortTests: XCTestCase {
         while port("serving models") == nil || (wantsAdmin && port("dashboard") == nil) {
             let chunk = output.fileHandleForReading.availableData
             if chunk.isEmpty {
-                throw XCTSkip("attune serve stopped: \(text.value)")
+                throw ServerStopped(description: "attune serve stopped before saying its ports: \(text.value)")
             }
             text.lock.withLock { text.value += String(decoding: chunk, as: UTF8.self) }
         }

@@ -51,31 +51,10 @@ final class DeliveryTests: XCTestCase {
     }
 
     /// - Parameter keys: the server's ATTUNE_KEYS; nil: the test's own environment.
-    private func startServer(_ fleet: FleetHarness, keys: String? = nil) throws -> (Process, Int) {
-        let process = Process()
-        process.executableURL = Paths.attuneExecutable
-        process.arguments = ["serve", "--port", "0", "--host", "127.0.0.1", "--database-url", fleet.databaseURL]
-        if let keys {
-            var environment = ProcessInfo.processInfo.environment
-            environment["ATTUNE_KEYS"] = keys
-            environment["ATTUNE_KEYS_FILE"] = nil
-            process.environment = environment
-        }
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
-        var text = ""
-        while let chunk = Optional(output.fileHandleForReading.availableData), !chunk.isEmpty {
-            text += String(decoding: chunk, as: UTF8.self)
-            if let range = text.range(of: #"on http://127\.0\.0\.1:[0-9]+"#, options: .regularExpression),
-               let port = Int(text[range].split(separator: ":").last ?? "") {
-                Thread { while !output.fileHandleForReading.availableData.isEmpty {} }.start()
-                return (process, port)
-            }
-        }
-        process.terminate()
-        throw XCTSkip("attune serve never said its port: \(text)")
+    private func startServer(_ fleet: FleetHarness, keys: String? = nil) throws -> (DeliveryPortTests.Server, Int) {
+        let server = try DeliveryPortTests.startServer(databaseURL: fleet.databaseURL, amqpURL: fleet.amqpURL,
+                                                       environment: keys.map { ["ATTUNE_KEYS": $0, "ATTUNE_KEYS_FILE": nil] } ?? [:])
+        return (server, server.devicePort)
     }
 
     private struct Answer {
@@ -130,8 +109,7 @@ final class DeliveryTests: XCTestCase {
 
         let (keyless, port) = try startServer(fleet, keys: key("k_other"))
         let refused = try fetch(port, path, token: token)
-        keyless.terminate()
-        keyless.waitUntilExit()
+        keyless.stop()
         XCTAssertEqual(refused.status, 503)
         XCTAssertEqual(refused.headers["retry-after"], "60")
         let body = String(decoding: refused.body, as: UTF8.self)
@@ -139,7 +117,7 @@ final class DeliveryTests: XCTestCase {
         XCTAssertFalse(body.contains("k_serve") || body.contains("k_other"), body)
 
         let (keyed, port2) = try startServer(fleet, keys: key("k_serve"))
-        defer { keyed.terminate(); keyed.waitUntilExit() }
+        defer { keyed.stop() }
         let served = try fetch(port2, path, token: token)
         XCTAssertEqual(served.status, 200)
         XCTAssertTrue(try ModelFile.decode(served.body).isUpdatable)
@@ -155,7 +133,7 @@ final class DeliveryTests: XCTestCase {
         let theirs = try userToken(fleet, jwk: try deviceKey(fleet, app: app + "_other", models: ["some_other_model"]), user: user)
         let appWide = try token(fleet, app: app, models: [fleet.model])
         let (server, port) = try startServer(fleet)
-        defer { server.terminate(); server.waitUntilExit() }
+        defer { server.stop() }
         let path = "/v1/models/\(fleet.model)/users/\(user)"
 
         XCTAssertEqual(try fetch(port, path, token: nil).status, 401)
@@ -225,7 +203,7 @@ final class DeliveryTests: XCTestCase {
         let kid = try XCTUnwrap(jwk["kid"])
         let key = try Curve25519.Signing.PrivateKey(rawRepresentation: try XCTUnwrap(base64URL(try XCTUnwrap(jwk["d"]))))
         let (server, port) = try startServer(fleet)
-        defer { server.terminate(); server.waitUntilExit() }
+        defer { server.stop() }
         let alice = "/v1/models/\(fleet.model)/users/alice", bob = "/v1/models/\(fleet.model)/users/bob"
         let now = Int(Date().timeIntervalSince1970)
         let claims: [String: Any] = ["sub": "alice", "aud": "attune", "iat": now, "exp": now + 600]
@@ -285,7 +263,7 @@ final class DeliveryTests: XCTestCase {
         let firstKey = try deviceKey(fleet, app: app, models: [fleet.model])
         let old = try userToken(fleet, jwk: firstKey, user: "carol")
         let (server, port) = try startServer(fleet)
-        defer { server.terminate(); server.waitUntilExit() }
+        defer { server.stop() }
         let path = "/v1/models/\(fleet.model)/users/carol"
         let tag = try XCTUnwrap(try fetch(port, path, token: old).headers["etag"])
         XCTAssertEqual(try fetch(port, path, token: old, ifNoneMatch: tag).status, 304)

@@ -62,23 +62,10 @@ final class DeploymentTests: XCTestCase {
                 .trimmingCharacters(in: .whitespacesAndNewlines)
         }
         let tokenA = try userToken("dep_a"), tokenB = try userToken("dep_b")
-        let server = Process()
-        server.executableURL = Paths.attuneExecutable
-        server.arguments = ["serve", "--port", "0", "--host", "127.0.0.1", "--no-dashboard", "--database-url", fleet.databaseURL]
-        let output = Pipe()
-        server.standardOutput = output
-        server.standardError = output
-        try server.run()
-        defer { server.terminate(); server.waitUntilExit() }
-        var text = "", port: Int?
-        while port == nil, case let chunk = output.fileHandleForReading.availableData, !chunk.isEmpty {
-            text += String(decoding: chunk, as: UTF8.self)
-            if let range = text.range(of: #"on http://127\.0\.0\.1:[0-9]+"#, options: .regularExpression) {
-                port = Int(text[range].split(separator: ":").last ?? "")
-            }
-        }
-        let served = try XCTUnwrap(port, text)
-        Thread { while !output.fileHandleForReading.availableData.isEmpty {} }.start()
+        let server = try DeliveryPortTests.startServer(databaseURL: fleet.databaseURL, amqpURL: fleet.amqpURL,
+                                                       extra: ["--no-dashboard"])
+        defer { server.stop() }
+        let served = server.devicePort
 
         let path = "/v1/models/\(model)/users/dep_a"
         XCTAssertEqual(try get(served, path, token: tokenA).etag, "\"\(model)@1/dep_a/v0\"", "the default, not the newest")
