@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs what Attune needs on a Debian bookworm machine (idempotent; quiet when all is there).
-#   deploy/install-deps.sh            servers, C libraries for the build
+#   deploy/install-deps.sh            servers (PostgreSQL with pg_auto_failover for the HA set), C libraries for the build
 #   deploy/install-deps.sh --python   also a virtual environment with numpy, Pillow, coremltools and pika (for the tests)
 #   deploy/install-deps.sh --browser  also chromium, its driver and selenium (the dashboard's browser test)
 # Needs root for apt-get (CI and the dev machines run as root). The Swift 6 toolchain itself is not a
 # Debian package: it must already be on PATH (swift.org's Linux tarball, or the machine image).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-packages=(postgresql postgresql-contrib rabbitmq-server librabbitmq-dev libpq-dev libblas-dev libpng-dev libturbojpeg0-dev
+packages=(postgresql postgresql-contrib postgresql-15-auto-failover pg-auto-failover-cli rabbitmq-server librabbitmq-dev libpq-dev libblas-dev libpng-dev libturbojpeg0-dev
           libopenblas0-pthread python3-venv gzip openssl libjs-chart.js protobuf-compiler curl)
 [[ " $* " == *" --browser "* ]] && packages+=(chromium chromium-driver)
 missing=()

@@ -22,7 +22,7 @@
 # node unhealthy after 5 s, and promotes after waiting 10 s for the lost primary to demote itself, which its
 # keeper does once it has been cut off for 5 s (network_partition_timeout), so that order stays safe.
 # Not for production: every connection from loopback is trusted (pg_autoctl's --auth trust; the attune
-# role's password is set but not asked for), and fsync is off.
+# role's password is set but not asked for), and fsync is off (ATTUNE_PG_DURABLE=1: on).
 set -euo pipefail
 
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -132,14 +132,18 @@ up() {
             --hostname 127.0.0.1 --listen 127.0.0.1 --name "node$i" --dbname attune --monitor "$uri" --auth trust --no-ssl \
             >>"$DIR/log/create-$i.log" 2>&1 \
             || { tail -20 "$DIR/log/create-$i.log" >&2; die "node$i was not created"; }
-        # Throwaway: no fsync, as deploy/postgres.sh (a killed server loses nothing; a crashed machine could).
-        # Commits stay synchronous, to the standby too. full_page_writes stays on: pg_rewind needs it to turn a
-        # failed primary into a standby; without it pg_auto_failover falls back to a full pg_basebackup.
-        # (node2's copy of node1's data has the lines already.)
+        # Throwaway: no fsync, as deploy/postgres.sh (a killed server loses nothing; a crashed machine could);
+        # ATTUNE_PG_DURABLE=1 (the bench) keeps fsync and the shared buffers deploy/postgres.sh gives a durable
+        # server, so the two compare like for like. Commits stay synchronous, to the standby too.
+        # full_page_writes stays on: pg_rewind needs it to turn a failed primary into a standby; without it
+        # pg_auto_failover falls back to a full pg_basebackup. (node2's copy of node1's data has the lines already.)
+        local fsync=off buffers=32MB
+        [ "${ATTUNE_PG_DURABLE:-0}" = 1 ] && fsync=on buffers=${ATTUNE_PG_SHARED_BUFFERS:-256MB}
         grep -q '^# throwaway cluster' "$DIR/node$i/postgresql.conf" || cat >>"$DIR/node$i/postgresql.conf" <<EOF
 
 # throwaway cluster written by deploy/postgres-ha.sh
-fsync = off
+fsync = $fsync
+shared_buffers = $buffers
 max_connections = 100
 EOF
         run_keeper "$i"

@@ -47,4 +47,10 @@ if [ $# -eq 0 ]; then
   # deploy/fault-suite.sh --cluster 3).
   deploy/fault-suite.sh --debug --cluster 3 --jobs 240 --users 16 --hot 2 --workers 3 --kills 2 --sigterms 1 \
     --bad 4 --republish 8 --samples 40 --pg-terminates 4 --pg-crashes 0 --pg-kills 0 --node-kills 1 --timeout 300
+  # PostgreSQL as a primary and a synchronous standby under pg_auto_failover (deploy/postgres-ha.sh, its detection
+  # shortened for loopback), every process on the multi-host URL: the primary SIGKILLed with its pg_autoctl while
+  # jobs flow, the standby promoted by pg_auto_failover, the old primary rejoining as standby, then a planned
+  # failover back; backends terminated 4 times. About a minute and a half.
+  ATTUNE_HA_FAST=1 deploy/fault-suite.sh --debug --ha --jobs 300 --users 20 --hot 2 --workers 3 --kills 2 --sigterms 1 \
+    --bad 4 --republish 8 --samples 40 --pg-terminates 4 --timeout 300
 fi

@@ -47,6 +47,16 @@ public struct DatabaseError: Error, CustomStringConvertible, Sendable {
             .contains(state)
     }
 
+    /// True when a statement that writes may have committed although the caller got an error: the
+    /// connection broke before the answer came (the COMMIT may have happened), or the server ended the
+    /// session while the COMMIT waited for the synchronous standby (PostgreSQL keeps the local commit and
+    /// only warns). The caller must look its work up before doing it again or acknowledging it.
+    public var leavesCommitUnknown: Bool {
+        if kind == .connection { return true }
+        guard kind == .server, let state = sqlState else { return false }
+        return state.hasPrefix("08") || ["57P01", "57P02", "57P03", "57P05"].contains(state)
+    }
+
     /// True when the job's own data is at fault (a value the database cannot take or a constraint it
     /// breaks), so the same job fails again however often it is tried: SQLSTATE classes 22 and 23.
     public var blamesTheData: Bool {

@@ -3,6 +3,21 @@ import Foundation
 /// The store's side of a worker that trains jobs in batches: one round trip to learn what the jobs
 /// start from, one to commit all their versions in one transaction.
 extension ModelRegistry {
+    /// The versions `jobIds` were applied as, read in a transaction that writes a commit record of its
+    /// own: its COMMIT returns only once the synchronous standby holds everything committed before it,
+    /// so each version answered is on the standby as well as here. A version can be visible on the
+    /// primary and not yet on the standby (a session cancelled while it waited for the standby keeps its
+    /// local commit): acknowledging a job on a plain read could promise a version a failover then loses.
+    /// Without synchronous replication the COMMIT waits for nothing more than a local flush.
+    public func durablyApplied(jobIds: [String]) throws -> [String: PersonalVersionRecord] {
+        guard !jobIds.isEmpty else { return [:] }
+        return try connection.transaction {
+            // A transaction id makes COMMIT write a record and so wait for the standby.
+            try connection.query("SELECT txid_current()")
+            return try lookup(jobIds: jobIds, heads: [], models: []).applied
+        }
+    }
+
     /// One statement: which job ids were applied, the heads (with state bytes via lo_get) of the given
     /// users, and the base version new lines of each model start on: its default deployment's, else the
     /// newest import. Ids, users and models not found are

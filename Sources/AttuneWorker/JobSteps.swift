@@ -12,7 +12,10 @@ import Logging
 ///
 /// Pure of the broker: runs on a slot's thread against a `JobStore`, reporting progress through `report`.
 final class JobSteps {
-    private let store: JobStore
+    private var store: JobStore
+    /// A new connection's store, for looking up a commit whose answer was lost; nil: such a commit's jobs
+    /// go back to the queue, and their redelivery looks them up.
+    private let reconnect: (() throws -> JobStore)?
     private let configuration: WorkerConfiguration
     /// Base models are immutable once imported, so a decoded model is kept for the slot's lifetime.
     private var baseModels: [String: UpdatableModel] = [:]
@@ -31,8 +34,10 @@ final class JobSteps {
     /// Where failures' private text goes (`FailureClassifier`).
     private let failures: Logger
 
-    init(store: JobStore, configuration: WorkerConfiguration, failures: Logger = FailureClassifier.failures) {
+    init(store: JobStore, reconnect: (() throws -> JobStore)? = nil, configuration: WorkerConfiguration,
+         failures: Logger = FailureClassifier.failures) {
         self.store = store
+        self.reconnect = reconnect
         self.configuration = configuration
         self.failures = failures
     }
@@ -122,7 +127,7 @@ final class JobSteps {
     private func attempt(_ candidates: [Candidate], trustMemory: Bool, results: inout [JobResult?],
                          report: @escaping (Attune_V1_Event) -> Void,
                          isAbandoning: @escaping () -> Bool, beforeCommit: () -> Void) -> [Candidate] {
-        let lookup: JobLookup
+        var lookup: JobLookup
         let keys = unique(candidates.map(\.key))
         do {
             if trustMemory, !candidates.contains(where: { committedIds.contains($0.job.jobID) }),
@@ -135,6 +140,9 @@ final class JobSteps {
                                           models: unique(candidates.map(\.job.model)), known: known)
                 // A head that moved past what this slot wrote is no longer the slot's to trust.
                 for key in keys where lookup.unchangedHeads[key] == nil { written.removeValue(forKey: key) }
+                // An applied job is acknowledged below: only on a version the standby holds too.
+                let repeated = candidates.map(\.job.jobID).filter { lookup.applied[$0] != nil }
+                if !repeated.isEmpty { lookup.applied = try store.durablyApplied(jobIds: repeated) }
             }
         } catch {
             let outcome = FailureClassifier.outcome(for: error, jobs: candidates.map(\.job.jobID), log: failures)
@@ -172,7 +180,7 @@ final class JobSteps {
             }
         }
         beforeCommit()
-        return commit(staged, results: &results)
+        return commit(staged, results: &results, isAbandoning: isAbandoning)
     }
 
     /// The lookup's answer from the slot's memory alone, when it holds every head of the batch.
@@ -273,7 +281,7 @@ final class JobSteps {
     }
 
     /// Commits what was trained; returns the candidates to train again from a moved head.
-    private func commit(_ staged: [Staged], results: inout [JobResult?]) -> [Candidate] {
+    private func commit(_ staged: [Staged], results: inout [JobResult?], isAbandoning: () -> Bool) -> [Candidate] {
         guard !staged.isEmpty else { return [] }
         let outcomes: [Result<CommitOutcome, Error>]
         do {
@@ -284,6 +292,8 @@ final class JobSteps {
             outcomes = staged.map { entry in
                 Result { try store.commitVersions([entry.version])[0].mapError { $0 as Error } }.flatMap { $0 }
             }
+        } catch let error as DatabaseError where error.leavesCommitUnknown && reconnect != nil {
+            return settleUnknownCommit(staged, after: error, results: &results, isAbandoning: isAbandoning)
         } catch {
             let outcome = FailureClassifier.outcome(for: error, jobs: staged.map(\.candidate.job.jobID), log: failures)
             for entry in staged {
@@ -320,6 +330,58 @@ final class JobSteps {
                                                                               log: failures))
             }
         }
+        return again
+    }
+
+    /// The commit's answer was lost: the versions may exist or not, on this server or (after a failover) on
+    /// the one that is primary now. Reconnect until a primary answers (the connection URL finds it; this
+    /// code never decides which server that is) and look the jobs up durably: a job found applied by this
+    /// worker is settled as committed, one not found is committed again from its head, which cannot apply
+    /// it twice because the commit checks the job id under the head's lock. No primary within
+    /// `commitRecheckSeconds` (or a shutdown): the jobs go back to the queue, and their redelivery makes
+    /// the same lookup.
+    private func settleUnknownCommit(_ staged: [Staged], after error: DatabaseError, results: inout [JobResult?],
+                                     isAbandoning: () -> Bool) -> [Candidate] {
+        let ids = staged.map(\.candidate.job.jobID)
+        for entry in staged { written.removeValue(forKey: entry.candidate.key) }
+        failures.warning("\(JobNames.list(ids)): the commit's answer was lost (\(error.publicDescription)); looking the jobs up on the primary")
+        let deadline = Date().addingTimeInterval(configuration.commitRecheckSeconds)
+        var backoff = Backoff(initial: 0.1, maximum: 2)
+        var applied: [String: PersonalVersionRecord]?
+        var lastError: Error = error
+        while applied == nil {
+            do {
+                if let reconnect { store = try reconnect() }
+                applied = try store.durablyApplied(jobIds: ids)
+            } catch {
+                lastError = error
+                if Date() >= deadline || isAbandoning() { break }
+                Thread.sleep(forTimeInterval: backoff.next())
+            }
+        }
+        guard let applied else {
+            let outcome = FailureClassifier.outcome(for: lastError, jobs: ids, log: failures)
+            for entry in staged { results[entry.candidate.index] = .outcome(outcome) }
+            return []
+        }
+        var again: [Candidate] = []
+        for entry in staged {
+            let candidate = entry.candidate
+            guard let record = applied[candidate.job.jobID] else {
+                again.append(candidate)
+                continue
+            }
+            guard record.worker == configuration.workerName, record.jobDigest == candidate.digest else {
+                results[candidate.index] = .outcome(RepeatedJob.outcome(jobId: candidate.job.jobID,
+                                                                        digest: candidate.digest, applied: record))
+                continue
+            }
+            results[candidate.index] = .outcome(.committed(version: record.version, loss: entry.result.loss,
+                                                           durationSeconds: entry.result.durationSeconds,
+                                                           validation: entry.result.validation))
+            committedIds.insert(candidate.job.jobID)
+        }
+        failures.info("\(JobNames.list(ids)): \(staged.count - again.count) found committed, \(again.count) to commit again")
         return again
     }
 

@@ -9,6 +9,10 @@ public protocol JobStore: AnyObject {
     func lookup(jobIds: [String], heads: [UserModel], models: [String], known: [UserModel: Int]) throws -> JobLookup
     /// Commits each version (one transaction for all), each with its own outcome.
     func commitVersions(_ versions: [NewPersonalVersion]) throws -> [Result<CommitOutcome, RegistryError>]
+    /// The versions `jobIds` were applied as, answered only once the synchronous standby (if any) holds
+    /// them: what a job may be acknowledged on when its own commit's answer was lost or it was applied
+    /// before.
+    func durablyApplied(jobIds: [String]) throws -> [String: PersonalVersionRecord]
     /// The bytes of one imported base model.
     func baseModelBytes(name: String, version: Int) throws -> Data
     /// The bytes of the models a base model's pipeline links to, by linked file name (empty without links).
@@ -16,6 +20,11 @@ public protocol JobStore: AnyObject {
 }
 
 extension JobStore {
+    /// A store without replicas: what it answers is as durable as it gets.
+    public func durablyApplied(jobIds: [String]) throws -> [String: PersonalVersionRecord] {
+        try lookup(jobIds: jobIds, heads: [], models: [], known: [:]).applied
+    }
+
     /// A store of models without links.
     public func linkedModelBytes(name: String, version: Int) throws -> [String: Data] { [:] }
 }

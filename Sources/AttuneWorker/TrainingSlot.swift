@@ -110,9 +110,10 @@ final class TrainingSlot {
     private func connectedSteps() throws -> JobSteps {
         if let steps { return steps }
         gauges.databaseConnected.record(0)
-        let made = JobSteps(store: try ModelRegistry(connection: PostgresConnection(url: configuration.databaseURL),
-                                                     keys: configuration.storageKeys),
-                            configuration: configuration, failures: failures)
+        let connect = { [configuration] () throws -> JobStore in
+            try ModelRegistry(connection: PostgresConnection(url: configuration.databaseURL), keys: configuration.storageKeys)
+        }
+        let made = JobSteps(store: try connect(), reconnect: connect, configuration: configuration, failures: failures)
         steps = made
         gauges.databaseConnected.record(1)
         return made

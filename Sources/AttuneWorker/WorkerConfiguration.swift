@@ -28,6 +28,10 @@ public struct WorkerConfiguration: Sendable {
     /// The keys that seal what the worker commits and open what it reads (`StorageKeys.load()` reads them
     /// from ATTUNE_KEYS or ATTUNE_KEYS_FILE); `.none` writes clear text.
     public var storageKeys: StorageKeys = .none
+    /// How long a slot whose commit's answer was lost keeps reconnecting to look its jobs up before handing
+    /// them back to the queue: long enough for a failover manager to promote the standby (pg_auto_failover
+    /// takes 10–30 s with its defaults).
+    public var commitRecheckSeconds: TimeInterval = 60
 
     public init(databaseURL: String, amqpURL: String, concurrency: Int = 1, prefetch: Int = 32, batchSize: Int = 32,
                 workerName: String = WorkerConfiguration.defaultWorkerName(),

@@ -396,6 +396,28 @@ final class BatchCommitTests: XCTestCase {
         XCTAssertTrue(empty.applied.isEmpty && empty.heads.isEmpty && empty.baseOfNewLines.isEmpty && empty.newestBase.isEmpty)
     }
 
+    /// The lookup a job may be acknowledged on without a commit of its own answers like the plain one but
+    /// writes a commit record (what a synchronous COMMIT waits for the standby to hold), in a transaction
+    /// of its own, so that it can only answer once everything before it is replicated.
+    func testADurableLookupAnswersAppliedJobsAfterACommitRecordOfItsOwn() throws {
+        let schema = try makeSchema()
+        let registry = try registry(schema)
+        _ = try registry.commitVersions([version("alice", parent: 0, job: "a1", digest: digestA),
+                                         version("bob", parent: 0, job: "b1")])
+        let before = try registry.connection.query("SELECT pg_current_wal_insert_lsn()::text AS lsn").rows[0].string("lsn")
+        let xid = try registry.connection.query("SELECT txid_current()::text AS x").rows[0].string("x")
+        let applied = try registry.durablyApplied(jobIds: ["a1", "b1", "never-seen"])
+        XCTAssertEqual(applied, try registry.lookup(jobIds: ["a1", "b1", "never-seen"], heads: [], models: []).applied)
+        XCTAssertEqual(Set(applied.keys), ["a1", "b1"])
+        XCTAssertFalse(registry.connection.isInTransaction)
+        let after = try registry.connection.query("""
+            SELECT pg_current_wal_insert_lsn() > $1::pg_lsn AS moved, txid_current() > $2::bigint + 1 AS newer
+            """, [before, xid]).rows[0]
+        XCTAssertTrue(try after.bool("moved"), "a commit record was written")
+        XCTAssertTrue(try after.bool("newer"), "the lookup ran under a transaction id of its own")
+        XCTAssertEqual(try registry.durablyApplied(jobIds: []), [:])
+    }
+
     /// Not a benchmark with a threshold (shared machines vary), but the numbers the batch exists for.
     func testOneBatchAgainstSingleCommitsOfTheSameJobs() throws {
         let schema = try makeSchema()

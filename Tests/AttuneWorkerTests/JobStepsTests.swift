@@ -17,6 +17,8 @@ final class JobStepsTests: XCTestCase {
         var committed: [NewPersonalVersion] = []
         var lookups = 0
         var commits = 0
+        /// Calls of `durablyApplied`: the lookups a job may be acknowledged on without a commit of its own.
+        var durableLookups = 0
         /// Runs before the next commit: another worker committing meanwhile.
         var beforeCommit: ((MemoryStore) -> Void)?
         /// Heads whose state the lookup cannot decrypt (a key this worker lacks).
@@ -63,6 +65,11 @@ final class JobStepsTests: XCTestCase {
             }
         }
 
+        func durablyApplied(jobIds: [String]) throws -> [String: PersonalVersionRecord] {
+            durableLookups += 1
+            return applied.filter { jobIds.contains($0.key) }
+        }
+
         func baseModelBytes(name: String, version: Int) throws -> Data { modelBytes }
 
         func record(_ v: NewPersonalVersion, number: Int) -> PersonalVersionRecord {
@@ -89,9 +96,11 @@ final class JobStepsTests: XCTestCase {
         }
     }
 
-    private func steps(_ store: MemoryStore, failures: Logger = FailureClassifier.failures) -> JobSteps {
-        JobSteps(store: store, configuration: WorkerConfiguration(databaseURL: "", amqpURL: "", workerName: "w"),
-                 failures: failures)
+    private func steps(_ store: MemoryStore, reconnect: (() throws -> JobStore)? = nil,
+                       failures: Logger = FailureClassifier.failures, recheckSeconds: TimeInterval = 60) -> JobSteps {
+        var configuration = WorkerConfiguration(databaseURL: "", amqpURL: "", workerName: "w")
+        configuration.commitRecheckSeconds = recheckSeconds
+        return JobSteps(store: store, reconnect: reconnect, configuration: configuration, failures: failures)
     }
 
     private func run(_ steps: JobSteps, _ jobs: [Attune_V1_TrainingJob]) throws -> [JobResult] {
@@ -322,6 +331,70 @@ final class JobStepsTests: XCTestCase {
             XCTAssertTrue(line.hasPrefix("3 jobs (first, second, delivery 3): "), line)
             XCTAssertFalse(line.contains("?,"), line)
         }
+    }
+
+    /// A store whose next commit loses its answer: the connection breaks after the server committed
+    /// (`afterCommitting`) or before (the transaction rolled back). The worker cannot tell which.
+    final class LostAnswerStore: MemoryStore {
+        var loseNext = true
+        var afterCommitting = true
+
+        override func commitVersions(_ versions: [NewPersonalVersion]) throws -> [Result<CommitOutcome, RegistryError>] {
+            guard loseNext else { return try super.commitVersions(versions) }
+            loseNext = false
+            if afterCommitting { _ = try super.commitVersions(versions) } else { commits += 1 }
+            throw DatabaseError(kind: .connection, operation: "commit versions", message: "server closed the connection unexpectedly")
+        }
+    }
+
+    /// The commit happened but its answer was lost: the worker looks the jobs up durably on a new
+    /// connection and settles them as committed, with the versions the server holds; nothing twice.
+    func testACommitWhoseAnswerWasLostIsFoundAndSettledAsCommitted() throws {
+        let store = LostAnswerStore(modelBytes: try Data(contentsOf: Paths.digitsModel))
+        var reconnects = 0
+        let log = LogLines()
+        let jobs = [Digits.job(id: "a1", user: "ann", model: "d", rows: 0..<10),
+                    Digits.job(id: "b1", user: "bob", model: "d", rows: 10..<20),
+                    Digits.job(id: "a2", user: "ann", model: "d", rows: 20..<30)]
+        let results = try run(steps(store, reconnect: { reconnects += 1; return store }, failures: log.logger), jobs)
+        XCTAssertEqual(results.compactMap { if case .outcome(.committed(let v, _, _, _)) = $0 { v } else { nil } }, [1, 1, 2])
+        XCTAssertEqual(store.committed.count, 3, "every job applied once")
+        XCTAssertEqual(store.commits, 1, "nothing committed again")
+        XCTAssertEqual(reconnects, 1)
+        XCTAssertEqual(store.durableLookups, 1)
+        XCTAssertTrue(log.lines.contains { $0.hasPrefix("3 jobs (a1, b1, a2): the commit's answer was lost") }, "\(log.lines)")
+        XCTAssertTrue(log.lines.contains { $0.hasSuffix("3 found committed, 0 to commit again") }, "\(log.lines)")
+    }
+
+    /// The transaction rolled back with the connection: the lookup finds nothing, the jobs are committed
+    /// again, once each.
+    func testACommitThatDidNotHappenIsCommittedAgainOnce() throws {
+        let store = LostAnswerStore(modelBytes: try Data(contentsOf: Paths.digitsModel))
+        store.afterCommitting = false
+        let jobs = [Digits.job(id: "c1", user: "cat", model: "d", rows: 0..<10),
+                    Digits.job(id: "c2", user: "cat", model: "d", rows: 10..<20)]
+        let results = try run(steps(store, reconnect: { store }), jobs)
+        XCTAssertEqual(results.compactMap { if case .outcome(.committed(let v, _, _, _)) = $0 { v } else { nil } }, [1, 2])
+        XCTAssertEqual(store.committed.map(\.jobId), ["c1", "c2"])
+        XCTAssertEqual(store.commits, 2, "the lost commit, then one more")
+    }
+
+    /// No primary answers within the recheck window: the jobs go back as transient failures (their
+    /// redelivery looks them up), never acknowledged on a guess.
+    func testAnUnknownCommitWithNoPrimaryToAskGoesBackToTheQueue() throws {
+        let store = LostAnswerStore(modelBytes: try Data(contentsOf: Paths.digitsModel))
+        var tries = 0
+        let results = try run(steps(store, reconnect: {
+            tries += 1
+            throw DatabaseError(kind: .connection, operation: "connect", message: "connection refused")
+        }, recheckSeconds: 0.5), [Digits.job(id: "d1", user: "dan", model: "d", rows: 0..<10)])
+        guard case .outcome(.transient) = results[0] else { return XCTFail("\(results[0])") }
+        XCTAssertGreaterThan(tries, 1, "retried with backoff within the window")
+        // Its redelivery finds it applied, on a durable lookup, and acknowledges it without training.
+        let again = try run(steps(store), [Digits.job(id: "d1", user: "dan", model: "d", rows: 0..<10)])
+        XCTAssertEqual(again[0], .outcome(.alreadyApplied(version: 1)))
+        XCTAssertEqual(store.durableLookups, 1)
+        XCTAssertEqual(store.committed.count, 1)
     }
 
     /// The names a log line gives.

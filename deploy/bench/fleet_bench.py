@@ -63,6 +63,9 @@ def parse_args():
     p.add_argument("--out", help="also write the report (markdown) to this file")
     p.add_argument("--timelines", help="keep each latency run's job timeline (the workers' moments, and the "
                                        "driver's publish and receive times as `published`/`ended` lines) in this folder")
+    p.add_argument("--ha-url", help="the URL of PostgreSQL under pg_auto_failover (deploy/postgres-ha.sh up, with "
+                                    "ATTUNE_PG_DURABLE=1): run only the HA comparison, the same jobs through the "
+                                    "single server and through the HA set in turn, three pairs")
     p.add_argument("--only", choices=["latency", "slots"],
                    help="latency: just Attune 1 worker x 2 slots' peak and its latency at half and a quarter "
                         "of it (no peer, no pgbench): for trying a change to the latency path; slots: just the "
@@ -72,6 +75,7 @@ def parse_args():
     args.jobs = args.jobs or (1500 if args.quick else 4000)
     args.database_url = os.environ["ATTUNE_DATABASE_URL"]
     args.amqp_url = os.environ["ATTUNE_AMQP_URL"]
+    args.active_url = args.database_url  # the database the next scenario's workers use (--ha-url switches it)
     return args
 
 
@@ -123,6 +127,7 @@ class Servers:
         self.postmaster = int((work / "postgres/data/postmaster.pid").read_text().split()[0])
         self.broker = int((work / "rabbitmq/rabbitmq.pid").read_text().split()[0])
         self.pg_socket = work / "postgres/socket"
+        self.db_roots = [self.postmaster]  # whose process trees count as the database's CPU
         comm = Path(f"/proc/{self.broker}/comm").read_text().strip()
         if not comm.startswith("beam"):
             log(f"warning: the broker's pid file names {comm}, not beam.smp; broker CPU may be off")
@@ -134,7 +139,7 @@ class Servers:
             ticks = [int(v) for v in f.readline().split()[1:9]]
         return {"workers": tree_cpu_seconds(table, worker_roots),
                 "broker": tree_cpu_seconds(table, [self.broker]),
-                "db": tree_cpu_seconds(table, [self.postmaster]),
+                "db": tree_cpu_seconds(table, self.db_roots),
                 "driver": tree_cpu_seconds(table, [os.getpid()]),
                 "machine": (sum(ticks) - ticks[3] - ticks[4]) / CLOCK_TICKS}
 
@@ -313,7 +318,9 @@ class AttuneFleet:
             path = Path(self.args.work) / f"bench-{tag}-{w}.log"
             self.logs.append(path)
             # One timeline file per worker process: appends of two processes' buffers would interleave.
-            env = dict(os.environ, ATTUNE_JOB_TIMELINE=f"{self.timeline}.{w}") if self.timeline else None
+            env = dict(os.environ, ATTUNE_DATABASE_URL=self.args.active_url)
+            if self.timeline:
+                env["ATTUNE_JOB_TIMELINE"] = f"{self.timeline}.{w}"
             with open(path, "wb") as out:
                 self.procs.append(subprocess.Popen(
                     [self.args.attune, "worker", "--no-migrate", "--name", f"bench-{tag}-{w}",
@@ -399,6 +406,8 @@ def blocking_connection(url):
 
 def reset(args, admin):
     """Empty the queues and delete every personal version and head (lo_manage unlinks the large objects)."""
+    if args.active_url != args.database_url:
+        return reset_ha(args, admin)
     for schema in (None, PEER_SCHEMA):
         with db_connect(args, schema) as conn:
             conn.execute("DELETE FROM attune_personal_versions")
@@ -414,6 +423,22 @@ def reset(args, admin):
             conn.execute("CHECKPOINT")
     except psycopg.Error as error:
         log(f"VACUUM skipped: {error}")
+    purge_queues(admin)
+
+
+def reset_ha(args, admin):
+    """`reset` on the HA set: its primary found through the multi-host URL, VACUUM as its trusted superuser."""
+    with psycopg.connect(args.active_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM attune_personal_versions")
+        conn.execute("DELETE FROM attune_personal_heads")
+    superuser = re.sub(r"//[^@/]*@", "//postgres@", args.active_url)
+    with psycopg.connect(superuser, autocommit=True) as conn:
+        conn.execute("VACUUM")
+        conn.execute("CHECKPOINT")
+    purge_queues(admin)
+
+
+def purge_queues(admin):
     # Attune's jobs wait in partition queues attune.jobs.p00..p15 (the code before them had one queue).
     for queue in ("attune.jobs", *(f"attune.jobs.p{i:02d}" for i in range(16)), PEER_QUEUE):
         channel = admin.channel()
@@ -687,6 +712,9 @@ def main():
     uniform = lambda tag, count=n: make_jobs(rows, tag, count, "uniform", seed=1)  # noqa: E731
     hot = lambda tag: make_jobs(rows, tag, n, "hot", seed=2)  # noqa: E731
 
+    if args.ha_url:
+        ha_only(ctx, rows, n)
+        return
     if args.only == "latency":
         latency_only(ctx, rows, n)
         return
@@ -773,6 +801,52 @@ def slots_only(ctx, rows):
               f"broker {fmt(cpu.get('broker'), '.5f')}, db {fmt(cpu.get('db'), '.5f')}; others' load {fmt(x.get('others'), '.2f')}")
     print(f"2 slots / 1 slot, each pair: {', '.join(fmt(v, '.2f') + 'x' for v in r['slot_pairs'])}; "
           f"median pair shown above")
+
+
+def ha_only(ctx, rows, n):
+    """Attune's best configuration (1 worker x 2 slots) on the same jobs through the single durable server and
+    through the HA set (a primary and its synchronous standby, both durable, on this same machine), in turn,
+    three pairs: the ratio of each pair, the median pair as the result."""
+    args = ctx.args
+    env = dict(os.environ, ATTUNE_DATABASE_URL=args.ha_url)
+    subprocess.run([args.attune, "migrate"], check=True, stdout=subprocess.DEVNULL, env=env)
+    subprocess.run([args.attune, "model", "import", args.model, "--name", "digits"], check=True,
+                   stdout=subprocess.DEVNULL, env=env)
+    ha_dir = Path(args.work) / "postgres-ha"
+    ha_postmasters = [int((ha_dir / f"node{i}/postmaster.pid").read_text().split()[0]) for i in (1, 2)]
+    pairs = []
+    for i in range(3):
+        pair = {}
+        for key, url, roots in (("single", args.database_url, [ctx.servers.postmaster]),
+                                ("ha", args.ha_url, ha_postmasters)):
+            args.active_url, ctx.servers.db_roots = url, roots
+            pair[key] = throughput(ctx, AttuneFleet(args, 1, 2), attune_target,
+                                   make_jobs(rows, f"{key}{i}", n, "uniform", seed=1), f"{key}{i}")
+        pair["ratio"] = ratio(pair["ha"]["rate"], pair["single"]["rate"])
+        log(f"pair {i + 1}: HA / single {fmt(pair['ratio'], '.2f')}")
+        pairs.append(pair)
+    args.active_url, ctx.servers.db_roots = args.database_url, [ctx.servers.postmaster]
+    ranked = sorted(pairs, key=lambda p: p["ratio"] or 0)
+    median = ranked[len(ranked) // 2]
+    lines = [f"HA bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores; Attune: {args.attune_label or args.attune}",
+             f"{n} jobs per run (digits MLP, 20 samples, 10 epochs, 50 users), Attune 1 worker x 2 slots; both "
+             "databases durable (fsync, synchronous_commit on); the HA set's commits also wait for its synchronous "
+             "standby, which runs on the same 2 cores.", "",
+             "| run | single server jobs/s | HA set jobs/s | HA / single | db CPU s/job single | db CPU s/job HA (both nodes) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for i, pair in enumerate(pairs):
+        cpu = lambda key: (pair[key]["cpu"] or {}).get("db")  # noqa: E731
+        lines.append(f"| {i + 1}{' (median)' if pair is median else ''} | {fmt(pair['single']['rate'], '.1f')} | "
+                     f"{fmt(pair['ha']['rate'], '.1f')} | {fmt(pair['ratio'], '.2f')} | {fmt(cpu('single'), '.5f')} | "
+                     f"{fmt(cpu('ha'), '.5f')} |")
+    lines.append("")
+    lines.append(f"HA / single, each pair: {', '.join(fmt(p['ratio'], '.2f') for p in pairs)}; target >= 0.70: "
+                 f"{'PASS' if (median['ratio'] or 0) >= 0.7 else 'MISS'} (median pair)")
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report + "\n")
+        log(f"report written to {args.out}")
 
 
 def latency_only(ctx, rows, n):
