@@ -32,7 +32,8 @@ for i in "${!users[@]}"; do
   "$attune" model evaluate --name digits --user "${users[$i]}" --csv "$data" --rows "$(test_rows "$i")"
 done
 
-echo "== two workers and a watcher"
+echo "== the broker's topology (64 job partitions), two workers and a watcher"
+"$attune" topology declare >/dev/null
 # The watcher's lines go to the screen and to a file, from which alice's epochs are picked out below.
 "$attune" watch --model digits --exit-after $(( ${#users[@]} * jobs_per_user )) --idle-timeout 120 \
   > >(tee "$work/watch.log") &

@@ -20,6 +20,11 @@
 #                         [--bad B] [--republish R] [--scheduled L] [--samples S] [--epochs E] [--timeout SECONDS]
 #                         [--pg-terminates N] [--pg-restarts N] [--pg-crashes N] [--pg-kills N]
 #                         [--cluster N] [--node-kills N] [--ha] [--ha-kills N] [--ha-failovers N] [--debug] [--keep]
+#                         [--partitions N] [--every-worker-commits]
+#
+# --partitions: the fleet's partition count (`attune topology declare --partitions N`; default 64).
+# --every-worker-commits: fail unless every worker process started committed at least one version (a run
+# with more workers than the old 16 partitions, every one of them busy).
 #
 # Database faults, each a count (0 leaves it out): --pg-terminates (20) rounds of pg_terminate_backend on
 # every backend of the workers (found by application_name, which each worker gets through PGAPPNAME; the
@@ -32,7 +37,10 @@
 # every process reaching it through the multi-host URL. The database faults become: --ha-kills (1) times the
 # primary's postmaster and pg_autoctl SIGKILLed (its machine lost), pg_auto_failover promoting the secondary,
 # the killed node started again to rejoin as secondary; --ha-failovers (1) planned failovers after that, which
-# bring the primary back. --pg-terminates still applies (to the primary); restarts, crashes and kills do not.
+# bring the primary back. --pg-terminates still applies (to the primary); --pg-crashes N given after --ha
+# crashes the primary's PostgreSQL (pg_ctl stop -m immediate) and its pg_autoctl starts it again; restarts and
+# postmaster kills do not apply. Each failover's stall (from the primary's death, or the planned failover's
+# start, to the next committed version) is printed, with min/median/max.
 # ATTUNE_HA_FAST=1 shortens pg_auto_failover's detection (deploy/postgres-ha.sh): about 16 s instead of 50.
 #
 # --scheduled jobs (a tenth of them by default) carry a learning-rate schedule (step or exponential decay), so
@@ -43,7 +51,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=3000 users=60 hot=3 workers=4 concurrency=1 kills=8 sigterms=3 bad=15 republish=30 scheduled= samples=100 epochs= timeout=900
-build=release keep=0 cluster=0
+build=release keep=0 cluster=0 partitions= every_worker_commits=0
 pg_terminates=20 pg_restarts_planned=1 pg_crashes_planned=1 pg_kills_planned=1 node_kills_planned=1
 ha=0 ha_kills_planned=1 ha_failovers_planned=1
 while (($#)); do
@@ -70,6 +78,8 @@ while (($#)); do
     --ha) ha=1 pg_restarts_planned=0 pg_crashes_planned=0 pg_kills_planned=0 ;;
     --ha-kills) ha_kills_planned=$2; shift ;;
     --ha-failovers) ha_failovers_planned=$2; shift ;;
+    --partitions) partitions=$2; shift ;;
+    --every-worker-commits) every_worker_commits=1 ;;
     --debug) build=debug ;;
     --keep) keep=1 ;;
     *) echo "fault-suite.sh: unknown argument $1 (see the comment at the top)" >&2; exit 2 ;;
@@ -164,6 +174,8 @@ start_servers || { cat "$work/servers.log" >&2; exit 1; }
 began=$(date +%s.%N)
 "$attune" migrate >/dev/null
 "$attune" model import Tests/Fixtures/digits-mlp-updatable.mlmodel --name digits >/dev/null
+# The topology before the first publish, as an operator would: producers do not declare partition queues.
+"$attune" topology declare ${partitions:+--partitions "$partitions"} >/dev/null 2>&1
 
 # Events from the start; a watcher loses its queue when RabbitMQ restarts, so it is started again.
 ( while [ ! -f "$work/stop-watch" ]; do
@@ -180,6 +192,7 @@ sleep 1
   --republish "$republish" --scheduled "${scheduled:-$((jobs / 10))}"
 
 generation=0
+started_names=()
 # The broker URLs a worker gets: on a cluster, every node's, starting at a node of the worker's own.
 IFS=';' read -r -a node_urls <<<"$ATTUNE_AMQP_URL"
 broker_urls() {
@@ -191,6 +204,7 @@ start_worker() {
   local slot=$1
   generation=$((generation + 1))
   name[$slot]=fault-$slot-$generation
+  started_names+=("${name[$slot]}")
   PGAPPNAME=${name[$slot]} "$attune" worker --no-migrate --name "${name[$slot]}" --concurrency "$concurrency" --heartbeat 5 --shutdown-deadline 3 \
     --amqp-url "$(broker_urls "$slot")" >>"$work/worker-$slot.log" 2>&1 &
   pid[$slot]=$!
@@ -275,6 +289,20 @@ chaos() {
         echo "$p $(python3 -c "print(f'{$(date +%s.%N) - $sent:.1f}')")" >>"$work/term-times" ) &
       say "SIGTERM worker $slot"
       start_worker "$slot" ;;
+    pg-crash-ha)
+      local gap=$(( last_pg_outage + 12 - $(date +%s) ))
+      ((gap <= 0)) || sleep "$gap"
+      sleep "0.$((RANDOM % 10))"
+      say "crashing the primary's PostgreSQL (pg_ctl stop -m immediate); its pg_autoctl starts it again"
+      local t0; t0=$(date +%s)
+      deploy/postgres-ha.sh crash "$work/postgres-ha" 2>>"$work/servers.log"
+      until psql "$ATTUNE_DATABASE_URL" -XAtqc "SELECT 1" >/dev/null 2>&1; do
+        (( $(date +%s) - t0 < 240 )) || { echo "FAIL: no writable PostgreSQL 240 s after the crash" >&2; exit 1; }
+        sleep 0.2
+      done
+      pg_crashes=$((pg_crashes + 1))
+      last_pg_outage=$(date +%s)
+      say "PostgreSQL takes writes again after $(( $(date +%s) - t0 )) s" ;;
     postgres|pg-crash|pg-kill)
       local how=stop verb=restarting
       [ "$1" = pg-crash ] && how=crash verb="crashing (pg_ctl stop -m immediate)"
@@ -390,7 +418,7 @@ spread() {
 }
 spread "$pg_terminates" 8 92 pg-terminate
 spread "$pg_restarts_planned" 30 45 postgres
-spread "$pg_crashes_planned" 40 60 pg-crash
+if ((ha)); then spread "$pg_crashes_planned" 40 60 pg-crash-ha; else spread "$pg_crashes_planned" 40 60 pg-crash; fi
 spread "$pg_kills_planned" 65 80 pg-kill
 plan+=("$((good * 55 / 100)) rabbitmq")
 if ((ha)); then
@@ -475,6 +503,15 @@ if ((ha)); then
     stalls+=("$(psql "$ATTUNE_DATABASE_URL" -XAtqc "SELECT coalesce(round((extract(epoch FROM min(created_at)) - $t)::numeric, 1)::text, 'n/a')
                 FROM attune_personal_versions WHERE created_at > to_timestamp($t)")")
   done
+fi
+# Which of the started workers committed a version: with more workers than the old 16 partitions, each
+# must get jobs of its own.
+committing=$(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT count(DISTINCT worker) FROM attune_personal_versions
+                                               WHERE worker = ANY (string_to_array('$(IFS=,; echo "${started_names[*]}")', ','))")
+echo "workers committing   $committing of ${#started_names[@]} started ($(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT partitions FROM attune_topology") partitions)"
+if ((every_worker_commits)) && ((committing < ${#started_names[@]})); then
+  echo "FAIL: $(( ${#started_names[@]} - committing )) worker(s) committed nothing" >&2
+  status=1
 fi
 echo "== faults and events"
 python3 - "$work/events.jsonl" <<'PY'

@@ -14,6 +14,8 @@
 #   deploy/postgres-ha.sh wait DIR        wait (up to 3 minutes) until one node is primary and the other secondary
 #   deploy/postgres-ha.sh kill DIR N      SIGKILL node N's postmaster and its pg_autoctl (its machine lost)
 #   deploy/postgres-ha.sh start DIR N     start node N's pg_autoctl again (after kill); it rejoins as secondary
+#   deploy/postgres-ha.sh crash DIR       crash the primary's PostgreSQL (pg_ctl stop -m immediate); its pg_autoctl,
+#                                         left running, starts it again (crash recovery), no failover
 #   deploy/postgres-ha.sh down DIR        stop everything (DIR stays; delete it to remove every trace)
 #
 # Ports: free ones picked at `up` (ATTUNE_HA_PORTS="MONITOR P1 P2" to choose). Progress goes to stderr.
@@ -228,6 +230,11 @@ case "$CMD" in
         wait_for_pair 120
         log "primary was node$before, is node$(primary)" ;;
     kill) kill_node "${3:?usage: kill DIR N}" ;;
+    crash)
+        p=$(primary) || die "no primary now"
+        as_pg "$PG_BIN/pg_ctl" -D "$(node_dir "$p")" -m immediate stop >>"$DIR/log/crash.log" 2>&1 \
+            || { tail -5 "$DIR/log/crash.log" >&2; die "pg_ctl stop -m immediate failed on node$p"; }
+        log "node$p (primary) crashed; its pg_autoctl starts it again" ;;
     start) run_keeper "${3:?usage: start DIR N}" ;;
     url) url ;;
     *) usage ;;

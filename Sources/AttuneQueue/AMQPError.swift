@@ -125,7 +125,7 @@ public struct AMQPError: Error, CustomStringConvertible, Sendable {
         case .publishNacked:
             return "the broker could not take the message (queue limits or an internal error); publish it again"
         case .publishReturned:
-            return "no queue is bound for that exchange and routing key; declare the topology first"
+            return "no queue is bound for that exchange and routing key; declare the topology first (`attune topology`, or start a worker)"
         case .consumerCancelled:
             return "the queue was deleted or failed over; reconnect and declare the topology again"
         case .invalidArgument:

@@ -11,12 +11,15 @@ public struct JobQueues {
         self.connection = connection
     }
 
-    /// Declares the exchanges, queues and bindings in `Topology` (`Self.declarations`, in order).
+    /// Declares the exchanges, queues and bindings in `Topology` (`Self.declarations(partitions:)`, in
+    /// order): with `partitions`, the fleet's partition queues too (workers and `attune topology declare`,
+    /// which know the count from PostgreSQL); without, everything else (producers and watchers, which
+    /// need no count: a job published before any partition queue is bound comes back unroutable).
     /// Idempotent. Fails with 406 PRECONDITION_FAILED if the broker has one of them with other arguments
     /// (delete the old one first), and with 503 COMMAND_INVALID or 404 when the consistent-hash plugin is
     /// not enabled.
-    public func declare() throws {
-        try declare(Self.declarations)
+    public func declare(partitions: Int? = nil) throws {
+        try declare(Self.declarations(partitions: partitions))
     }
 
     private func declare(_ declarations: [Declaration]) throws {
@@ -53,8 +56,9 @@ public struct JobQueues {
         }
     }
 
-    /// The topology, in declaration order: exchanges before the queues bound to them.
-    public static var declarations: [Declaration] {
+    /// The topology, in declaration order: exchanges before the queues bound to them; the partition
+    /// queues only with their count.
+    public static func declarations(partitions: Int?) -> [Declaration] {
         var all: [Declaration] = [
             .exchange(name: Topology.jobsExchange, type: "x-consistent-hash"),
             .exchange(name: Topology.deadExchange, type: "direct"),
@@ -68,7 +72,7 @@ public struct JobQueues {
             .queue(name: Topology.deadQueue, arguments: [("x-queue-type", .string("quorum"))]),
             .binding(queue: Topology.deadQueue, exchange: Topology.deadExchange, key: Topology.deadRoutingKey, arguments: []),
         ]
-        for queue in Topology.jobsQueues {
+        for queue in Topology.jobsQueues(count: partitions ?? 0) {
             all.append(.queue(name: queue, arguments: [
                 ("x-queue-type", .string("quorum")),
                 ("x-single-active-consumer", .bool(true)),

@@ -1,22 +1,26 @@
 /// Names and arguments of everything Attune declares on the broker. Every worker and producer declares
-/// the same topology at start (`JobQueues.declare()`), so these constants are the only place the names
-/// live; changing an argument here means deleting the old queue or exchange on the broker first, because
+/// the same topology at start (`JobQueues.declare()`; workers with the fleet's partition queues), so these
+/// constants are the only place the names live; changing an argument here means deleting the old queue or exchange on the broker first, because
 /// RabbitMQ refuses (406 PRECONDITION_FAILED) a redeclaration with different arguments.
 public enum Topology {
     /// Durable consistent-hash exchange producers publish jobs to, with the job's user id as routing key:
     /// it hashes the key onto one of the partition queues, so all of a user's jobs wait in one queue, in
     /// publish order. (RabbitMQ's `rabbitmq_consistent_hash_exchange` plugin, shipped with the broker.)
     public static let jobsExchange = "attune.jobs"
-    /// How many partition queues the jobs are spread over; at most this many workers take jobs at once.
-    /// Changing it remaps users to partitions: drain the queues first.
-    public static let partitionCount = 16
+    /// How many partition queues a new fleet spreads its jobs over; at most this many workers take jobs at
+    /// once, and the rest stand by. The count a fleet runs on is kept in PostgreSQL (`attune_topology`),
+    /// chosen by `attune topology declare --partitions N` or by the first worker, so that every process
+    /// agrees on it; a fleet that ran before it was kept there runs on the 16 the code had then.
+    public static let defaultPartitionCount = 64
+    /// The most partitions a fleet may have: queue names keep to three digits.
+    public static let maxPartitionCount = 999
     /// The durable quorum queue of partition `index`. Single active consumer: whichever worker holds
     /// the partition, only it receives the partition's jobs, so one user's jobs are never raced.
     public static func jobsPartition(_ index: Int) -> String {
         index < 10 ? "attune.jobs.p0\(index)" : "attune.jobs.p\(index)"
     }
-    /// Every partition queue, in partition order.
-    public static let jobsQueues: [String] = (0..<partitionCount).map(jobsPartition)
+    /// Every partition queue of a fleet of `count` partitions, in partition order.
+    public static func jobsQueues(count: Int) -> [String] { (0..<count).map(jobsPartition) }
     /// Durable direct exchange with each partition queue bound under its own name: how a retried job
     /// finds its way back to the partition it came from. Dead-lettering (which a retry queue's expiry is)
     /// publishes without `mandatory`, so it must go through bindings that are always there: a direct

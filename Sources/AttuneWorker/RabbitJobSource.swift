@@ -184,7 +184,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
                                               connectionName: configuration.workerName)
         logger.info("connected to the broker at \(connection.endpoint)")
         do {
-            try JobQueues(connection).declare()
+            try JobQueues(connection).declare(partitions: configuration.partitions)
             try connection.enableConfirms()
             try connection.setPrefetch(UInt16(clamping: configuration.prefetch))
         } catch {
@@ -454,7 +454,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         lastLeaseLook = Date()
         do {
             if leases == nil {
-                leases = try PartitionLeases(url: configuration.databaseURL, partitionCount: Topology.partitionCount,
+                leases = try PartitionLeases(url: configuration.databaseURL, partitionCount: configuration.partitions,
                                              workerName: configuration.workerName)
             }
             guard let leases else { return }

@@ -153,7 +153,8 @@ extension Audit {
             let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-audit-wait")
             defer { connection.close() }
             var waiting = 0
-            for queue in Topology.jobsQueues { waiting += try connection.queueDepth(queue).messages }
+            let partitions = try FleetPartitioning.current(on: registry.connection) ?? Topology.defaultPartitionCount
+            for queue in Topology.jobsQueues(count: partitions) { waiting += try connection.queueDepth(queue).messages }
             for delay in Topology.retryDelaysMs {
                 waiting += try connection.queueDepth(Topology.retryQueue(delayMs: delay)).messages
             }

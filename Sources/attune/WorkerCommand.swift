@@ -69,6 +69,10 @@ struct WorkerCommand: AsyncParsableCommand {
         var configuration = WorkerConfiguration(databaseURL: database.resolved(), amqpURL: broker.resolved(),
                                                 concurrency: concurrency, prefetch: prefetch, batchSize: batchSize)
         if let name { configuration.workerName = name }
+        // Every worker consumes the partitions the fleet agreed on; the first to start chooses the default.
+        let connection = try PostgresConnection(url: configuration.databaseURL)
+        configuration.partitions = try FleetPartitioning.establish(on: connection, proposing: Topology.defaultPartitionCount)
+        connection.close()
         configuration.limits = JobLimits(maxSamples: maxSamples, maxBodyBytes: maxBodyBytes)
         configuration.retry.maxAttempts = maxAttempts
         configuration.heartbeatSeconds = heartbeat

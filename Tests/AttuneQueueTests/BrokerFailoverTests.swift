@@ -33,7 +33,7 @@ final class BrokerFailoverTests: XCTestCase {
         defer { first.close() }
         XCTAssertEqual(first.endpoint, try AMQPURL(live).redacted, "the dead node was not passed over")
         XCTAssertEqual(brokers.next, 0, "after node 2 the next connect starts at node 1 again")
-        XCTAssertNoThrow(try JobQueues(first).declare(), "the connection is usable")
+        XCTAssertNoThrow(try JobQueues(first).declare(partitions: Topology.defaultPartitionCount), "the connection is usable")
 
         // Three URLs: the live one twice, after the dead one. Each connect moves on from the node it used.
         var three = try BrokerAddresses(urls: [live, dead, live])

@@ -12,7 +12,7 @@ final class BrokerTests: XCTestCase {
     override func setUpWithError() throws {
         url = try requireBrokerURL()
         let admin = try connect(name: "setup")
-        try JobQueues(admin).declare()
+        try JobQueues(admin).declare(partitions: Topology.defaultPartitionCount)
         try admin.purgeJobs()
         try admin.purge(Topology.deadQueue)
         for delay in Topology.retryDelaysMs { try admin.purge(Topology.retryQueue(delayMs: delay)) }
@@ -54,9 +54,9 @@ final class BrokerTests: XCTestCase {
     func testTopologyIsIdempotentAcrossConnections() throws {
         let first = try connect(name: "a")
         let second = try connect(name: "b")
-        try JobQueues(first).declare()
-        try JobQueues(first).declare()
-        try JobQueues(second).declare()
+        try JobQueues(first).declare(partitions: Topology.defaultPartitionCount)
+        try JobQueues(first).declare(partitions: Topology.defaultPartitionCount)
+        try JobQueues(second).declare(partitions: Topology.defaultPartitionCount)
         XCTAssertEqual(try first.jobsWaiting(), 0)
         XCTAssertNoThrow(try second.queueDepth(Topology.deadQueue))
         for delay in Topology.retryDelaysMs { XCTAssertNoThrow(try second.queueDepth(Topology.retryQueue(delayMs: delay))) }
@@ -176,7 +176,7 @@ final class BrokerTests: XCTestCase {
                     defer { connection.close() }
                     try connection.setPrefetch(1)
                     // Each takes half the partitions, as two workers holding leases would.
-                    for (index, queue) in Topology.jobsQueues.enumerated() where (index % 2 == 0) == (name == "left") {
+                    for (index, queue) in Topology.jobsQueues(count: Topology.defaultPartitionCount).enumerated() where (index % 2 == 0) == (name == "left") {
                         try connection.consume(queue: queue)
                     }
                     var idle = Date()
@@ -254,7 +254,7 @@ final class BrokerTests: XCTestCase {
 
     func testEventQueueReceivesOnlyMatchingEvents() throws {
         let listener = try connect(name: "listener")
-        try JobQueues(listener).declare()
+        try JobQueues(listener).declare(partitions: Topology.defaultPartitionCount)
         let user = "u-\(UUID().uuidString.prefix(8))"
         let queue = try listener.declareEventQueue(bindingKeys: [EventRouting.bindingKey(model: "digits", user: user)])
         XCTAssertTrue(queue.hasPrefix("amq.gen-"), queue)
@@ -314,7 +314,7 @@ final class BrokerTests: XCTestCase {
             XCTAssertFalse(error.description.contains(":attune@"), error.description)
         }
         XCTAssertTrue(connection.isOpen)
-        XCTAssertEqual(try connection.queueDepth(Topology.jobsQueues[0]).consumers, 1)
+        XCTAssertEqual(try connection.queueDepth(Topology.jobsQueues(count: Topology.defaultPartitionCount)[0]).consumers, 1)
     }
 
     func testRedeclaringWithOtherArgumentsIs406() throws {
@@ -325,10 +325,10 @@ final class BrokerTests: XCTestCase {
         try setup.declareQueue(retryQueue, boundTo: Topology.retryExchange, key: retryQueue)
         defer {
             try? setup.deleteQueue(retryQueue)
-            try? JobQueues(setup).declare()
+            try? JobQueues(setup).declare(partitions: Topology.defaultPartitionCount)
         }
         let connection = try connect(name: "mismatch")
-        XCTAssertThrowsError(try JobQueues(connection).declare()) { error in
+        XCTAssertThrowsError(try JobQueues(connection).declare(partitions: Topology.defaultPartitionCount)) { error in
             guard let error = error as? AMQPError else { return XCTFail("\(error)") }
             XCTAssertEqual(error.kind, .channelClosed)
             XCTAssertEqual(error.replyCode, 406)

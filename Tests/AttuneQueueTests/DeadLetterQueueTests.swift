@@ -13,7 +13,7 @@ final class DeadLetterQueueTests: XCTestCase {
     override func setUpWithError() throws {
         url = try requireBrokerURL()
         let admin = try connect("setup")
-        try JobQueues(admin).declare()
+        try JobQueues(admin).declare(partitions: Topology.defaultPartitionCount)
         try admin.purgeJobs()
         try admin.purge(Topology.deadQueue)
     }

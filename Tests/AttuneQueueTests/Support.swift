@@ -56,15 +56,15 @@ extension AMQPConnection {
     @discardableResult
     func consumeEveryPartition() throws -> [String: String] {
         var queues: [String: String] = [:]
-        for queue in Topology.jobsQueues { queues[try consume(queue: queue)] = queue }
+        for queue in Topology.jobsQueues(count: Topology.defaultPartitionCount) { queues[try consume(queue: queue)] = queue }
         return queues
     }
 
     func jobsWaiting() throws -> Int {
-        try Topology.jobsQueues.reduce(0) { $0 + (try queueDepth($1).messages) }
+        try Topology.jobsQueues(count: Topology.defaultPartitionCount).reduce(0) { $0 + (try queueDepth($1).messages) }
     }
 
     func purgeJobs() throws {
-        for queue in Topology.jobsQueues { try purge(queue) }
+        for queue in Topology.jobsQueues(count: Topology.defaultPartitionCount) { try purge(queue) }
     }
 }

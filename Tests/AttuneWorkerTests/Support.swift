@@ -107,9 +107,9 @@ final class FleetHarness {
         let bytes = try Data(contentsOf: Paths.digitsModel)
         _ = try registry.importBaseModel(name: model, kind: "neuralNetworkClassifier", bytes: bytes)
         publisher = try AMQPConnection(url: amqpURL, connectionName: "test-publisher")
-        try JobQueues(publisher).declare()
+        try JobQueues(publisher).declare(partitions: Topology.defaultPartitionCount)
         try publisher.enableConfirms()
-        for queue in Topology.jobsQueues + [Topology.cancelQueue] { _ = try publisher.purge(queue) }
+        for queue in Topology.jobsQueues(count: Topology.defaultPartitionCount) + [Topology.cancelQueue] { _ = try publisher.purge(queue) }
         _ = try publisher.purge(Topology.deadQueue)
         listener = try AMQPConnection(url: amqpURL, connectionName: "test-listener")
         // Every event, not just this model's: a job that cannot be decoded, or names another model, reports
@@ -159,7 +159,7 @@ final class FleetHarness {
     func waitForPartitionHolders(_ count: Int, timeout: TimeInterval = 20) throws {
         let deadline = Date().addingTimeInterval(timeout)
         var seen = (holders: 0, partitions: 0)
-        let fairShare = (Topology.partitionCount + count - 1) / count
+        let fairShare = (Topology.defaultPartitionCount + count - 1) / count
         while Date() < deadline {
             let row = try registry.connection.query("""
                 SELECT count(*) AS holders, coalesce(sum(held), 0) AS partitions, coalesce(max(held), 0) AS most
@@ -168,7 +168,7 @@ final class FleetHarness {
                 """)[0]
             seen = (try row.int("holders"), try row.int("partitions"))
             let most = try row.int("most")
-            if seen.holders == count && seen.partitions == Topology.partitionCount && most <= fairShare { return }
+            if seen.holders == count && seen.partitions == Topology.defaultPartitionCount && most <= fairShare { return }
             Thread.sleep(forTimeInterval: 0.2)
         }
         XCTFail("partitions held by \(seen.holders) workers (\(seen.partitions) partitions), expected \(count)")

@@ -65,11 +65,13 @@ def parse_args():
                                        "driver's publish and receive times as `published`/`ended` lines) in this folder")
     p.add_argument("--ha-url", help="the URL of PostgreSQL under pg_auto_failover (deploy/postgres-ha.sh up, with "
                                     "ATTUNE_PG_DURABLE=1): run only the HA comparison, the same jobs through the "
-                                    "single server and through the HA set in turn, three pairs")
-    p.add_argument("--only", choices=["latency", "slots"],
+                                    "single server and through the HA set in turn, --ha-pairs pairs")
+    p.add_argument("--ha-pairs", type=int, default=3, help="with --ha-url: how many pairs (default 3)")
+    p.add_argument("--only", choices=["latency", "slots", "scale"],
                    help="latency: just Attune 1 worker x 2 slots' peak and its latency at half and a quarter "
                         "of it (no peer, no pgbench): for trying a change to the latency path; slots: just the "
-                        "training-bound jobs on 1 worker with 1 slot and with 2 (--jobs of them, default 400)")
+                        "training-bound jobs on 1 worker with 1 slot and with 2 (--jobs of them, default 400); scale: 1 to 48 "
+                        "workers of one slot each on the fleet's 64 partitions, rate and peak memory per worker")
     args = p.parse_args()
     args.jobs_given = args.jobs is not None
     args.jobs = args.jobs or (1500 if args.quick else 4000)
@@ -153,15 +155,15 @@ def load_rows(path):
     return [([int(v) for v in r[:64]], r[64]) for r in rows]
 
 
-def make_jobs(rows, tag, count, mix, seed, samples=20, epochs=10):
+def make_jobs(rows, tag, count, mix, seed, samples=20, epochs=10, users=USERS):
     """`count` JSON jobs (proto3 JSON of attune.v1.TrainingJob) of `samples` consecutive digits each."""
     rng = random.Random(seed)
     jobs = []
     for i in range(count):
         if mix == "hot" and rng.random() < 0.5:
-            user = rng.choice(USERS[:HOT_USERS])
+            user = rng.choice(users[:HOT_USERS])
         else:
-            user = rng.choice(USERS[HOT_USERS:] if mix == "hot" else USERS)
+            user = rng.choice(users[HOT_USERS:] if mix == "hot" else users)
         start = rng.randrange(len(rows) - samples)
         chosen = [{"features": {"pixels": {"multiArray": {"shape": ["64"], "values": pixels}},
                                 "digit": {"stringValue": label}}} for pixels, label in rows[start:start + samples]]
@@ -332,6 +334,7 @@ class AttuneFleet:
 
     def stop(self):
         """SIGTERM, wait; returns the retrains the workers reported, or None if they report none."""
+        self.peak_rss_mb = [peak_rss_mb(p.pid) for p in self.procs]
         stop_all(self.procs)
         found = [int(m) for path in self.logs for m in re.findall(r"(\d+) retrains", path.read_text(errors="replace"))]
         self.procs, self.logs = [], []
@@ -360,6 +363,17 @@ class PythonFleet:
 
 
 STARTED = []  # every worker process the driver started, stopped on the way out whatever happens
+
+
+def peak_rss_mb(pid):
+    """The process's peak resident memory (VmHWM), in MiB; None once it has gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 def stop_all(procs, deadline=60):
@@ -418,7 +432,7 @@ def reset(args, admin):
         port = urllib.parse.urlparse(args.database_url).port or 5432
         with psycopg.connect(host=str(args.servers.pg_socket), port=port, user="postgres", dbname="attune",
                              autocommit=True) as conn:
-            conn.execute("VACUUM")
+            conn.execute("VACUUM ANALYZE")
             # Write out what the deletes and the vacuum dirtied now, not in a checkpoint during the next run.
             conn.execute("CHECKPOINT")
     except psycopg.Error as error:
@@ -433,14 +447,22 @@ def reset_ha(args, admin):
         conn.execute("DELETE FROM attune_personal_heads")
     superuser = re.sub(r"//[^@/]*@", "//postgres@", args.active_url)
     with psycopg.connect(superuser, autocommit=True) as conn:
-        conn.execute("VACUUM")
-        conn.execute("CHECKPOINT")
+        conn.execute("VACUUM ANALYZE")
+    # A checkpoint on each node, the standby's too (there it is a restartpoint): otherwise the standby flushes
+    # what it replayed of the last run and the reset (spread over minutes by checkpoint_completion_target)
+    # while the next run's commits wait for its WAL flushes on the same disk.
+    hosts = urllib.parse.urlparse(superuser).netloc.split("@")[-1].split(",")
+    for host in hosts:
+        name, port = host.rsplit(":", 1)
+        with psycopg.connect(host=name, port=port, user="postgres", dbname="attune", autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
     purge_queues(admin)
 
 
 def purge_queues(admin):
-    # Attune's jobs wait in partition queues attune.jobs.p00..p15 (the code before them had one queue).
-    for queue in ("attune.jobs", *(f"attune.jobs.p{i:02d}" for i in range(16)), PEER_QUEUE):
+    # Attune's jobs wait in partition queues attune.jobs.p00..p63 (16 before the count was configurable; the
+    # code before partitions had one queue).
+    for queue in ("attune.jobs", *(f"attune.jobs.p{i:02d}" for i in range(64)), PEER_QUEUE):
         channel = admin.channel()
         try:
             channel.queue_purge(queue)
@@ -721,6 +743,9 @@ def main():
     if args.only == "slots":
         slots_only(ctx, rows)
         return
+    if args.only == "scale":
+        scale_only(ctx, rows, n)
+        return
 
     log("pgbench: the commit transaction alone")
     pg_seconds = 3 if quick else 5
@@ -815,7 +840,7 @@ def ha_only(ctx, rows, n):
     ha_dir = Path(args.work) / "postgres-ha"
     ha_postmasters = [int((ha_dir / f"node{i}/postmaster.pid").read_text().split()[0]) for i in (1, 2)]
     pairs = []
-    for i in range(3):
+    for i in range(args.ha_pairs):
         pair = {}
         for key, url, roots in (("single", args.database_url, [ctx.servers.postmaster]),
                                 ("ha", args.ha_url, ha_postmasters)):
@@ -842,6 +867,36 @@ def ha_only(ctx, rows, n):
     lines.append("")
     lines.append(f"HA / single, each pair: {', '.join(fmt(p['ratio'], '.2f') for p in pairs)}; target >= 0.70: "
                  f"{'PASS' if (median['ratio'] or 0) >= 0.7 else 'MISS'} (median pair)")
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report + "\n")
+        log(f"report written to {args.out}")
+
+
+def scale_only(ctx, rows, n):
+    """1 to 48 worker processes of one slot each on the same jobs (uniform over 600 users, so every one of the
+    64 partitions gets some): the rate, how many workers committed, and each worker's peak memory. On a
+    2-core machine the point is that adding workers never hurts and every partition is served, not speed-up."""
+    args = ctx.args
+    users = [f"scale{u:03d}" for u in range(600)]
+    table = []
+    for workers in (1, 2, 4, 8, 16, 32, 48):
+        jobs = make_jobs(rows, f"w{workers}", n, "uniform", seed=5, users=users)
+        fleet = AttuneFleet(args, workers, 1)
+        r = throughput(ctx, fleet, attune_target, jobs, f"scale{workers}")
+        with db_connect(args) as conn:
+            committing = conn.execute("SELECT count(DISTINCT worker) FROM attune_personal_versions").fetchone()[0]
+        rss = [m for m in fleet.peak_rss_mb if m is not None]
+        table.append((workers, r["rate"], committing, sum(rss) / len(rss) if rss else None, max(rss) if rss else None,
+                      (r["cpu"] or {}).get("workers")))
+    lines = [f"Scale bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores; Attune: {args.attune_label or args.attune}",
+             f"{n} jobs per run (digits MLP, 20 samples, 10 epochs, 600 users), workers of 1 slot each, 64 partitions",
+             "", "| workers | jobs/s | workers that committed | peak RSS per worker, mean (MiB) | max (MiB) | worker CPU s/job |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for workers, rate, committing, mean_rss, max_rss, cpu in table:
+        lines.append(f"| {workers} | {fmt(rate, '.1f')} | {committing} of {workers} | {fmt(mean_rss, '.1f')} | "
+                     f"{fmt(max_rss, '.1f')} | {fmt(cpu, '.5f')} |")
     report = "\n".join(lines)
     print(report)
     if args.out:

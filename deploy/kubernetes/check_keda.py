@@ -20,8 +20,13 @@ def check(condition, message):
     if not condition:
         errors.append(message)
 
-# The queues Attune declares (Sources/AttuneQueue/Topology.swift): 16 partitions and the others.
-partitions = [f"attune.jobs.p{i:02d}" for i in range(16)]
+# The fleet's partition count: what the migrate Job declares (`attune topology declare --partitions N`).
+declare = [c["args"] for job in by_kind.get("Job", {}).values() for c in job["spec"]["template"]["spec"]["containers"]
+           if c["args"][:2] == ["topology", "declare"]]
+check(len(declare) == 1 and "--partitions" in declare[0], "no Job runs `attune topology declare --partitions N`")
+count = int(declare[0][declare[0].index("--partitions") + 1]) if declare and "--partitions" in declare[0] else 64
+# The queues Attune declares (Sources/AttuneQueue/Topology.swift): the partitions and the others.
+partitions = [f"attune.jobs.p{i:02d}" for i in range(count)]
 others = ["attune.jobs.dead", "attune.cancel.requests"] + [f"attune.retry.{ms}" for ms in (1000, 10000, 60000)]
 
 for name, scaled in by_kind.get("ScaledObject", {}).items():
@@ -29,8 +34,9 @@ for name, scaled in by_kind.get("ScaledObject", {}).items():
     spec = scaled["spec"]
     target = spec["scaleTargetRef"]["name"]
     check(target in by_kind.get("Deployment", {}), f"{name}: scaleTargetRef {target} is no Deployment here")
-    check(1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= len(partitions),
-          f"{name}: replicas outside 1...{len(partitions)} (a worker beyond one per partition stands by)")
+    check(1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] == len(partitions),
+          f"{name}: maxReplicaCount must follow the partition count, {len(partitions)} (a worker beyond one per "
+          "partition stands by; one fewer leaves partitions to fewer workers)")
     for trigger in spec["triggers"]:
         check(trigger["type"] == "rabbitmq", f"{name}: trigger type {trigger['type']}")
         meta = trigger["metadata"]
@@ -53,6 +59,25 @@ for name, scaled in by_kind.get("ScaledObject", {}).items():
                       f"{auth}: secret {ref['name']}/{ref['key']} is not declared")
 
 check("ScaledObject" in by_kind, "no ScaledObject")
+
+# The HA PostgreSQL (a CloudNativePG Cluster, also a CRD): a synchronous standby for every commit, an instance
+# to spare, the app role's secret declared, and the workers' database-url pointing at its read-write Service.
+for name, cluster in by_kind.get("Cluster", {}).items():
+    check(cluster["apiVersion"] == "postgresql.cnpg.io/v1", f"{name}: apiVersion")
+    spec = cluster["spec"]
+    check(spec["instances"] >= 3, f"{name}: a synchronous standby plus one to spare needs 3 instances")
+    check(1 <= spec.get("minSyncReplicas", 0) <= spec.get("maxSyncReplicas", 0) < spec["instances"],
+          f"{name}: every commit must wait for a synchronous standby (minSyncReplicas >= 1)")
+    check(spec.get("enableSuperuserAccess") is False, f"{name}: no superuser login")
+    initdb = spec["bootstrap"]["initdb"]
+    check(initdb["database"] == "attune" and initdb["owner"] == "attune", f"{name}: the attune database and owner")
+    app = by_kind.get("Secret", {}).get(initdb["secret"]["name"], {})
+    check(app.get("type") == "kubernetes.io/basic-auth" and app.get("stringData", {}).get("username") == "attune",
+          f"{name}: bootstrap secret {initdb['secret']['name']} is not the attune role's basic-auth secret")
+    check(spec["affinity"].get("podAntiAffinityType") == "required", f"{name}: instances must be on different nodes")
+    url = by_kind.get("Secret", {}).get("attune-urls", {}).get("stringData", {}).get("database-url", "")
+    check(f"@{name}-rw." in url, f"attune-urls/database-url does not name {name}-rw, the primary's Service")
+check("Cluster" in by_kind, "no PostgreSQL Cluster")
 # Every secret the workloads read is declared.
 for kind in ("Deployment", "Job"):
     for name, obj in by_kind.get(kind, {}).items():
@@ -82,4 +107,4 @@ for name, dep in by_kind.get("Deployment", {}).items():
 if errors:
     print("\n".join("FAIL " + e for e in errors))
     sys.exit(1)
-print(f"KEDA objects and cross-references: {sum(len(v) for v in by_kind.values())} objects checked")
+print(f"KEDA objects, the PostgreSQL Cluster and cross-references: {sum(len(v) for v in by_kind.values())} objects checked")
