@@ -187,9 +187,15 @@ began=$(date +%s.%N)
 watcher=$!
 sleep 1
 
-"$attune" audit record --model digits --jobs-file "$work/jobs.jsonl" --csv examples/data/digits.csv.gz \
-  --jobs "$jobs" --users "$users" --hot "$hot" --samples-per-job "$samples" ${epochs:+--epochs "$epochs"} --bad "$bad" \
-  --republish "$republish" --scheduled "${scheduled:-$((jobs / 10))}"
+publish_jobs() {
+  "$attune" audit record --model digits --jobs-file "$work/jobs.jsonl" --csv examples/data/digits.csv.gz \
+    --jobs "$jobs" --users "$users" --hot "$hot" --samples-per-job "$samples" ${epochs:+--epochs "$epochs"} --bad "$bad" \
+    --republish "$republish" --scheduled "${scheduled:-$((jobs / 10))}"
+}
+# Jobs queued before the workers start, as after an outage: the first worker takes what it can. With
+# --every-worker-commits the fleet shares the partitions out first, or that first worker would hold most of the
+# jobs in hand (a prefetch per partition consumer) before the last one has started.
+((every_worker_commits)) || publish_jobs
 
 generation=0
 started_names=()
@@ -211,6 +217,17 @@ start_worker() {
 }
 for ((w = 1; w <= workers; w++)); do start_worker "$w"; done
 say "started $workers workers of $concurrency slot(s)"
+if ((every_worker_commits)); then
+  for ((i = 0; i < 600; i++)); do
+    read -r holders fewest < <(psql "$ATTUNE_DATABASE_URL" -XAtq -F ' ' -c "
+      SELECT count(*), coalesce(min(n), 0) FROM (SELECT pid, count(*) AS n FROM pg_locks
+        WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = 417002 GROUP BY pid) AS h")
+    ((holders == workers && fewest >= 1)) && break
+    sleep 0.2
+  done
+  say "$holders workers hold partitions, each at least $fewest"
+  publish_jobs
+fi
 
 versions() {
   psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT count(*) FROM attune_personal_versions" 2>/dev/null || echo 0

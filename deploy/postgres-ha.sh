@@ -146,7 +146,7 @@ up() {
 # throwaway cluster written by deploy/postgres-ha.sh
 fsync = $fsync
 shared_buffers = $buffers
-max_connections = 100
+max_connections = 300  # room for a fleet of 48 workers and more, each with a lease session and its slots
 EOF
         run_keeper "$i"
         if [ "$i" = 1 ]; then

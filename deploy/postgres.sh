@@ -85,7 +85,7 @@ fsync = $durability
 synchronous_commit = $commits
 full_page_writes = $durability
 shared_buffers = $buffers
-max_connections = 100
+max_connections = 300  # room for a fleet of 48 workers and more, each with a lease session and its slots
 EOF
         # ATTUNE_TLS_DIR (deploy/tls.sh): TLS beside the plain listener, and over TLS a client certificate
         # whose CN is the role it logs in as (the hostssl lines come first: `host` lines match TLS too).

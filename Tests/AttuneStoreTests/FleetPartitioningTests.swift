@@ -36,29 +36,3 @@ final class FleetPartitioningTests: XCTestCase {
     }
 }
 
-/// Versions no longer lock their base model's row (migration 0017), yet a base model with versions still
-/// cannot be deleted.
-final class BaseModelInUseTests: XCTestCase {
-    func testABaseModelWithVersionsCannotBeDeletedAndOneWithoutCan() throws {
-        let conn = try makeSchema().migrated()
-        let registry = ModelRegistry(connection: conn)
-        _ = try registry.importBaseModel(name: "digits", kind: "k", bytes: Data("base".utf8))
-        _ = try registry.importBaseModel(name: "spare", kind: "k", bytes: Data("spare".utf8))
-        let version = NewPersonalVersion(user: "ann", model: "digits", baseVersion: 1, parentVersion: 0, jobId: "j1",
-                                         state: Data("s".utf8), loss: 0.5, samples: 1, epochs: 1, durationSeconds: 0,
-                                         worker: "w", jobDigest: String(repeating: "ab", count: 32))
-        guard case .success(.committed) = try registry.commitVersions([version])[0] else { return XCTFail("not committed") }
-        // The head goes first (its own foreign key would refuse too): the versions alone must still hold the base.
-        try conn.query("DELETE FROM attune_personal_heads")
-        XCTAssertThrowsError(try conn.query("DELETE FROM attune_base_models WHERE name = 'digits'")) { error in
-            XCTAssertEqual((error as? DatabaseError)?.sqlState, "23503", "\(error)")
-            XCTAssertTrue("\(error)".contains("digits@1 has personal versions"), "\(error)")
-        }
-        XCTAssertNoThrow(try conn.query("DELETE FROM attune_base_models WHERE name = 'spare'"))
-        let constraints = try conn.query("""
-            SELECT count(*) AS n FROM pg_constraint
-            WHERE conrelid = 'attune_personal_versions'::regclass AND contype = 'f'
-            """)[0]
-        XCTAssertEqual(try constraints.int("n"), 0, "no foreign key: a version's insert locks no base-model row")
-    }
-}
