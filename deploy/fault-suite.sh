@@ -20,9 +20,10 @@
 #                         [--bad B] [--republish R] [--scheduled L] [--samples S] [--epochs E] [--timeout SECONDS]
 #                         [--pg-terminates N] [--pg-restarts N] [--pg-crashes N] [--pg-kills N]
 #                         [--cluster N] [--node-kills N] [--ha] [--ha-kills N] [--ha-failovers N] [--debug] [--keep]
-#                         [--partitions N] [--every-worker-commits]
+#                         [--partitions N] [--every-worker-commits] [--prefetch Q]
 #
 # --partitions: the fleet's partition count (`attune topology declare --partitions N`; default 64).
+# --prefetch: the workers' --prefetch (deliveries in hand per partition consumed; the worker's default 32).
 # --every-worker-commits: fail unless every worker process started committed at least one version (a run
 # with more workers than the old 16 partitions, every one of them busy).
 #
@@ -48,10 +49,12 @@
 #
 # --debug uses the debug binary `swift build` made (CI); otherwise a release build. --keep leaves the
 # folder (logs, jobs.jsonl, events.jsonl) in place.
-set -euo pipefail
+set -Eeuo pipefail
+# A step that fails ends the run; say which, since set -e alone ends it without a word.
+trap 'echo "FAIL: fault-suite.sh line $LINENO: \"$BASH_COMMAND\" exited $?" >&2' ERR
 cd "$(dirname "$0")/.."
 jobs=3000 users=60 hot=3 workers=4 concurrency=1 kills=8 sigterms=3 bad=15 republish=30 scheduled= samples=100 epochs= timeout=900
-build=release keep=0 cluster=0 partitions= every_worker_commits=0
+build=release keep=0 cluster=0 partitions= every_worker_commits=0 prefetch=
 pg_terminates=20 pg_restarts_planned=1 pg_crashes_planned=1 pg_kills_planned=1 node_kills_planned=1
 ha=0 ha_kills_planned=1 ha_failovers_planned=1
 while (($#)); do
@@ -79,6 +82,7 @@ while (($#)); do
     --ha-kills) ha_kills_planned=$2; shift ;;
     --ha-failovers) ha_failovers_planned=$2; shift ;;
     --partitions) partitions=$2; shift ;;
+    --prefetch) prefetch=$2; shift ;;
     --every-worker-commits) every_worker_commits=1 ;;
     --debug) build=debug ;;
     --keep) keep=1 ;;
@@ -211,7 +215,7 @@ start_worker() {
   generation=$((generation + 1))
   name[$slot]=fault-$slot-$generation
   started_names+=("${name[$slot]}")
-  PGAPPNAME=${name[$slot]} "$attune" worker --no-migrate --name "${name[$slot]}" --concurrency "$concurrency" --heartbeat 5 --shutdown-deadline 3 \
+  PGAPPNAME=${name[$slot]} "$attune" worker --no-migrate --name "${name[$slot]}" --concurrency "$concurrency" --heartbeat 5 --shutdown-deadline 3 ${prefetch:+--prefetch "$prefetch"} \
     --amqp-url "$(broker_urls "$slot")" >>"$work/worker-$slot.log" 2>&1 &
   pid[$slot]=$!
 }

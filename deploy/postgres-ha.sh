@@ -232,7 +232,8 @@ case "$CMD" in
     kill) kill_node "${3:?usage: kill DIR N}" ;;
     crash)
         p=$(primary) || die "no primary now"
-        as_pg "$PG_BIN/pg_ctl" -D "$(node_dir "$p")" -m immediate stop >>"$DIR/log/crash.log" 2>&1 \
+        # -W: its keeper starts it again at once, and pg_ctl waiting for the pid file to go would then time out.
+        as_pg "$PG_BIN/pg_ctl" -D "$(node_dir "$p")" -m immediate -W stop >>"$DIR/log/crash.log" 2>&1 \
             || { tail -5 "$DIR/log/crash.log" >&2; die "pg_ctl stop -m immediate failed on node$p"; }
         log "node$p (primary) crashed; its pg_autoctl starts it again" ;;
     start) run_keeper "${3:?usage: start DIR N}" ;;

@@ -497,20 +497,27 @@ def wait_for(listener, count, stall_seconds=60):
         time.sleep(0.1)
 
 
-def throughput(ctx, fleet, target, jobs, tag):
-    """Queue every job first, then start the fleet; the rate between the 10% and 90% marks."""
+def throughput(ctx, fleet, target, jobs, tag, settled=False):
+    """Queue every job first, then start the fleet; the rate between the 10% and 90% marks. `settled`: start
+    the fleet first and queue the jobs once every worker holds its share of the partitions, so that a large
+    fleet's start-up is not what is measured and every worker can be seen to commit."""
     args = ctx.args
     reset(args, ctx.admin)
+    if settled:
+        fleet.start(tag)
+        wait_for_partition_share(args, fleet)
     t0 = time.monotonic()
-    for job_id, user, body in jobs:
-        ctx.publisher.publish(*target(args, user), job_id, body)
-    ctx.publisher.wait_confirmed()
-    log(f"{fleet.label}: queued {len(jobs)} jobs in {time.monotonic() - t0:.1f} s; starting the workers")
     n = len(jobs)
     lo, hi = max(1, round(0.1 * n)), round(0.9 * n)
     snap = lambda: ctx.servers.snapshot(fleet.roots())  # noqa: E731
     ctx.listener.track([j[0] for j in jobs], {lo: snap, hi: snap})
-    fleet.start(tag)
+    for job_id, user, body in jobs:
+        ctx.publisher.publish(*target(args, user), job_id, body)
+    ctx.publisher.wait_confirmed()
+    log(f"{fleet.label}: queued {len(jobs)} jobs in {time.monotonic() - t0:.1f} s"
+        + ("" if settled else "; starting the workers"))
+    if not settled:
+        fleet.start(tag)
     finished = wait_for(ctx.listener, n)
     retrains = fleet.stop()
     result = {"label": fleet.label, "jobs": n, "done": ctx.listener.count(), "failed": ctx.listener.failed,
@@ -867,6 +874,11 @@ def ha_only(ctx, rows, n):
     lines.append("")
     lines.append(f"HA / single, each pair: {', '.join(fmt(p['ratio'], '.2f') for p in pairs)}; target >= 0.70: "
                  f"{'PASS' if (median['ratio'] or 0) >= 0.7 else 'MISS'} (median pair)")
+    print_report(args, lines)
+
+
+def print_report(args, lines):
+    """A mode's table on stdout, and in --out when given."""
     report = "\n".join(lines)
     print(report)
     if args.out:
@@ -885,7 +897,7 @@ def scale_only(ctx, rows, n):
     for workers in (1, 2, 4, 8, 16, 32, 48):
         jobs = make_jobs(rows, f"w{workers}", n, "uniform", seed=5, users=users)
         fleet = AttuneFleet(args, workers, 1)
-        r = throughput_of_a_settled_fleet(ctx, fleet, jobs, f"scale{workers}")
+        r = throughput(ctx, fleet, attune_target, jobs, f"scale{workers}", settled=True)
         with db_connect(args) as conn:
             committing = conn.execute("SELECT count(DISTINCT worker) FROM attune_personal_versions").fetchone()[0]
         rss = [m for m in fleet.peak_rss_mb if m is not None]
@@ -898,20 +910,11 @@ def scale_only(ctx, rows, n):
     for workers, rate, committing, mean_rss, max_rss, cpu in table:
         lines.append(f"| {workers} | {fmt(rate, '.1f')} | {committing} of {workers} | {fmt(mean_rss, '.1f')} | "
                      f"{fmt(max_rss, '.1f')} | {fmt(cpu, '.5f')} |")
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report + "\n")
-        log(f"report written to {args.out}")
+    print_report(args, lines)
 
 
-def throughput_of_a_settled_fleet(ctx, fleet, jobs, tag):
-    """`throughput`, but the workers start first and the jobs are queued only once every worker holds its
-    share of the partitions (PostgreSQL's lease locks): so a large fleet's start-up is not what is measured,
-    and every worker can be seen to commit."""
-    args = ctx.args
-    reset(args, ctx.admin)
-    fleet.start(tag)
+def wait_for_partition_share(args, fleet):
+    """Until every worker of `fleet` holds its share of the 64 partitions (PostgreSQL's lease locks)."""
     deadline = time.monotonic() + 180
     with db_connect(args) as conn:
         while time.monotonic() < deadline:
@@ -920,29 +923,9 @@ def throughput_of_a_settled_fleet(ctx, fleet, jobs, tag):
                 "FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = 417002 "
                 "GROUP BY pid) AS h").fetchone()
             if holders == fleet.workers and held == 64 and fewest >= 64 // fleet.workers:
-                break
+                return
             time.sleep(0.2)
-        else:
-            log(f"{fleet.label}: the partitions were not shared out within 180 s ({holders} holders, {held} held)")
-    n = len(jobs)
-    lo, hi = max(1, round(0.1 * n)), round(0.9 * n)
-    snap = lambda: ctx.servers.snapshot(fleet.roots())  # noqa: E731
-    ctx.listener.track([j[0] for j in jobs], {lo: snap, hi: snap})
-    for job_id, user, body in jobs:
-        ctx.publisher.publish(*attune_target(args, user), job_id, body)
-    ctx.publisher.wait_confirmed()
-    finished = wait_for(ctx.listener, n)
-    retrains = fleet.stop()
-    result = {"label": fleet.label, "jobs": n, "done": ctx.listener.count(), "failed": ctx.listener.failed,
-              "retrains": retrains, "rate": None, "cpu": None}
-    marks = ctx.listener.mark_results
-    if lo in marks and hi in marks:
-        (t_lo, cpu_lo), (t_hi, cpu_hi) = marks[lo], marks[hi]
-        result["rate"] = (hi - lo) / (t_hi - t_lo)
-        result["cpu"] = {k: (cpu_hi[k] - cpu_lo[k]) / (hi - lo) for k in cpu_lo}
-    log(f"{fleet.label}: {fmt(result['rate'], '.1f')} jobs/s ({result['done']}/{n} ended, "
-        f"{result['failed']} failed){'' if finished else ' INCOMPLETE'}")
-    return result
+    log(f"{fleet.label}: the partitions were not shared out within 180 s ({holders} holders, {held} held)")
 
 
 def latency_only(ctx, rows, n):
