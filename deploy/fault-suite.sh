@@ -251,7 +251,7 @@ await_started() {
 killed=0 terminated=0 pg_restarts=0 pg_crashes=0 pg_kills=0 amqp_restarts=0 node_kills=0 after_node_loss=()
 pg_terminate_rounds=0 backends_in_commit=0 backends_busy=0 backends_idle=0 last_pg_outage=0
 ha_kills=0 ha_failovers=0 ha_writable_after=() ha_rejoined_after=() ha_failover_took=()
-ha_outage_at=()  # when each primary was killed or each planned failover began (epoch seconds)
+ha_outages=()  # each failover as "BEGIN END" (epoch seconds): the kill or the planned failover's start, and when writes resumed
 start_postgres() {
   deploy/postgres.sh start "$work/postgres" "$pg_port" >/dev/null 2>>"$work/servers.log"
 }
@@ -354,7 +354,6 @@ chaos() {
       sleep "0.$((RANDOM % 10))"
       say "SIGKILLing PostgreSQL node $was, the primary (its postmaster and pg_autoctl)"
       t0=$(date +%s.%N)
-      ha_outage_at+=("$t0")
       deploy/postgres-ha.sh kill "$work/postgres-ha" "$was" 2>>"$work/servers.log"
       # Writable again once pg_auto_failover has promoted the secondary; the URL finds it.
       until psql "$ATTUNE_DATABASE_URL" -XAtqc "SELECT 1" >/dev/null 2>&1; do
@@ -363,6 +362,7 @@ chaos() {
       done
       waited=$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")
       ha_writable_after+=("$waited")
+      ha_outages+=("$t0 $(date +%s.%N)")
       say "node $(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") took writes $waited s after the kill; starting node $was again"
       t0=$(date +%s.%N)
       deploy/postgres-ha.sh start "$work/postgres-ha" "$was" 2>>"$work/servers.log"
@@ -380,10 +380,10 @@ chaos() {
         || { echo "FAIL: pg_auto_failover names no primary" >&2; exit 1; }
       say "planned failover away from PostgreSQL node $was"
       t0=$(date +%s.%N)
-      ha_outage_at+=("$t0")
       deploy/postgres-ha.sh failover "$work/postgres-ha" 2>>"$work/servers.log" \
         || { echo "FAIL: the planned failover did not complete" >&2; exit 1; }
       ha_failover_took+=("$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")")
+      ha_outages+=("$t0 $(date +%s.%N)")
       ha_failovers=$((ha_failovers + 1))
       last_pg_outage=$(date +%s)
       say "node $(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") is primary after ${ha_failover_took[-1]} s" ;;
@@ -517,12 +517,20 @@ if missing:
     sys.exit(1)
 PY
 if ((ha)); then
-  # The stall a failover caused the fleet: from the primary's death (or the planned failover's start) to the
-  # next version committed, by the database's clock (created_at), on the same machine as this script's.
+  # The stall a failover caused the fleet: the longest pause between two consecutive committed versions
+  # (created_at, the database's clock, on this machine) that overlaps the failover, from the kill or the
+  # planned failover's start to when the URL took writes again, and that began at most 5 s before it (n/a: the
+  # fleet was not committing then). (The next version after the kill is no measure: commits of the old
+  # primary's last moments, replicated, come after the moment the kill began.)
   stalls=()
-  for t in "${ha_outage_at[@]}"; do
-    stalls+=("$(psql "$ATTUNE_DATABASE_URL" -XAtqc "SELECT coalesce(round((extract(epoch FROM min(created_at)) - $t)::numeric, 1)::text, 'n/a')
-                FROM attune_personal_versions WHERE created_at > to_timestamp($t)")")
+  for outage in "${ha_outages[@]}"; do
+    read -r t0 t1 <<<"$outage"
+    stalls+=("$(psql "$ATTUNE_DATABASE_URL" -XAtqc "
+      SELECT coalesce(round(max(extract(epoch FROM next - at))::numeric, 1)::text, 'n/a')
+      FROM (SELECT created_at AS at, lead(created_at) OVER (ORDER BY created_at) AS next
+            FROM attune_personal_versions) AS g
+      WHERE next >= to_timestamp($t0) AND at <= to_timestamp($t1)
+        AND at >= to_timestamp($t0) - interval '5 seconds'")")
   done
 fi
 # Which of the started workers committed a version: with more workers than the old 16 partitions, each
@@ -557,8 +565,8 @@ echo "workers killed       $killed (SIGKILL)"
 echo "workers stopped      $terminated by SIGTERM mid-run, $((${#stopped[@]} - terminated)) at the end; non-zero exits: $term_failures"
 [ -f "$work/term-times" ] && echo "SIGTERM to exit (s)  $(sort -n -k2 "$work/term-times" | awk '{print $2}' | tr '\n' ' ')"
 if ((ha)); then
-  echo "fleet stalled (s)    ${stalls[*]:-none} (per failover: from the primary's death or the planned failover's start to the next committed version)$(
-    printf '%s\n' "${stalls[@]}" | grep -v n/a | sort -n | awk '{v[NR]=$1} END {if (NR) printf "; min %s, median %s, max %s", v[1], v[int((NR+1)/2)], v[NR]}')"
+  echo "fleet stalled (s)    ${stalls[*]:-none} (per failover: the longest pause between committed versions that overlaps it)$(
+    printf "%s\n" "${stalls[@]}" | { grep -v n/a || true; } | sort -n | awk '{v[NR]=$1} END {if (NR) printf "; min %s, median %s, max %s", v[1], v[int((NR+1)/2)], v[NR]}')"
   echo "PostgreSQL HA        primary SIGKILLed $ha_kills of $ha_kills_planned (writes again after ${ha_writable_after[*]:-} s; killed node a secondary again after ${ha_rejoined_after[*]:-} s); planned failovers $ha_failovers of $ha_failovers_planned (${ha_failover_took[*]:-} s)"
 fi
 echo "PostgreSQL faults    $pg_terminate_rounds of $pg_terminates termination rounds ($backends_in_commit backends killed in a commit, $backends_busy in another statement, $backends_idle idle); $pg_restarts of $pg_restarts_planned restarts, $pg_crashes of $pg_crashes_planned crashes (immediate stop), $pg_kills of $pg_kills_planned postmaster SIGKILLs"
