@@ -309,14 +309,7 @@ final class JobSteps {
             if case .success(.committed) = outcome {} else { written.removeValue(forKey: candidate.key) }
             switch outcome {
             case .success(.committed(let version)):
-                results[candidate.index] = .outcome(.committed(version: version, loss: entry.result.loss,
-                                                               durationSeconds: entry.result.durationSeconds,
-                                                               validation: entry.result.validation))
-                if written.count >= maxWritten { written.removeAll(keepingCapacity: true) }
-                written[candidate.key] = Head(version: version, baseVersion: entry.version.baseVersion,
-                                              state: entry.result.state)
-                if committedIds.count >= maxWritten { committedIds.removeAll(keepingCapacity: true) }
-                committedIds.insert(candidate.job.jobID)
+                settle(entry, committedAs: version, results: &results)
             case .success(.duplicate(let existing)):
                 results[candidate.index] = .outcome(RepeatedJob.outcome(jobId: candidate.job.jobID,
                                                                         digest: candidate.digest, applied: existing))
@@ -331,6 +324,18 @@ final class JobSteps {
             }
         }
         return again
+    }
+
+    /// A job this slot committed as `version`: its result, and the head and job id the slot remembers.
+    private func settle(_ entry: Staged, committedAs version: Int, results: inout [JobResult?]) {
+        let candidate = entry.candidate
+        results[candidate.index] = .outcome(.committed(version: version, loss: entry.result.loss,
+                                                       durationSeconds: entry.result.durationSeconds,
+                                                       validation: entry.result.validation))
+        if written.count >= maxWritten { written.removeAll(keepingCapacity: true) }
+        written[candidate.key] = Head(version: version, baseVersion: entry.version.baseVersion, state: entry.result.state)
+        if committedIds.count >= maxWritten { committedIds.removeAll(keepingCapacity: true) }
+        committedIds.insert(candidate.job.jobID)
     }
 
     /// The commit's answer was lost: the versions may exist or not, on this server or (after a failover) on
@@ -376,10 +381,7 @@ final class JobSteps {
                                                                         digest: candidate.digest, applied: record))
                 continue
             }
-            results[candidate.index] = .outcome(.committed(version: record.version, loss: entry.result.loss,
-                                                           durationSeconds: entry.result.durationSeconds,
-                                                           validation: entry.result.validation))
-            committedIds.insert(candidate.job.jobID)
+            settle(entry, committedAs: record.version, results: &results)
         }
         failures.info("\(JobNames.list(ids)): \(staged.count - again.count) found committed, \(again.count) to commit again")
         return again
