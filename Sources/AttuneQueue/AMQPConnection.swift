@@ -175,6 +175,14 @@ public final class AMQPConnection {
         try checkReply(on: adminChannel, "bind queue \(queue) to \(exchange) with key \(key)")
     }
 
+    public func unbind(queue: String, exchange: String, key: String) throws {
+        let state = try adminReady()
+        let arena = CArena()
+        _ = amqp_queue_unbind(state, adminChannel, arena.bytes(queue), arena.bytes(exchange), arena.bytes(key),
+                              amqp_empty_table)
+        try checkReply(on: adminChannel, "unbind queue \(queue) from \(exchange) with key \(key)")
+    }
+
     /// Declares a server-named, exclusive, auto-delete queue bound to `attune.events` with each of
     /// `bindingKeys` (see `EventRouting.bindingKey`) and returns its name; then `consume(queue:)` it.
     /// The queue disappears with this connection.
@@ -220,7 +228,8 @@ public final class AMQPConnection {
         return count
     }
 
-    /// Deletes `queue` (tests and tools use it to clean up).
+    /// Deletes `queue` with whatever it holds (tests and tools use it to clean up). There is no "only if
+    /// empty": quorum queues answer that flag with 540 NOT_IMPLEMENTED, which closes the connection.
     public func deleteQueue(_ queue: String) throws {
         let state = try adminReady()
         let arena = CArena()

@@ -19,8 +19,30 @@ public struct JobQueues {
     /// (delete the old one first), and with 503 COMMAND_INVALID or 404 when the consistent-hash plugin is
     /// not enabled.
     public func declare(partitions: Int? = nil) throws {
-        try declare(Self.declarations(partitions: partitions))
+        try declare(Self.declarations(layout: partitions.map { PartitionLayout.single($0) }))
     }
+
+    /// `declare(partitions:)` for a fleet's whole layout: the current generation's partition queues,
+    /// bound to the jobs exchange, and during a repartition the draining generation's, bound only for
+    /// retries (`Self.declarations(layout:)`).
+    public func declare(layout: PartitionLayout) throws {
+        try declare(Self.declarations(layout: layout))
+    }
+
+    /// The first step of a repartition on the broker: `layout.current`, the new generation, gets its queues
+    /// and takes the users' jobs; then the draining generation's queues are unbound from the jobs exchange,
+    /// so nothing new reaches them (retries still find their way back). Between the two steps a user's
+    /// jobs hash onto one queue of either generation, which the drain keeps in order. Idempotent.
+    public func routeJobs(to layout: PartitionLayout) throws {
+        try declare(layout: layout)
+        guard let draining = layout.draining else { return }
+        for partition in draining.all {
+            try connection.unbind(queue: partition.queue, exchange: Topology.jobsExchange, key: Self.hashWeight)
+        }
+    }
+
+    /// The binding key of a consistent-hash exchange is the queue's weight: all equal.
+    static let hashWeight = "1"
 
     private func declare(_ declarations: [Declaration]) throws {
         for declaration in declarations {
@@ -59,6 +81,12 @@ public struct JobQueues {
     /// The topology, in declaration order: exchanges before the queues bound to them; the partition
     /// queues only with their count.
     public static func declarations(partitions: Int?) -> [Declaration] {
+        declarations(layout: partitions.map { PartitionLayout.single($0) })
+    }
+
+    /// The topology for a fleet's partition layout: the draining generation's queues without the jobs
+    /// exchange's binding, since redeclaring that would undo a repartition's routing.
+    public static func declarations(layout: PartitionLayout?) -> [Declaration] {
         var all: [Declaration] = [
             .exchange(name: Topology.jobsExchange, type: "x-consistent-hash"),
             .exchange(name: Topology.deadExchange, type: "direct"),
@@ -72,7 +100,9 @@ public struct JobQueues {
             .queue(name: Topology.deadQueue, arguments: [("x-queue-type", .string("quorum"))]),
             .binding(queue: Topology.deadQueue, exchange: Topology.deadExchange, key: Topology.deadRoutingKey, arguments: []),
         ]
-        for queue in Topology.jobsQueues(count: partitions ?? 0) {
+        let routed = layout.map { $0.current.all.map { ($0.queue, true) } } ?? []
+        let draining = layout?.draining.map { $0.all.map { ($0.queue, false) } } ?? []
+        for (queue, takesNewJobs) in draining + routed {
             all.append(.queue(name: queue, arguments: [
                 ("x-queue-type", .string("quorum")),
                 ("x-single-active-consumer", .bool(true)),
@@ -80,8 +110,9 @@ public struct JobQueues {
                 ("x-dead-letter-exchange", .string(Topology.deadExchange)),
                 ("x-dead-letter-routing-key", .string(Topology.deadRoutingKey)),
             ] + atLeastOnceDeadLettering))
-            // The binding key of a consistent-hash exchange is the queue's weight: all equal.
-            all.append(.binding(queue: queue, exchange: Topology.jobsExchange, key: "1", arguments: []))
+            if takesNewJobs {
+                all.append(.binding(queue: queue, exchange: Topology.jobsExchange, key: hashWeight, arguments: []))
+            }
             all.append(.binding(queue: queue, exchange: Topology.partitionsExchange, key: queue, arguments: []))
         }
         for delay in Topology.retryDelaysMs { all += retryQueue(delayMs: delay) }
@@ -121,6 +152,12 @@ public struct JobQueues {
 
     private func declareRetryQueue(delayMs: Int) throws {
         try declare(Self.retryQueue(delayMs: delayMs))
+    }
+
+    /// Declares the retry queues of delays other than `Topology.retryDelaysMs` up front (a worker with its
+    /// own retry policy), so that they can be looked at before the first retry.
+    public func declareRetryQueues(delaysMs: [Int]) throws {
+        for delay in Set(delaysMs).subtracting(Topology.retryDelaysMs).sorted() { try declareRetryQueue(delayMs: delay) }
     }
 
     private static func retryQueue(delayMs: Int) -> [Declaration] {

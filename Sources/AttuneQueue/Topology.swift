@@ -1,3 +1,5 @@
+import AttuneSpec
+
 /// Names and arguments of everything Attune declares on the broker. Every worker and producer declares
 /// the same topology at start (`JobQueues.declare()`; workers with the fleet's partition queues), so these
 /// constants are the only place the names live; changing an argument here means deleting the old queue or exchange on the broker first, because
@@ -13,14 +15,15 @@ public enum Topology {
     /// agrees on it; a fleet that ran before it was kept there runs on the 16 the code had then.
     public static let defaultPartitionCount = 64
     /// The most partitions a fleet may have: queue names keep to three digits.
-    public static let maxPartitionCount = 999
-    /// The durable quorum queue of partition `index`. Single active consumer: whichever worker holds
-    /// the partition, only it receives the partition's jobs, so one user's jobs are never raced.
-    public static func jobsPartition(_ index: Int) -> String {
-        index < 10 ? "attune.jobs.p0\(index)" : "attune.jobs.p\(index)"
+    public static let maxPartitionCount = JobPartition.maxCount
+    /// The durable quorum queue of partition `index` of the fleet's first generation of partitions (a
+    /// repartition starts another: `JobPartition`). Single active consumer: whichever worker holds the
+    /// partition, only it receives the partition's jobs, so one user's jobs are never raced.
+    public static func jobsPartition(_ index: Int) -> String { JobPartition(generation: 0, index: index).queue }
+    /// Every partition queue of a fleet of `count` partitions of `generation`, in partition order.
+    public static func jobsQueues(count: Int, generation: Int = 0) -> [String] {
+        JobPartition.all(count: count, generation: generation).map(\.queue)
     }
-    /// Every partition queue of a fleet of `count` partitions, in partition order.
-    public static func jobsQueues(count: Int) -> [String] { (0..<count).map(jobsPartition) }
     /// Durable direct exchange with each partition queue bound under its own name: how a retried job
     /// finds its way back to the partition it came from. Dead-lettering (which a retry queue's expiry is)
     /// publishes without `mandatory`, so it must go through bindings that are always there: a direct
@@ -76,4 +79,13 @@ public enum Topology {
 
     /// Name of the retry queue that holds messages for `delayMs` before sending them back to the jobs.
     public static func retryQueue(delayMs: Int) -> String { "attune.jobs.retry.\(delayMs)" }
+}
+
+extension JobPartition {
+    /// Its durable quorum queue. Generation 0 keeps the names fleets had before generations existed
+    /// (`attune.jobs.p07`); later ones carry theirs (`attune.jobs.g1.p07`).
+    public var queue: String {
+        let number = index < 10 ? "p0\(index)" : "p\(index)"
+        return generation == 0 ? "attune.jobs.\(number)" : "attune.jobs.g\(generation).\(number)"
+    }
 }

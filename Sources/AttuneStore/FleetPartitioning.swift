@@ -1,22 +1,126 @@
+import AttuneSpec
 import Foundation
 
-/// How many job partitions the fleet runs on, as PostgreSQL keeps it (`attune_topology`): every worker
-/// consumes, and `attune topology` declares, that many partition queues, so they all agree however each
-/// was started.
+/// The fleet's partition layout as PostgreSQL keeps it (`attune_topology`): every worker consumes, and
+/// `attune topology` declares, the partition queues it names, so they all agree however each was started.
+/// A repartition moves it through three states, each a single-row update: the new generation routed but
+/// the old one still bound (`draining`, not `drainingUnbound`), the old one unbound and draining, and
+/// the new one alone once every old partition was recorded drained.
 public enum FleetPartitioning {
-    /// The count stored, or nil before anyone chose one.
-    public static func current(on connection: PostgresConnection) throws -> Int? {
-        let rows = try connection.query("SELECT partitions FROM attune_topology").rows
-        return try rows.first.map { try $0.int("partitions") }
+    /// The layout stored, or nil before anyone chose a count.
+    public static func layout(on connection: PostgresConnection) throws -> PartitionLayout? {
+        let rows = try connection.query("""
+            SELECT generation, partitions, draining_generation, draining_partitions,
+                   draining_unbound_at IS NOT NULL AS unbound, retired_generation, retired_partitions
+            FROM attune_topology
+            """).rows
+        return try rows.first.map { row in
+            let generation = { (number: String, count: String) throws -> PartitionLayout.Generation? in
+                guard let number = try row.optionalInt(number), let count = try row.optionalInt(count) else { return nil }
+                return PartitionLayout.Generation(number: number, partitions: count)
+            }
+            return PartitionLayout(current: try generation("generation", "partitions")!,
+                                   draining: try generation("draining_generation", "draining_partitions"),
+                                   drainingUnbound: try row.bool("unbound"),
+                                   retired: try generation("retired_generation", "retired_partitions"))
+        }
     }
 
-    /// The count stored; when none is, stores `proposed` first (the first of several processes racing here
-    /// wins, and the others read what it stored).
-    public static func establish(on connection: PostgresConnection, proposing proposed: Int) throws -> Int {
+    /// The current generation's count, or nil before anyone chose one.
+    public static func current(on connection: PostgresConnection) throws -> Int? {
+        try layout(on: connection)?.current.partitions
+    }
+
+    /// The layout stored; when none is, stores one generation of `proposed` partitions first (the first of
+    /// several processes racing here wins, and the others read what it stored).
+    public static func establish(on connection: PostgresConnection, proposing proposed: Int) throws -> PartitionLayout {
         try connection.query("INSERT INTO attune_topology (partitions) VALUES ($1) ON CONFLICT DO NOTHING", [proposed])
-        guard let stored = try current(on: connection) else {
+        guard let stored = try layout(on: connection) else {
             throw DatabaseError(kind: .decoding, operation: "read attune_topology", message: "no row after inserting one")
         }
         return stored
     }
+
+    /// Starts a repartition to `partitions`: a new generation becomes current and the one before it starts
+    /// draining. Returns the new layout; throws `RepartitionRefused` while another repartition drains, or
+    /// when the fleet already runs on that count. Resuming one to the same count returns its layout.
+    public static func beginRepartition(to partitions: Int, on connection: PostgresConnection) throws -> PartitionLayout {
+        guard let before = try layout(on: connection) else {
+            throw RepartitionRefused(reason: "the fleet has no topology yet: run `attune topology declare --partitions \(partitions)`")
+        }
+        if let draining = before.draining {
+            guard before.current.partitions == partitions else {
+                throw RepartitionRefused(reason: """
+                    a repartition from \(draining.partitions) to \(before.current.partitions) partitions is still draining; \
+                    let it finish (`attune topology status`) before starting another
+                    """)
+            }
+            return before
+        }
+        guard before.current.partitions != partitions else {
+            throw RepartitionRefused(reason: "the fleet already runs on \(partitions) partitions")
+        }
+        let updated = try connection.query("""
+            UPDATE attune_topology
+            SET generation = generation + 1, partitions = $1, draining_generation = generation,
+                draining_partitions = partitions, draining_unbound_at = NULL, changed_at = now()
+            WHERE generation = $2 AND draining_generation IS NULL
+            """, [partitions, before.current.number]).affectedRows
+        guard updated == 1 else {
+            throw RepartitionRefused(reason: "the topology changed while this repartition started; run it again")
+        }
+        return try layout(on: connection)!
+    }
+
+    /// Records that the draining generation's queues no longer receive jobs: from now on a partition found
+    /// empty stays empty, and workers may record it drained.
+    public static func markUnbound(generation: Int, on connection: PostgresConnection) throws {
+        try connection.query("""
+            UPDATE attune_topology SET draining_unbound_at = coalesce(draining_unbound_at, now())
+            WHERE draining_generation = $1
+            """, [generation])
+    }
+
+    /// Records `partition` of the draining generation drained; when it was the last, the repartition ends
+    /// (the draining generation becomes retired) in the same statement. Returns whether it has ended.
+    @discardableResult
+    public static func recordDrained(_ partition: JobPartition, by worker: String, on connection: PostgresConnection) throws -> Bool {
+        try connection.query("""
+            INSERT INTO attune_drained_partitions (generation, partition, worker) VALUES ($1, $2, $3)
+            ON CONFLICT DO NOTHING
+            """, [partition.generation, partition.index, worker])
+        return try finishIfDrained(on: connection)
+    }
+
+    /// Ends the repartition if every partition of the draining generation is recorded drained.
+    @discardableResult
+    public static func finishIfDrained(on connection: PostgresConnection) throws -> Bool {
+        try connection.query("""
+            UPDATE attune_topology
+            SET retired_generation = draining_generation, retired_partitions = draining_partitions,
+                draining_generation = NULL, draining_partitions = NULL, draining_unbound_at = NULL, changed_at = now()
+            WHERE draining_unbound_at IS NOT NULL
+              AND (SELECT count(*) FROM attune_drained_partitions d
+                   WHERE d.generation = draining_generation AND d.partition < draining_partitions) = draining_partitions
+            """).affectedRows == 1
+    }
+
+    /// The draining generation's partitions recorded drained so far.
+    public static func drained(generation: Int, on connection: PostgresConnection) throws -> Set<Int> {
+        Set(try connection.query("SELECT partition FROM attune_drained_partitions WHERE generation = $1", [generation])
+            .rows.map { try $0.int("partition") })
+    }
+
+    /// Forgets the retired generation once its queues are gone from the broker.
+    public static func forgetRetired(generation: Int, on connection: PostgresConnection) throws {
+        try connection.query("""
+            UPDATE attune_topology SET retired_generation = NULL, retired_partitions = NULL WHERE retired_generation = $1
+            """, [generation])
+    }
+}
+
+/// `attune topology repartition` cannot start: says why and what to do.
+public struct RepartitionRefused: Error, CustomStringConvertible {
+    public let reason: String
+    public var description: String { reason }
 }

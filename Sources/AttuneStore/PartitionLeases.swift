@@ -1,3 +1,4 @@
+import AttuneSpec
 import Foundation
 
 /// Which job partitions this worker takes, agreed among the live workers through PostgreSQL session
@@ -13,17 +14,15 @@ public final class PartitionLeases {
     static let partitionClass: Int32 = 417_002
 
     public let memberId: Int32
-    public let partitionCount: Int
-    private let connection: PostgresConnection
+    /// Also for reading the fleet's layout at each look: one session per worker does both.
+    public let connection: PostgresConnection
     /// Partitions whose lock this session holds.
-    public private(set) var held: Set<Int> = []
+    public private(set) var held: Set<JobPartition> = []
 
     /// - Parameter workerName: shown by `attune topology status` beside the partitions this session holds
     ///   (it is the lease connection's application_name).
-    public init(url: String, partitionCount: Int, workerName: String = "attune-worker",
-                memberId: Int32 = Int32.random(in: 1...Int32.max)) throws {
+    public init(url: String, workerName: String = "attune-worker", memberId: Int32 = Int32.random(in: 1...Int32.max)) throws {
         self.memberId = memberId
-        self.partitionCount = partitionCount
         connection = try PostgresConnection(url: url)
         try connection.query("SELECT set_config('application_name', $1, false)", [Self.applicationName(workerName)])
         try connection.query("SELECT pg_advisory_lock($1, $2)", [Int(Self.memberClass), Int(memberId)])
@@ -56,7 +55,8 @@ public final class PartitionLeases {
                 let name = try row.string("name")
                 return LeaseHolder(worker: name.hasPrefix(applicationPrefix) ? String(name.dropFirst(applicationPrefix.count)) : name,
                                    pid: try row.int("pid"), since: Date(timeIntervalSince1970: try row.double("since")),
-                                   partitions: try row.string("partitions").split(separator: ",").compactMap { Int($0) })
+                                   partitions: try row.string("partitions").split(separator: ",").compactMap { Int($0) }
+                                    .map { JobPartition(leaseKey: $0) })
             }
     }
 
@@ -70,9 +70,10 @@ public final class PartitionLeases {
             """, [Int(Self.memberClass)]).rows.map { try $0.int64(0) }
     }
 
-    /// The partitions this member should hold now.
-    public func target() throws -> Set<Int> {
-        Self.share(of: memberId, among: try members(), partitions: partitionCount)
+    /// The partitions of `generation` this member should hold now.
+    public func target(of generation: PartitionLayout.Generation) throws -> Set<JobPartition> {
+        Set(Self.share(of: memberId, among: try members(), partitions: generation.partitions)
+            .map { JobPartition(generation: generation.number, index: $0) })
     }
 
     /// Member `id`'s share of `partitions` when `members` are alive: round-robin by rank.
@@ -82,17 +83,17 @@ public final class PartitionLeases {
     }
 
     /// Takes the partition's lock if no other member holds it.
-    public func tryAcquire(_ partition: Int) throws -> Bool {
+    public func tryAcquire(_ partition: JobPartition) throws -> Bool {
         if held.contains(partition) { return true }
         let got = try connection.query("SELECT pg_try_advisory_lock($1, $2)",
-                                       [Int(Self.partitionClass), partition]).bool(0, 0)
+                                       [Int(Self.partitionClass), partition.leaseKey]).bool(0, 0)
         if got { held.insert(partition) }
         return got
     }
 
-    public func release(_ partition: Int) throws {
+    public func release(_ partition: JobPartition) throws {
         guard held.contains(partition) else { return }
-        try connection.query("SELECT pg_advisory_unlock($1, $2)", [Int(Self.partitionClass), partition])
+        try connection.query("SELECT pg_advisory_unlock($1, $2)", [Int(Self.partitionClass), partition.leaseKey])
         held.remove(partition)
     }
 
@@ -110,5 +111,5 @@ public struct LeaseHolder: Sendable, Equatable {
     public let pid: Int
     public let since: Date
     /// Held partitions, ascending; empty for a worker standing by.
-    public let partitions: [Int]
+    public let partitions: [JobPartition]
 }

@@ -51,13 +51,19 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     private var cancelRequests: CancelRequests?
     private var leases: PartitionLeases?
     private var lastLeaseLook = Date.distantPast
+    /// The fleet's partition layout as last read from PostgreSQL.
+    private var layout: PartitionLayout
+    /// When this worker began consuming each partition it consumes, and since when each partition of a
+    /// draining generation has looked drained (`lookForDrainedPartitions`).
+    private var consumingSince: [JobPartition: Date] = [:]
+    private var quietSince: [JobPartition: Date] = [:]
     /// How often the worker looks at who is alive and which partitions it should hold: a new worker gets
     /// its share within about two looks.
     static let leaseLookInterval: TimeInterval = 0.5
     /// Delivery tags not settled yet, in order; and each one's delivery (for the copies a dead letter or
     /// retry publishes) with the partition it came from.
     private var unsettled: [UInt64] = []
-    private var held: [UInt64: (delivery: Delivery, partition: Int)] = [:]
+    private var held: [UInt64: (delivery: Delivery, partition: JobPartition?)] = [:]
     /// What to do when the broker confirms a dead-letter or retry copy.
     private var onConfirm: [UInt64: CopyConfirmed] = [:]
     /// Events the broker refused (basic.nack): reported when the worker stops, not resent.
@@ -79,6 +85,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         self.logger = logger
         self.metrics = metrics
         slotCount = max(1, configuration.concurrency)
+        layout = configuration.layout
         inboxes = Array(repeating: [], count: slotCount)
     }
 
@@ -184,7 +191,18 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
                                               connectionName: configuration.workerName)
         logger.info("connected to the broker at \(connection.endpoint)")
         do {
-            try JobQueues(connection).declare(partitions: configuration.partitions)
+            // The layout as PostgreSQL has it now: one remembered from before a long outage could
+            // bind a drained generation to the jobs exchange again. Without PostgreSQL no partition queue
+            // is declared; the first look at the leases (which needs PostgreSQL too) declares them.
+            if let fresh = try? PostgresConnection(url: configuration.databaseURL),
+               let stored = try? FleetPartitioning.layout(on: fresh) {
+                layout = stored
+                fresh.close()
+                try JobQueues(connection).declare(layout: stored)
+            } else {
+                try JobQueues(connection).declare()
+            }
+            try JobQueues(connection).declareRetryQueues(delaysMs: configuration.retry.delaysMs)
             try connection.enableConfirms()
             try connection.setPrefetch(UInt16(clamping: configuration.prefetch))
         } catch {
@@ -215,7 +233,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
             if stop {
                 try partitions.cancelAll()
             } else if Date().timeIntervalSince(lastLeaseLook) >= Self.leaseLookInterval {
-                try lookAtPartitions(partitions)
+                try lookAtPartitions(partitions, connection)
             }
             if abandon { try handBackWaitingJobs(connection) }
             try connection.corked {
@@ -279,6 +297,8 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         connection?.close()
         connection = nil
         partitions = nil
+        consumingSince.removeAll()
+        quietSince.removeAll()
         cancelRequests?.close()
         cancelRequests = nil
         unsettled.removeAll()
@@ -354,12 +374,12 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
                 case .deadLetter(let reason):
                     try sendCopy(JobQueues.deadLetterCopy(of: delivery, reason: reason), of: delivery, job, connection)
                 case .retry(let delayMs, let attempt):
-                    guard partition >= 0 else {
+                    guard let partition else {
                         try connection.reject(delivery.deliveryTag, requeue: true)
                         markSettled(delivery.deliveryTag)
                         continue
                     }
-                    let copy = try JobQueues(connection).retryCopy(of: delivery, from: Topology.jobsPartition(partition),
+                    let copy = try JobQueues(connection).retryCopy(of: delivery, from: partition.queue,
                                                                    delayMs: delayMs, attempt: attempt)
                     try sendCopy(copy, of: delivery, job, connection)
                 }
@@ -450,33 +470,31 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     /// Consumes the partitions this worker should hold, and lets go of the others once their jobs are
     /// settled. Without PostgreSQL the worker keeps what it consumes: each partition queue has a single
     /// active consumer, so no two workers take one partition's jobs at once whatever the locks say.
-    private func lookAtPartitions(_ partitions: PartitionConsumers) throws {
+    private func lookAtPartitions(_ partitions: PartitionConsumers, _ connection: AMQPConnection) throws {
         lastLeaseLook = Date()
         do {
             if leases == nil {
-                leases = try PartitionLeases(url: configuration.databaseURL, partitionCount: configuration.partitions,
-                                             workerName: configuration.workerName)
+                leases = try PartitionLeases(url: configuration.databaseURL, workerName: configuration.workerName)
             }
             guard let leases else { return }
-            let target = try leases.target()
+            try follow(try FleetPartitioning.layout(on: leases.connection) ?? layout, connection)
+            let target = try leases.target(of: layout.consumed)
             for partition in partitions.consuming where !target.contains(partition) {
-                try partitions.cancel(partition)
-                noteHandover()
+                try stopConsuming(partition, partitions)
             }
             releaseDrainedPartitions()
-            for partition in target where !partitions.consuming.contains(partition) {
+            for partition in target.sorted() where !partitions.consuming.contains(partition) {
                 if try leases.tryAcquire(partition) {
                     try partitions.consume(partition)
+                    consumingSince[partition] = Date()
                     noteHandover()
                 }
             }
             // After a lost session: keep a partition only if its lock could be taken again.
             for partition in partitions.consuming where !leases.held.contains(partition) {
-                if try !leases.tryAcquire(partition) {
-                    try partitions.cancel(partition)
-                    noteHandover()
-                }
+                if try !leases.tryAcquire(partition) { try stopConsuming(partition, partitions) }
             }
+            try lookForDrainedPartitions(leases, partitions, connection)
         } catch let error as DatabaseError {
             logger.warning("cannot look at partition leases (PostgreSQL): \(error); keeping the partitions consumed")
             leases?.close()
@@ -484,14 +502,79 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         }
     }
 
+    private func stopConsuming(_ partition: JobPartition, _ partitions: PartitionConsumers) throws {
+        try partitions.cancel(partition)
+        consumingSince[partition] = nil
+        quietSince[partition] = nil
+        noteHandover()
+    }
+
+    /// Takes a changed layout on: declares its queues (a repartition's new generation, already declared by
+    /// `attune topology repartition`, is then known to this connection too) and says what changed.
+    private func follow(_ stored: PartitionLayout, _ connection: AMQPConnection) throws {
+        guard stored != layout else { return }
+        let before = layout
+        layout = stored
+        try JobQueues(connection).declare(layout: stored)
+        if let draining = stored.draining, before.draining == nil {
+            logger.info("repartition from \(draining.partitions) to \(stored.current.partitions) partitions: draining generation \(draining.number) before taking jobs from generation \(stored.current.number)")
+        } else if stored.draining == nil, before.draining != nil {
+            logger.info("generation \(before.consumed.number) drained: taking jobs from the \(stored.current.partitions) partitions of generation \(stored.current.number)")
+        }
+    }
+
+    /// How long this worker must have consumed a partition before finding it drained: a worker that lost
+    /// its machine may hold some of the partition's jobs unacked until the broker misses two of its
+    /// heartbeats, and those jobs come back to the queue only then.
+    private var staleConsumerBound: TimeInterval { 2 * Double(max(configuration.heartbeatSeconds, 1)) + 1 }
+
+    /// During a repartition's drain, records each old partition this worker consumes once it is drained:
+    /// no job waits in it or in a retry queue (from which a job would come back to it), none is in hand,
+    /// at two looks at least a second apart (a retry on its way back between the queues shows up by then),
+    /// and the partition has been consumed here long enough for a vanished holder's jobs to have come back.
+    private func lookForDrainedPartitions(_ leases: PartitionLeases, _ partitions: PartitionConsumers,
+                                          _ connection: AMQPConnection) throws {
+        guard let draining = layout.draining, layout.drainingUnbound else { quietSince.removeAll(); return }
+        let mine = partitions.consuming.filter { $0.generation == draining.number && leases.held.contains($0) }
+        guard !mine.isEmpty else { return }
+        let recorded = try FleetPartitioning.drained(generation: draining.number, on: leases.connection)
+        let candidates = mine.filter { !recorded.contains($0.index) }.sorted()
+        guard !candidates.isEmpty else { return }
+        let retriesWait = try retryQueues.contains { try connection.queueDepth($0).messages > 0 }
+        let inHand = Set(held.values.compactMap(\.partition))
+        let now = Date()
+        var recordedCount = recorded.count
+        for partition in candidates {
+            let settled = !retriesWait && !inHand.contains(partition)
+                && now.timeIntervalSince(consumingSince[partition] ?? now) >= staleConsumerBound
+            guard try settled && connection.queueDepth(partition.queue).messages == 0 else {
+                quietSince[partition] = nil
+                continue
+            }
+            guard let first = quietSince[partition] else { quietSince[partition] = now; continue }
+            guard now.timeIntervalSince(first) >= 1 else { continue }
+            let finished = try FleetPartitioning.recordDrained(partition, by: configuration.workerName, on: leases.connection)
+            recordedCount += 1
+            logger.info("partition \(partition.queue) drained (\(recordedCount) of \(draining.partitions) recorded)")
+            if finished {
+                logger.info("every partition of generation \(draining.number) drained: the fleet moves to generation \(layout.current.number)")
+                return
+            }
+        }
+    }
+
+    private var retryQueues: [String] {
+        Set(Topology.retryDelaysMs + configuration.retry.delaysMs).sorted().map { Topology.retryQueue(delayMs: $0) }
+    }
+
     /// Unlocks partitions no longer consumed once none of their jobs is in hand, so the next holder
     /// never races this worker for a user.
     private func releaseDrainedPartitions() {
         guard let leases, let partitions else { return }
-        let inHand = Set(held.values.map(\.partition))
+        let inHand = Set(held.values.compactMap(\.partition))
         for partition in leases.held where !partitions.consuming.contains(partition) && !inHand.contains(partition) {
             do { try leases.release(partition) } catch {
-                logger.warning("cannot release partition \(partition): \(error)")
+                logger.warning("cannot release partition \(partition.queue): \(error)")
                 leases.close()
                 self.leases = nil
                 return
@@ -503,23 +586,23 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
 /// The consumers of one connection, one per partition it consumes.
 final class PartitionConsumers {
     private let connection: AMQPConnection
-    private var tags: [Int: String] = [:]
-    private var partitions: [String: Int] = [:]
+    private var tags: [JobPartition: String] = [:]
+    private var partitions: [String: JobPartition] = [:]
 
     init(connection: AMQPConnection) { self.connection = connection }
 
-    var consuming: Set<Int> { Set(tags.keys) }
+    var consuming: Set<JobPartition> { Set(tags.keys) }
 
-    func partition(ofConsumer tag: String) -> Int { partitions[tag] ?? -1 }
+    func partition(ofConsumer tag: String) -> JobPartition? { partitions[tag] }
 
-    func consume(_ partition: Int) throws {
+    func consume(_ partition: JobPartition) throws {
         guard tags[partition] == nil else { return }
-        let tag = try connection.consume(queue: Topology.jobsPartition(partition))
+        let tag = try connection.consume(queue: partition.queue)
         tags[partition] = tag
         partitions[tag] = partition
     }
 
-    func cancel(_ partition: Int) throws {
+    func cancel(_ partition: JobPartition) throws {
         guard let tag = tags.removeValue(forKey: partition) else { return }
         try connection.cancel(consumerTag: tag)
     }

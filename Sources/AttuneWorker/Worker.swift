@@ -27,7 +27,7 @@ public final class Worker: @unchecked Sendable {
 
     /// Blocks until `requestStop()` and until every job in hand is settled.
     public func run() {
-        logger.info("worker \(configuration.workerName) starting \(configuration.concurrency) slot(s) on a fleet of \(configuration.partitions) partitions")
+        logger.info("worker \(configuration.workerName) starting \(configuration.concurrency) slot(s) on a fleet of \(configuration.layout.current.partitions) partitions")
         configuration.storageKeys.logSummary(to: logger)
         let group = DispatchGroup()
         let slots = (0..<max(1, configuration.concurrency)).map {

@@ -1,3 +1,4 @@
+import AttuneSpec
 import AttuneQueue
 import AttuneStore
 import Foundation
@@ -33,9 +34,9 @@ public struct WorkerConfiguration: Sendable {
     /// them back to the queue: long enough for a failover manager to promote the standby (pg_auto_failover
     /// takes 10–30 s with its defaults).
     public var commitRecheckSeconds: TimeInterval = 60
-    /// The fleet's partition count, as PostgreSQL keeps it (`FleetPartitioning`); the worker declares that
-    /// many partition queues and shares them with the others.
-    public var partitions: Int = Topology.defaultPartitionCount
+    /// The fleet's partition layout when the worker starts, as PostgreSQL keeps it (`FleetPartitioning`);
+    /// the worker follows it as it changes (a repartition), declaring and sharing the partition queues it names.
+    public var layout: PartitionLayout = .single(Topology.defaultPartitionCount)
 
     public init(databaseURL: String, amqpURL: String, concurrency: Int = 1, prefetch: Int = 32, batchSize: Int = 32,
                 workerName: String = WorkerConfiguration.defaultWorkerName(),

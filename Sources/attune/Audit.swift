@@ -153,8 +153,10 @@ extension Audit {
             let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-audit-wait")
             defer { connection.close() }
             var waiting = 0
-            let partitions = try FleetPartitioning.current(on: registry.connection) ?? Topology.defaultPartitionCount
-            for queue in Topology.jobsQueues(count: partitions) { waiting += try connection.queueDepth(queue).messages }
+            let layout = try FleetPartitioning.layout(on: registry.connection) ?? .single(Topology.defaultPartitionCount)
+            for partition in layout.current.all + (layout.draining?.all ?? []) {
+                waiting += try connection.queueDepth(partition.queue).messages
+            }
             for delay in Topology.retryDelaysMs {
                 waiting += try connection.queueDepth(Topology.retryQueue(delayMs: delay)).messages
             }

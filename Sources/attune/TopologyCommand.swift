@@ -1,12 +1,13 @@
 import ArgumentParser
 import AttuneQueue
+import AttuneSpec
 import AttuneStore
 import Foundation
 
 struct TopologyCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "topology",
-        subcommands: [Declare.self, Status.self],
+        subcommands: [Declare.self, Status.self, Repartition.self],
         defaultSubcommand: Declare.self)
 
     struct Declare: ParsableCommand {
@@ -36,25 +37,26 @@ struct TopologyCommand: ParsableCommand {
         }
 
         func run() throws {
-            var count = partitions ?? Topology.defaultPartitionCount
+            var layout = PartitionLayout.single(partitions ?? Topology.defaultPartitionCount)
             if !dryRun {
-                let stored = try FleetPartitioning.establish(on: PostgresConnection(url: database.resolved()), proposing: count)
-                if let partitions, partitions != stored {
+                let stored = try FleetPartitioning.establish(on: PostgresConnection(url: database.resolved()),
+                                                             proposing: layout.current.partitions)
+                if let partitions, partitions != stored.current.partitions {
                     throw ValidationError("""
-                        the fleet runs on \(stored) partitions (PostgreSQL's attune_topology); declaring \(partitions) \
+                        the fleet runs on \(stored.current.partitions) partitions (PostgreSQL's attune_topology); declaring \(partitions) \
                         would remap users to partitions under jobs already queued. Declare without --partitions, or \
-                        change the count with a repartition
+                        change the count with `attune topology repartition --partitions \(partitions)`
                         """)
                 }
-                count = stored
+                layout = stored
                 let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-topology")
                 defer { connection.close() }
-                try JobQueues(connection).declare(partitions: count)
+                try JobQueues(connection).declare(layout: layout)
             }
-            let declarations = JobQueues.declarations(partitions: count)
+            let declarations = JobQueues.declarations(layout: layout)
             for declaration in declarations { print(declaration.description) }
             if !dryRun {
-                FileHandle.standardError.write(Data("declared \(declarations.count) exchanges, queues and bindings (\(count) partitions)\n".utf8))
+                FileHandle.standardError.write(Data("declared \(declarations.count) exchanges, queues and bindings (\(layout.current.partitions) partitions)\n".utf8))
             }
         }
     }
@@ -75,28 +77,165 @@ struct TopologyCommand: ParsableCommand {
         func run() throws {
             let connection = try PostgresConnection(url: database.resolved())
             let holders = try PartitionLeases.holders(on: connection)
-            let partitionCount = try FleetPartitioning.current(on: connection) ?? Topology.defaultPartitionCount
-            var depth: [Int: (messages: Int, consumers: Int)] = [:]
+            let layout = try FleetPartitioning.layout(on: connection) ?? .single(Topology.defaultPartitionCount)
+            // The partitions workers take jobs from, then (during a repartition) those where new jobs wait.
+            let shown = layout.consumed.all + (layout.draining == nil ? [] : layout.current.all)
+            var depth: [JobPartition: (messages: Int, consumers: Int)] = [:]
             if !noBroker {
-                let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-topology-status")
-                defer { connection.close() }
-                for partition in 0..<partitionCount {
-                    depth[partition] = try connection.queueDepth(Topology.jobsPartition(partition))
-                }
+                let broker = try BrokerAddresses.connect(self.broker.resolved(), connectionName: "attune-topology-status")
+                defer { broker.close() }
+                for partition in shown { depth[partition] = try broker.queueDepth(partition.queue) }
             }
-            var holderOf: [Int: LeaseHolder] = [:]
+            var holderOf: [JobPartition: LeaseHolder] = [:]
             for holder in holders { for partition in holder.partitions { holderOf[partition] = holder } }
-            print("PARTITION         HELD BY                          WAITING  CONSUMERS")
-            for partition in 0..<partitionCount {
+            print("PARTITION              HELD BY                          WAITING  CONSUMERS")
+            for partition in shown {
                 let who = holderOf[partition].map { "\($0.worker) (pid \($0.pid))" } ?? "nobody"
                 let counts = depth[partition].map { "\($0.messages)".padding(toLength: 9, withPad: " ", startingAt: 0) + "\($0.consumers)" } ?? ""
-                print(Topology.jobsPartition(partition).padding(toLength: 18, withPad: " ", startingAt: 0)
+                print(partition.queue.padding(toLength: 23, withPad: " ", startingAt: 0)
                       + who.padding(toLength: 33, withPad: " ", startingAt: 0) + counts)
             }
+            let consumed = Set(layout.consumed.all)
+            let held = holderOf.keys.filter(consumed.contains).count
             let standing = holders.filter(\.partitions.isEmpty)
             print("\(holders.count) worker(s): \(holders.count - standing.count) holding, \(standing.count) standing by"
                   + (standing.isEmpty ? "" : " (" + standing.map { "\($0.worker) pid \($0.pid)" }.joined(separator: ", ") + ")")
-                  + "; \(partitionCount - holderOf.count) of \(partitionCount) partitions unheld")
+                  + "; \(layout.consumed.partitions - held) of \(layout.consumed.partitions) partitions unheld")
+            print("generation \(layout.current.number): \(layout.current.partitions) partitions")
+            if let draining = layout.draining {
+                let drained = try FleetPartitioning.drained(generation: draining.number, on: connection)
+                print("repartition under way: generation \(draining.number) (\(draining.partitions) partitions) "
+                      + (layout.drainingUnbound ? "draining, \(drained.count) of \(draining.partitions) drained" : "still routed (the repartition is starting)")
+                      + "; workers take jobs from generation \(draining.number) until it has drained")
+            }
+            if let retired = layout.retired {
+                print("generation \(retired.number) drained; its queues are removed by `attune topology repartition`")
+            }
         }
+    }
+
+    struct Repartition: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Change a running fleet's partition count without losing a job or reordering a user's jobs.",
+            discussion: """
+                Drain and switch. A new generation of --partitions queues is declared and bound to the jobs \
+                exchange, then the current generation's queues are unbound from it: users' new jobs hash onto \
+                the new queues and wait there. The workers keep taking jobs from the old generation only, and \
+                each records an old partition drained once it finds it empty, with none of its jobs in hand or \
+                in a retry queue, at two looks a second apart. When all are, the fleet moves to the new \
+                generation at the workers' next look (every 0.5 s), and this command deletes the old queues. \
+                So a user's later job never runs before an earlier one, and producers never stop: their jobs \
+                wait out the drain in the new queues. A worker that has just taken over an old partition waits \
+                two heartbeats before finding it drained, for jobs a vanished holder still held to come back. \
+                Run it again with the same count to resume one that was interrupted or timed out. Change KEDA's \
+                maxReplicaCount to the new count.
+                """)
+
+        @OptionGroup var database: DatabaseOptions
+        @OptionGroup var broker: BrokerOptions
+        @Option(help: "The new partition count (1...\(Topology.maxPartitionCount)).") var partitions: Int
+        @Option(help: "Seconds to wait for the drain; the workers finish it whether or not this command waits.")
+        var timeout: Double = 900
+
+        func validate() throws {
+            guard (1...Topology.maxPartitionCount).contains(partitions) else {
+                throw ValidationError("--partitions must lie in 1...\(Topology.maxPartitionCount)")
+            }
+        }
+
+        func run() throws {
+            let database = try PostgresConnection(url: self.database.resolved())
+            defer { database.close() }
+            let broker = try BrokerAddresses.connect(self.broker.resolved(), connectionName: "attune-topology-repartition")
+            defer { broker.close() }
+            var layout = try FleetPartitioning.layout(on: database)
+            if let stored = layout, stored.draining == nil, stored.current.partitions == partitions {
+                guard let retired = stored.retired else { throw CommandFailure(description: "the fleet already runs on \(partitions) partitions") }
+                try removeQueues(of: retired, database, broker)
+                return
+            }
+            do {
+                layout = try FleetPartitioning.beginRepartition(to: partitions, on: database)
+            } catch let refused as RepartitionRefused {
+                throw CommandFailure(description: refused.reason)
+            }
+            guard let started = layout, let draining = started.draining else { return }
+            try JobQueues(broker).routeJobs(to: started)
+            try FleetPartitioning.markUnbound(generation: draining.number, on: database)
+            say("new jobs go to the \(partitions) partitions of generation \(started.current.number); the workers drain the "
+                + "\(draining.partitions) of generation \(draining.number) first")
+            let began = Date()
+            var lastReport = Date.distantPast
+            while true {
+                let now = try FleetPartitioning.layout(on: database)
+                guard let stillDraining = now?.draining, stillDraining == draining else { break }
+                if Date().timeIntervalSince(lastReport) >= 5 {
+                    lastReport = Date()
+                    let drained = try FleetPartitioning.drained(generation: draining.number, on: database)
+                    let waitingOld = try draining.all.reduce(0) { $0 + (try broker.queueDepth($1.queue).messages) }
+                    let waitingNew = try started.current.all.reduce(0) { $0 + (try broker.queueDepth($1.queue).messages) }
+                    say(String(format: "%.0f s: %d of %d old partitions drained; %d jobs wait in them, %d in the new ones",
+                               Date().timeIntervalSince(began), drained.count, draining.partitions, waitingOld, waitingNew))
+                }
+                guard Date().timeIntervalSince(began) < timeout else {
+                    throw CommandFailure(description: """
+                        generation \(draining.number) not drained within \(Int(timeout)) s (is a worker running?); the workers go on \
+                        with it: run this command again to wait for it and remove the old queues
+                        """)
+                }
+                Thread.sleep(forTimeInterval: 0.5)
+            }
+            say(String(format: "generation %d drained in %.1f s; the fleet takes jobs from the %d partitions of generation %d",
+                       draining.number, Date().timeIntervalSince(began), partitions, started.current.number))
+            try removeQueues(of: draining, database, broker)
+        }
+
+        /// Deletes a drained generation's queues once no worker consumes them and only if empty; a queue a
+        /// job reached after its drain is kept, and said so. Each is unbound from the retries' exchange first,
+        /// so nothing can reach it between the look that finds it empty and the delete.
+        private func removeQueues(of retired: PartitionLayout.Generation, _ database: PostgresConnection,
+                                  _ broker: AMQPConnection) throws {
+            let deadline = Date().addingTimeInterval(30)
+            var left = retired.all
+            var kept: [String] = []
+            while !left.isEmpty {
+                var next: [JobPartition] = []
+                for partition in left {
+                    let depth: (messages: Int, consumers: Int)
+                    do { depth = try broker.queueDepth(partition.queue) } catch let error as AMQPError where error.replyCode == 404 {
+                        continue  // removed by an earlier run
+                    }
+                    if depth.messages > 0 {
+                        kept.append("\(partition.queue) (\(depth.messages) jobs)")
+                    } else if depth.consumers > 0 {
+                        next.append(partition)
+                    } else {
+                        try broker.unbind(queue: partition.queue, exchange: Topology.partitionsExchange, key: partition.queue)
+                        if try broker.queueDepth(partition.queue).messages == 0 {
+                            try broker.deleteQueue(partition.queue)
+                        } else {
+                            next.append(partition)
+                        }
+                    }
+                }
+                left = next
+                guard !left.isEmpty else { break }
+                guard Date() < deadline else {
+                    kept += left.map { "\($0.queue) (still consumed)" }
+                    break
+                }
+                Thread.sleep(forTimeInterval: 0.5)
+            }
+            guard kept.isEmpty else {
+                throw CommandFailure(description: """
+                    kept \(kept.count) queue(s) of generation \(retired.number): \(kept.joined(separator: ", ")). Nothing is \
+                    lost; run this command again to remove them once they are empty and unconsumed
+                    """)
+            }
+            try FleetPartitioning.forgetRetired(generation: retired.number, on: database)
+            say("removed the \(retired.partitions) queues of generation \(retired.number)")
+        }
+
+        private func say(_ line: String) { FileHandle.standardError.write(Data((line + "\n").utf8)) }
     }
 }

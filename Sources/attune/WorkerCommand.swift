@@ -71,7 +71,7 @@ struct WorkerCommand: AsyncParsableCommand {
         if let name { configuration.workerName = name }
         // Every worker consumes the partitions the fleet agreed on; the first to start chooses the default.
         let connection = try PostgresConnection(url: configuration.databaseURL)
-        configuration.partitions = try FleetPartitioning.establish(on: connection, proposing: Topology.defaultPartitionCount)
+        configuration.layout = try FleetPartitioning.establish(on: connection, proposing: Topology.defaultPartitionCount)
         connection.close()
         configuration.limits = JobLimits(maxSamples: maxSamples, maxBodyBytes: maxBodyBytes)
         configuration.retry.maxAttempts = maxAttempts

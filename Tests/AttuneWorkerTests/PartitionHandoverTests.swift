@@ -1,4 +1,5 @@
 import AttuneQueue
+import AttuneSpec
 import AttuneStore
 import Foundation
 import XCTest
@@ -21,7 +22,7 @@ final class PartitionHandoverTests: XCTestCase {
         // Shared out evenly: every worker holds 3 or 4 of the 64.
         let even = { (holders: [LeaseHolder], workers: Int) in
             holders.count == workers && holders.allSatisfy { $0.partitions.count >= partitions / workers }
-                && Set(holders.flatMap(\.partitions)) == Set(0..<partitions)
+                && Set(holders.flatMap(\.partitions)) == Set(JobPartition.all(count: partitions, generation: 0))
                 && holders.map(\.partitions.count).reduce(0, +) == partitions
         }
         var holders: [LeaseHolder] = []
@@ -32,7 +33,7 @@ final class PartitionHandoverTests: XCTestCase {
             // Workers start one by one; the partitions are shared out again at each arrival until all are in.
         } while !even(holders, count) && Date() < deadline
         XCTAssertEqual(holders.count, count, "every worker has a lease session")
-        XCTAssertEqual(Set(holders.flatMap(\.partitions)), Set(0..<partitions), "every partition held")
+        XCTAssertEqual(Set(holders.flatMap(\.partitions)), Set(JobPartition.all(count: partitions, generation: 0)), "every partition held")
         XCTAssertEqual(holders.map(\.partitions.count).reduce(0, +), partitions, "each by one worker")
         XCTAssertTrue(holders.allSatisfy { $0.partitions.count >= 3 }, "all 17 work: \(holders.map(\.partitions.count))")
 

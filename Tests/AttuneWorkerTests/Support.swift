@@ -103,6 +103,11 @@ final class FleetHarness {
         _ = try Migrator(directory: Paths.repository.appendingPathComponent("migrations")).migrate(connection)
         // deploy/test.sh sets ATTUNE_KEYS, so the fleet tests store everything encrypted, as a worker
         // process started from the environment does.
+        // Every fleet test runs on generation 0 of the default count (a topology or repartition test may
+        // have left another layout behind).
+        try connection.query("DELETE FROM attune_topology")
+        try connection.query("DELETE FROM attune_drained_partitions")
+        _ = try FleetPartitioning.establish(on: connection, proposing: Topology.defaultPartitionCount)
         registry = ModelRegistry(connection: connection, keys: try StorageKeys.load())
         let bytes = try Data(contentsOf: Paths.digitsModel)
         _ = try registry.importBaseModel(name: model, kind: "neuralNetworkClassifier", bytes: bytes)

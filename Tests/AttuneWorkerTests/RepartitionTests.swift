@@ -1,0 +1,92 @@
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+import AttuneWorker
+import Foundation
+import XCTest
+
+/// `attune topology repartition` on a running fleet: jobs published before, during and after it all end
+/// once, each user's in publish order (its versions carry its jobs in the order they were published),
+/// the old generation's queues are gone, and the workers take jobs from the new generation.
+final class RepartitionTests: XCTestCase {
+    func testARepartitionUnderLoadKeepsEveryUsersJobsInOrderAndLosesNone() throws {
+        let fleet = try FleetHarness()
+        defer {
+            fleet.stop()
+            // Leave generation 0 alone for the next test (whose harness declares it again): a later
+            // generation's queues would take its jobs.
+            if let layout = try? FleetPartitioning.layout(on: fleet.registry.connection), layout.current.number > 0,
+               let cleaner = try? AMQPConnection(url: fleet.amqpURL, connectionName: "test-cleanup") {
+                for partition in layout.current.all { try? cleaner.deleteQueue(partition.queue) }
+                cleaner.close()
+            }
+        }
+        let users = (0..<12).map { "order-\($0)" }
+        var published: [String: [String]] = [:]
+        var total = 0
+        func publish(_ count: Int) throws {
+            for _ in 0..<count {
+                let user = users[total % users.count]
+                let job = Digits.job(user: user, model: fleet.model, rows: (total % 50)..<(total % 50 + 10))
+                try fleet.publish(job)
+                published[user, default: []].append(job.jobID)
+                total += 1
+            }
+        }
+        // Queued before any worker runs, so the old generation surely holds jobs when the repartition starts.
+        try publish(120)
+        let repartition = Process()
+        repartition.executableURL = Paths.attuneExecutable
+        repartition.arguments = ["topology", "repartition", "--partitions", "8", "--timeout", "120",
+                                 "--database-url", fleet.databaseURL, "--amqp-url", fleet.amqpURL]
+        let output = Pipe()
+        repartition.standardError = output
+        repartition.standardOutput = output
+        try repartition.run()
+        // Jobs keep coming while it runs (some before the old queues are unbound, most after), and the
+        // workers start in the middle of it.
+        for round in 0..<12 {
+            try publish(20)
+            Thread.sleep(forTimeInterval: 0.25)
+            if round == 3 {
+                for index in 0..<2 {
+                    var configuration = fleet.configuration(name: "repartition-\(index)")
+                    // Two missed heartbeats bound how long a new holder waits before finding a partition drained.
+                    configuration.heartbeatSeconds = 1
+                    fleet.startWorker(configuration)
+                }
+                    }
+        }
+        let events = try fleet.events(untilEnded: total, timeout: 180)
+        repartition.waitUntilExit()
+        let said = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        print(said)
+        XCTAssertEqual(repartition.terminationStatus, 0, said)
+        XCTAssertTrue(said.contains("generation 0 drained"), said)
+        let firstLook = try XCTUnwrap(said.firstMatch(of: #/0 of 64 old partitions drained; (\d+) jobs wait in them/#), said)
+        XCTAssertGreaterThanOrEqual(Int(firstLook.1) ?? 0, 120, "the old generation held jobs when its drain began")
+        XCTAssertTrue(said.contains("removed the 64 queues of generation 0"), said)
+
+        let completed = events.filter { $0.kind == .completed }
+        XCTAssertEqual(completed.count, total, "every job committed")
+        XCTAssertEqual(Set(completed.map(\.jobID)).count, total, "each once")
+        let committed = try FleetAudit(registry: fleet.registry, model: fleet.model).committedJobs()
+        for user in users {
+            let inVersionOrder = committed.filter { $0.user == user }.sorted { $0.version < $1.version }.map(\.jobID)
+            XCTAssertEqual(inVersionOrder, published[user], "\(user)'s jobs committed in publish order")
+        }
+
+        let layout = try XCTUnwrap(FleetPartitioning.layout(on: fleet.registry.connection))
+        XCTAssertEqual(layout, .single(8, generation: 1), "generation 1 alone, generation 0 forgotten")
+        XCTAssertThrowsError(try fleet.publisher.queueDepth(Topology.jobsPartition(0)), "generation 0's queues deleted")
+        let holders = try PartitionLeases.holders(on: fleet.registry.connection).filter { $0.worker.hasPrefix("repartition-") }
+        XCTAssertEqual(Set(holders.flatMap(\.partitions)), Set(JobPartition.all(count: 8, generation: 1)),
+                       "the workers hold the new generation's partitions")
+
+        let again = try ChildProcess.run(Paths.attuneExecutable, ["topology", "repartition", "--partitions", "8",
+                                                                 "--database-url", fleet.databaseURL, "--amqp-url", fleet.amqpURL])
+        XCTAssertNotEqual(again.status, 0)
+        XCTAssertTrue(again.output.contains("already runs on 8 partitions"), again.output)
+        print("repartition 64 -> 8 under load: \(total) jobs for \(users.count) users, each user's in publish order")
+    }
+}
