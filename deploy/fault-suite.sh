@@ -20,9 +20,15 @@
 #                         [--bad B] [--republish R] [--scheduled L] [--samples S] [--epochs E] [--timeout SECONDS]
 #                         [--pg-terminates N] [--pg-restarts N] [--pg-crashes N] [--pg-kills N]
 #                         [--cluster N] [--node-kills N] [--ha] [--ha-kills N] [--ha-failovers N] [--debug] [--keep]
-#                         [--partitions N] [--every-worker-commits] [--prefetch Q]
+#                         [--partitions N] [--every-worker-commits] [--prefetch Q] [--repartition M]
 #
 # --partitions: the fleet's partition count (`attune topology declare --partitions N`; default 64).
+# --repartition M: the fleet starts on --partitions (16 unless given), half the jobs are published, and once
+# a fifth of the good jobs are committed `attune topology repartition --partitions M` runs while the other
+# half is published in four parts a second apart (so the same users' jobs go to the old generation's queues,
+# to either while the new one is bound and the old one not yet unbound, and to the new one). The checks
+# below then also cover the repartition: nothing lost or done twice, and every user's model a replay of its
+# jobs in publish order. It fails unless the repartition ends with the new generation alone.
 # --prefetch: the workers' --prefetch (deliveries in hand per partition consumed; the worker's default 32).
 # --every-worker-commits: fail unless every worker process started committed at least one version (a run
 # with more workers than the old 16 partitions, every one of them busy).
@@ -54,7 +60,7 @@ set -Eeuo pipefail
 trap 'echo "FAIL: fault-suite.sh line $LINENO: \"$BASH_COMMAND\" exited $?" >&2' ERR
 cd "$(dirname "$0")/.."
 jobs=3000 users=60 hot=3 workers=4 concurrency=1 kills=8 sigterms=3 bad=15 republish=30 scheduled= samples=100 epochs= timeout=900
-build=release keep=0 cluster=0 partitions= every_worker_commits=0 prefetch=
+build=release keep=0 cluster=0 partitions= every_worker_commits=0 prefetch= repartition=
 pg_terminates=20 pg_restarts_planned=1 pg_crashes_planned=1 pg_kills_planned=1 node_kills_planned=1
 ha=0 ha_kills_planned=1 ha_failovers_planned=1
 while (($#)); do
@@ -83,6 +89,7 @@ while (($#)); do
     --ha-failovers) ha_failovers_planned=$2; shift ;;
     --partitions) partitions=$2; shift ;;
     --prefetch) prefetch=$2; shift ;;
+    --repartition) repartition=$2; shift ;;
     --every-worker-commits) every_worker_commits=1 ;;
     --debug) build=debug ;;
     --keep) keep=1 ;;
@@ -92,6 +99,7 @@ while (($#)); do
 done
 
 export ATTUNE_PG_CRASH_SAFE=${ATTUNE_PG_CRASH_SAFE:-1}
+[ -n "$repartition" ] && partitions=${partitions:-16}
 
 if [ "$build" = release ]; then
   swift build -c release 2>&1 | tail -n 1
@@ -191,10 +199,27 @@ began=$(date +%s.%N)
 watcher=$!
 sleep 1
 
+# publish_part PARTS: the next 1/PARTS of the jobs (and of the bad, republished and scheduled ones), added to
+# jobs.jsonl; publish_jobs publishes them all, or with --repartition the first half.
+published_parts=0
+publish_part() {
+  local parts=$1 i=$published_parts
+  published_parts=$((published_parts + 1))
+  share() { echo $(( $1 * (i + 1) / parts - $1 * i / parts )); }
+  local sched=${scheduled:-$((jobs / 10))}
+  local append=
+  if ((i > 0)); then append=--append; fi
+  "$attune" audit record --model digits --jobs-file "$work/jobs.jsonl" --csv examples/data/digits.csv.gz $append \
+    --jobs "$(share "$jobs")" --users "$users" --hot "$hot" --samples-per-job "$samples" ${epochs:+--epochs "$epochs"} \
+    --bad "$(share "$bad")" --republish "$(share "$republish")" --scheduled "$(share "$sched")"
+}
 publish_jobs() {
-  "$attune" audit record --model digits --jobs-file "$work/jobs.jsonl" --csv examples/data/digits.csv.gz \
-    --jobs "$jobs" --users "$users" --hot "$hot" --samples-per-job "$samples" ${epochs:+--epochs "$epochs"} --bad "$bad" \
-    --republish "$republish" --scheduled "${scheduled:-$((jobs / 10))}"
+  if [ -n "$repartition" ]; then
+    # Eight parts: four now, four while the repartition runs (the chaos step `repartition`).
+    for ((part = 0; part < 4; part++)); do publish_part 8; done
+  else
+    publish_part 1
+  fi
 }
 # Jobs queued before the workers start, as after an outage: the first worker takes what it can. With
 # --every-worker-commits the fleet shares the partitions out first, or that first worker would hold most of the
@@ -387,6 +412,12 @@ chaos() {
       ha_failovers=$((ha_failovers + 1))
       last_pg_outage=$(date +%s)
       say "node $(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") is primary after ${ha_failover_took[-1]} s" ;;
+    repartition)
+      say "repartitioning from $partitions to $repartition partitions while the other half of the jobs is published"
+      "$attune" topology repartition --partitions "$repartition" --timeout "$timeout" >"$work/repartition.log" 2>&1 &
+      repartitioner=$!
+      for ((part = 0; part < 4; part++)); do sleep "0.$((2 + RANDOM % 8))"; publish_part 8 >>"$work/publish.log"; done
+      say "published the other half" ;;
     pg-terminate)
       local counts
       counts=$(terminate_worker_backends) || { echo "FAIL: could not terminate the workers' backends" >&2; exit 1; }
@@ -400,8 +431,11 @@ chaos() {
       if ((cluster > 0)); then
         local leader before how=stop-node verb=stopping
         [ "$1" = node-kill ] && how=kill-node verb="SIGKILLing the Erlang VM of"
-        leader=$(deploy/rabbitmq-cluster.sh leader "$work/rabbitmq" attune.jobs.p00 2>>"$work/servers.log")
-        say "$verb RabbitMQ node $leader of $cluster, the leader of attune.jobs.p00"
+        local first_queue=attune.jobs.p00
+        (( $(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT generation FROM attune_topology") > 0 )) \
+          && first_queue=attune.jobs.g$(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT generation FROM attune_topology").p00
+        leader=$(deploy/rabbitmq-cluster.sh leader "$work/rabbitmq" "$first_queue" 2>>"$work/servers.log")
+        say "$verb RabbitMQ node $leader of $cluster, the leader of $first_queue"
         deploy/rabbitmq-cluster.sh "$how" "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
         # Wait until the fleet has committed more versions, or 30 s, then bring the node back. Not a check:
         # a partition whose single active consumer was attached through the lost node waits until the node
@@ -447,6 +481,8 @@ if ((ha)); then
   spread "$ha_failovers_planned" 60 80 ha-failover
 fi
 ((cluster > 0)) && spread "$node_kills_planned" 70 85 node-kill
+# A fifth of the good jobs is well inside the first half, so the old generation still holds jobs.
+[ -n "$repartition" ] && plan+=("$((good * 20 / 100)) repartition")
 mapfile -t plan < <(printf '%s\n' "${plan[@]}" | sort -n)
 deadline=$(( $(date +%s) + timeout ))
 for step in "${plan[@]}"; do
@@ -465,6 +501,15 @@ done
 say "chaos done: $killed killed, $terminated stopped; PostgreSQL: $pg_terminate_rounds termination rounds, $pg_restarts restart(s), $pg_crashes crash(es), $pg_kills kill(s); RabbitMQ: $amqp_restarts restart(s), $node_kills node kill(s)"
 
 status=0
+if [ -n "$repartition" ]; then
+  if wait "$repartitioner"; then
+    say "repartition: $(grep -E 'drained in|removed the' "$work/repartition.log" | tr '\n' ' ')"
+  else
+    echo "FAIL: attune topology repartition failed:" >&2
+    cat "$work/repartition.log" >&2
+    status=1
+  fi
+fi
 "$attune" audit wait --model digits --jobs-file "$work/jobs.jsonl" --timeout $(( deadline - $(date +%s) )) || status=1
 for slot in "${!pid[@]}"; do
   await_started "$slot" || status=1
@@ -538,6 +583,11 @@ fi
 committing=$(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT count(DISTINCT worker) FROM attune_personal_versions
                                                WHERE worker = ANY (string_to_array('$(IFS=,; echo "${started_names[*]}")', ','))")
 echo "workers committing   $committing of ${#started_names[@]} started ($(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT partitions FROM attune_topology") partitions)"
+if [ -n "$repartition" ]; then
+  layout=$(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT generation || ' ' || partitions || ' ' || (draining_generation IS NULL AND retired_generation IS NULL) FROM attune_topology")
+  echo "repartition          $partitions -> $repartition: generation, partitions, alone: $layout; $(grep -o 'drained in [0-9.]* s' "$work/repartition.log" || echo 'not drained')"
+  [ "$layout" = "1 $repartition true" ] || { echo "FAIL: the fleet is not on generation 1 of $repartition partitions alone" >&2; status=1; }
+fi
 if ((every_worker_commits)) && ((committing < ${#started_names[@]})); then
   echo "FAIL: $(( ${#started_names[@]} - committing )) worker(s) committed nothing" >&2
   status=1

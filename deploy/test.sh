@@ -58,4 +58,11 @@ if [ $# -eq 0 ]; then
   deploy/fault-suite.sh --debug --workers 48 --partitions 64 --every-worker-commits --jobs 2000 --users 600 --hot 0 \
     --kills 0 --sigterms 0 --bad 4 --republish 8 --samples 20 --pg-terminates 2 --pg-restarts 0 --pg-crashes 0 \
     --pg-kills 0 --timeout 300
+  # A repartition from 16 to 64 partitions under load (`attune topology repartition`): half the jobs queued,
+  # the other half published while it runs, workers SIGKILLed and SIGTERMed and RabbitMQ restarted meanwhile;
+  # fails unless every job ended once, every user's model is a replay of its jobs in publish order, and the
+  # fleet ends on the new generation alone. About a minute.
+  deploy/fault-suite.sh --debug --partitions 16 --repartition 64 --workers 4 --jobs 600 --users 40 --hot 2 --kills 3 \
+    --sigterms 1 --bad 6 --republish 10 --samples 40 --pg-terminates 4 --pg-restarts 0 --pg-crashes 0 --pg-kills 0 \
+    --timeout 300
 fi

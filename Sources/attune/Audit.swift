@@ -28,7 +28,9 @@ extension Audit {
         @OptionGroup var broker: BrokerOptions
         @OptionGroup var samples: SampleFileOptions
         @Option(help: "Base model name.") var model: String
-        @Option(help: "JSON Lines file the jobs are appended to before they are published.") var jobsFile: String
+        @Option(help: "JSON Lines file the jobs are written to before they are published.") var jobsFile: String
+        @Flag(help: "Add to --jobs-file instead of starting it afresh (a run that publishes in several parts).")
+        var append = false
         @Option(help: "Jobs to publish.") var jobs: Int = 300
         @Option(help: "Users the jobs are spread over.") var users: Int = 20
         @Option(help: "How many of the users are hot.") var hot: Int = 2
@@ -54,10 +56,13 @@ extension Audit {
             guard all.count >= samplesPerJob else {
                 throw ValidationError("the sample file has \(all.count) rows, fewer than --samples-per-job \(samplesPerJob)")
             }
-            FileManager.default.createFile(atPath: jobsFile, contents: nil)
+            if !append || !FileManager.default.fileExists(atPath: jobsFile) {
+                FileManager.default.createFile(atPath: jobsFile, contents: nil)
+            }
             guard let file = FileHandle(forWritingAtPath: jobsFile) else {
                 throw CommandFailure(description: "cannot write \(jobsFile)")
             }
+            try file.seekToEnd()
             defer { try? file.close() }
             let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-audit-record")
             defer { connection.close() }
