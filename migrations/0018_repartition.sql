@@ -26,3 +26,12 @@ CREATE TABLE attune_drained_partitions (
     drained_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (generation, partition)
 );
+
+-- When each partition lease was last taken and last let go of on purpose. A worker that takes a partition
+-- whose last holder let go (all its jobs settled first) may find it drained at once; one whose last holder
+-- lost its session instead waits until that holder's unacked jobs are surely back in the queue.
+CREATE TABLE attune_partition_handoffs (
+    lease_key   integer PRIMARY KEY,
+    acquired_at timestamptz NOT NULL,
+    released_at timestamptz
+);

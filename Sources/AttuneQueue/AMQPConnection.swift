@@ -175,6 +175,23 @@ public final class AMQPConnection {
         try checkReply(on: adminChannel, "bind queue \(queue) to \(exchange) with key \(key)")
     }
 
+    /// Binds exchange `destination` to exchange `source` (RabbitMQ's exchange-to-exchange bindings).
+    public func bindExchange(_ destination: String, to source: String, key: String) throws {
+        let state = try adminReady()
+        let arena = CArena()
+        _ = amqp_exchange_bind(state, adminChannel, arena.bytes(destination), arena.bytes(source), arena.bytes(key),
+                               amqp_empty_table)
+        try checkReply(on: adminChannel, "bind exchange \(destination) to \(source) with key \(key)")
+    }
+
+    public func unbindExchange(_ destination: String, from source: String, key: String) throws {
+        let state = try adminReady()
+        let arena = CArena()
+        _ = amqp_exchange_unbind(state, adminChannel, arena.bytes(destination), arena.bytes(source), arena.bytes(key),
+                                 amqp_empty_table)
+        try checkReply(on: adminChannel, "unbind exchange \(destination) from \(source) with key \(key)")
+    }
+
     public func unbind(queue: String, exchange: String, key: String) throws {
         let state = try adminReady()
         let arena = CArena()
@@ -235,6 +252,14 @@ public final class AMQPConnection {
         let arena = CArena()
         _ = amqp_queue_delete(state, adminChannel, arena.bytes(queue), 0, 0)
         try checkReply(on: adminChannel, "delete queue \(queue)")
+    }
+
+    /// Deletes exchange `name` and its bindings (tests and tools use it to clean up).
+    public func deleteExchange(_ name: String) throws {
+        let state = try adminReady()
+        let arena = CArena()
+        _ = amqp_exchange_delete(state, adminChannel, arena.bytes(name), 0)
+        try checkReply(on: adminChannel, "delete exchange \(name)")
     }
 
     /// Declares a plain durable queue bound to `exchange` with `key`: for tests and tools that want

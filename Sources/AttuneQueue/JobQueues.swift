@@ -29,16 +29,44 @@ public struct JobQueues {
         try declare(Self.declarations(layout: layout))
     }
 
-    /// The first step of a repartition on the broker: `layout.current`, the new generation, gets its queues
-    /// and takes the users' jobs; then the draining generation's queues are unbound from the jobs exchange,
-    /// so nothing new reaches them (retries still find their way back). Between the two steps a user's
-    /// jobs hash onto one queue of either generation, which the drain keeps in order. Idempotent.
+    /// The first step of a repartition on the broker: the new generation (`layout.current`) gets its
+    /// queues and exchange, then users' jobs move to it with the old generation's queues receiving nothing
+    /// more, in a way that keeps each user's jobs in order (see `Topology.generationExchange`). From a later
+    /// generation: bind the new generation's exchange, unbind the old one's. From generation 0, whose queues
+    /// are bound one by one: unbind them from the last down to the second, each after a drain barrier into
+    /// every queue still bound (the users of an unbound queue move to those), then bind the new generation's
+    /// exchange and unbind the first queue. Idempotent: run again after an interruption, it finishes the job
+    /// (repeated barriers only wait for what was waited for).
     public func routeJobs(to layout: PartitionLayout) throws {
         try declare(layout: layout)
         guard let draining = layout.draining else { return }
-        for partition in draining.all {
-            try connection.unbind(queue: partition.queue, exchange: Topology.jobsExchange, key: Self.hashWeight)
+        let newExchange = Topology.generationExchange(layout.current.number)
+        if draining.number == 0 {
+            let old = draining.all
+            for unbinding in old.dropFirst().reversed() {
+                for stillBound in old where stillBound.index < unbinding.index {
+                    try connection.publish(exchange: Topology.partitionsExchange, routingKey: stillBound.queue, body: Data(),
+                                           contentType: "application/octet-stream",
+                                           headers: [Topology.drainBarrierHeader: "\(unbinding.generation):\(unbinding.index)"],
+                                           messageId: "attune-barrier-\(unbinding.index)-\(stillBound.index)", mandatory: true)
+                }
+                try connection.unbind(queue: unbinding.queue, exchange: Topology.jobsExchange, key: Self.hashWeight)
+            }
+            try connection.bindExchange(newExchange, to: Topology.jobsExchange, key: Self.hashWeight)
+            try connection.unbind(queue: old[0].queue, exchange: Topology.jobsExchange, key: Self.hashWeight)
+        } else {
+            try connection.bindExchange(newExchange, to: Topology.jobsExchange, key: Self.hashWeight)
+            try connection.unbindExchange(Topology.generationExchange(draining.number), from: Topology.jobsExchange,
+                                          key: Self.hashWeight)
         }
+    }
+
+    /// The partition a drain barrier waits for, or nil for a delivery that is no barrier.
+    public static func drainBarrier(_ delivery: Delivery) -> JobPartition? {
+        guard let value = delivery.headers[Topology.drainBarrierHeader] else { return nil }
+        let parts = value.split(separator: ":").compactMap { Int($0) }
+        guard parts.count == 2 else { return JobPartition(generation: 0, index: 0) }
+        return JobPartition(generation: parts[0], index: parts[1])
     }
 
     /// The binding key of a consistent-hash exchange is the queue's weight: all equal.
@@ -53,6 +81,8 @@ public struct JobQueues {
                 try connection.declareQueue(name, arguments: arguments)
             case .binding(let queue, let exchange, let key, let arguments):
                 try connection.bind(queue: queue, exchange: exchange, key: key, arguments: arguments)
+            case .exchangeBinding(let destination, let source, let key):
+                try connection.bindExchange(destination, to: source, key: key)
             }
         }
     }
@@ -62,6 +92,7 @@ public struct JobQueues {
         case exchange(name: String, type: String)
         case queue(name: String, arguments: [(String, FieldValue)])
         case binding(queue: String, exchange: String, key: String, arguments: [(String, FieldValue)])
+        case exchangeBinding(destination: String, source: String, key: String)
 
         /// One line for people: `exchange attune.jobs (x-consistent-hash)`, a queue with its arguments.
         public var description: String {
@@ -70,6 +101,8 @@ public struct JobQueues {
             case .queue(let name, let arguments): "queue \(name)" + Self.describe(arguments)
             case .binding(let queue, let exchange, let key, let arguments):
                 "binding \(exchange) -> \(queue), key \"\(key)\"" + Self.describe(arguments)
+            case .exchangeBinding(let destination, let source, let key):
+                "binding \(source) -> exchange \(destination), key \"\(key)\""
             }
         }
 
@@ -100,6 +133,16 @@ public struct JobQueues {
             .queue(name: Topology.deadQueue, arguments: [("x-queue-type", .string("quorum"))]),
             .binding(queue: Topology.deadQueue, exchange: Topology.deadExchange, key: Topology.deadRoutingKey, arguments: []),
         ]
+        // A later generation's exchange; while a repartition still moves users to it, it is bound to the
+        // jobs exchange by `routeJobs` alone, at its moment.
+        var routedThrough: String?
+        if let current = layout?.current, current.number > 0 {
+            routedThrough = Topology.generationExchange(current.number)
+            all.append(.exchange(name: routedThrough!, type: "x-consistent-hash"))
+            if layout?.draining == nil || layout?.drainingUnbound == true {
+                all.append(.exchangeBinding(destination: routedThrough!, source: Topology.jobsExchange, key: hashWeight))
+            }
+        }
         let routed = layout.map { $0.current.all.map { ($0.queue, true) } } ?? []
         let draining = layout?.draining.map { $0.all.map { ($0.queue, false) } } ?? []
         for (queue, takesNewJobs) in draining + routed {
@@ -111,7 +154,8 @@ public struct JobQueues {
                 ("x-dead-letter-routing-key", .string(Topology.deadRoutingKey)),
             ] + atLeastOnceDeadLettering))
             if takesNewJobs {
-                all.append(.binding(queue: queue, exchange: Topology.jobsExchange, key: hashWeight, arguments: []))
+                all.append(.binding(queue: queue, exchange: routedThrough ?? Topology.jobsExchange, key: hashWeight,
+                                    arguments: []))
             }
             all.append(.binding(queue: queue, exchange: Topology.partitionsExchange, key: queue, arguments: []))
         }

@@ -30,6 +30,19 @@ public enum Topology {
     /// exchange's are, while a consistent-hash exchange's ring is rebuilt after a broker restart, and a
     /// job expiring from a retry queue while the broker starts could otherwise be dropped unrouted.
     public static let partitionsExchange = "attune.partitions"
+    /// The consistent-hash exchange of generation `generation` ≥ 1 of partitions (`JobPartition`): its queues
+    /// are bound to it, and it is bound to `jobsExchange` as that exchange's one binding while its generation
+    /// takes jobs. A repartition then moves users from one generation to the next with two binding changes,
+    /// binding the new generation's exchange and unbinding the old one's, so a user's jobs can only move
+    /// from the old generation to the new (RabbitMQ's consistent hashing is a jump hash over its bindings:
+    /// adding one moves keys only into it; removing one renumbers the rest and moves keys between them).
+    /// Generation 0's queues are bound to `jobsExchange` directly, as they always were.
+    public static func generationExchange(_ generation: Int) -> String { "attune.jobs.g\(generation)" }
+    /// Header of a drain barrier: a message a repartition puts into generation 0's queues before it unbinds
+    /// one of them (value `<generation>:<partition index>`). Jobs behind the barrier may belong to users whose
+    /// earlier jobs wait in that partition, so a worker takes nothing past a barrier until the named
+    /// partition is drained.
+    public static let drainBarrierHeader = "x-attune-drain-barrier"
     /// The routing key a producer gives a job: its user id.
     public static func routingKey(forUser user: String) -> String { user }
 

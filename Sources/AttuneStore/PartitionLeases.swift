@@ -82,19 +82,38 @@ public final class PartitionLeases {
         return Set((0..<partitions).filter { $0 % members.count == rank })
     }
 
+    /// Partitions taken from a holder that let go of them on purpose (`release`), with none of their jobs
+    /// left in its hand; for the others the last holder's session ended instead, and the broker may still
+    /// hold jobs it had taken until it notices that holder is gone.
+    public private(set) var handedOverCleanly: Set<JobPartition> = []
+
     /// Takes the partition's lock if no other member holds it.
     public func tryAcquire(_ partition: JobPartition) throws -> Bool {
         if held.contains(partition) { return true }
         let got = try connection.query("SELECT pg_try_advisory_lock($1, $2)",
                                        [Int(Self.partitionClass), partition.leaseKey]).bool(0, 0)
-        if got { held.insert(partition) }
-        return got
+        guard got else { return false }
+        held.insert(partition)
+        // Under the lock: the last holder's record, then ours.
+        let clean = try connection.query("""
+            SELECT coalesce((SELECT released_at >= acquired_at FROM attune_partition_handoffs WHERE lease_key = $1), false)
+            """, [partition.leaseKey]).bool(0, 0)
+        try connection.query("""
+            INSERT INTO attune_partition_handoffs (lease_key, acquired_at) VALUES ($1, clock_timestamp())
+            ON CONFLICT (lease_key) DO UPDATE SET acquired_at = excluded.acquired_at
+            """, [partition.leaseKey])
+        if clean { handedOverCleanly.insert(partition) } else { handedOverCleanly.remove(partition) }
+        return true
     }
 
+    /// Lets go of the partition; call it only once none of its jobs is in hand.
     public func release(_ partition: JobPartition) throws {
         guard held.contains(partition) else { return }
+        try connection.query("UPDATE attune_partition_handoffs SET released_at = clock_timestamp() WHERE lease_key = $1",
+                             [partition.leaseKey])
         try connection.query("SELECT pg_advisory_unlock($1, $2)", [Int(Self.partitionClass), partition.leaseKey])
         held.remove(partition)
+        handedOverCleanly.remove(partition)
     }
 
     /// Ends the session: every lock goes with it.

@@ -57,9 +57,21 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
     /// draining generation has looked drained (`lookForDrainedPartitions`).
     private var consumingSince: [JobPartition: Date] = [:]
     private var quietSince: [JobPartition: Date] = [:]
+    /// Deliveries of a partition held back behind a drain barrier (the barrier first), in order, until the
+    /// partition the barrier names is drained (`Topology.drainBarrierHeader`).
+    private var parked: [JobPartition: [Delivery]] = [:]
+    /// The draining generation's partitions known to be drained, as of the last look.
+    private var knownDrained: Set<JobPartition> = []
     /// How often the worker looks at who is alive and which partitions it should hold: a new worker gets
     /// its share within about two looks.
     static let leaseLookInterval: TimeInterval = 0.5
+    /// How often during a repartition's drain: generation 0 drains partition after partition (each waits at
+    /// its barriers for the ones unbound after it), and every look shortens each step.
+    static let drainLookInterval: TimeInterval = 0.1
+    /// How long an old partition must look drained, across looks, before it is recorded: a delivery the
+    /// broker sent but this worker had not read yet, or a retry on its way back, shows up by then.
+    static let drainQuietPeriod: TimeInterval = 0.3
+    private var lookInterval: TimeInterval { layout.draining == nil ? Self.leaseLookInterval : Self.drainLookInterval }
     /// Delivery tags not settled yet, in order; and each one's delivery (for the copies a dead letter or
     /// retry publishes) with the partition it came from.
     private var unsettled: [UInt64] = []
@@ -232,7 +244,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
             let (stop, abandon) = lock.withLock { (stopping, abandoning) }
             if stop {
                 try partitions.cancelAll()
-            } else if Date().timeIntervalSince(lastLeaseLook) >= Self.leaseLookInterval {
+            } else if Date().timeIntervalSince(lastLeaseLook) >= lookInterval {
                 try lookAtPartitions(partitions, connection)
             }
             if abandon { try handBackWaitingJobs(connection) }
@@ -245,13 +257,14 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
             if let cancelRequests {
                 let (jobs, held) = try cancelRequests.take(arrived, remember: remember)
                 for tag in held { insertUnsettled(tag) }
-                hand(jobs, partitions)
+                try hand(jobs, partitions, connection)
                 let settled = stop ? try cancelRequests.handBackHeld() : try cancelRequests.retryHeld(remember: remember)
                 for tag in settled { markSettled(tag) }
             } else {
-                hand(arrived, partitions)
+                try hand(arrived, partitions, connection)
             }
             if stop {
+                try handBackParked(connection)
                 lock.withLock { if !drained { drained = true; lock.broadcast() } }
                 releaseDrainedPartitions()
                 if unsettled.isEmpty && onConfirm.isEmpty && !slotsHoldWork() { return }
@@ -276,7 +289,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         guard idle else { return }
         // Wake in time to send a heartbeat and to look at the partitions.
         let heartbeat = connection.heartbeatSeconds > 0 ? Double(connection.heartbeatSeconds) / 2 : 1
-        wakeup.wait(socket: connection.socketDescriptor, timeout: min(heartbeat, Self.leaseLookInterval))
+        wakeup.wait(socket: connection.socketDescriptor, timeout: min(heartbeat, lookInterval))
         wakeup.reset()
         lock.withLock { ioWaiting = false }
     }
@@ -299,6 +312,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         partitions = nil
         consumingSince.removeAll()
         quietSince.removeAll()
+        parked.removeAll()
         cancelRequests?.close()
         cancelRequests = nil
         unsettled.removeAll()
@@ -310,14 +324,38 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
 
     // MARK: Deliveries
 
-    /// Hands what arrived to the slots in one go, so a burst becomes one batch rather than a job at a time.
-    private func hand(_ arrived: [Delivery], _ partitions: PartitionConsumers) {
+    /// Hands what arrived to the slots in one go, so a burst becomes one batch rather than a job at a time;
+    /// what arrives behind a drain barrier waits (`parked`).
+    private func hand(_ arrived: [Delivery], _ partitions: PartitionConsumers, _ connection: AMQPConnection) throws {
         guard !arrived.isEmpty else { return }
-        JobTimeline.shared?.record(.arrived, arrived.map { $0.messageId ?? "" })
-        var jobs: [(slot: Int, job: IncomingJob)] = []
+        var ready: [Delivery] = []
         for delivery in arrived {
+            let partition = partitions.partition(ofConsumer: delivery.consumerTag)
             insertUnsettled(delivery.deliveryTag)
-            held[delivery.deliveryTag] = (delivery, partitions.partition(ofConsumer: delivery.consumerTag))
+            held[delivery.deliveryTag] = (delivery, partition)
+            if let partition, parked[partition] != nil {
+                parked[partition]!.append(delivery)
+            } else if let barrier = JobQueues.drainBarrier(delivery) {
+                if isDrained(barrier) {
+                    try settleBarrier(delivery, connection)
+                } else if let partition {
+                    logger.info("\(partition.queue) waits at a drain barrier for \(barrier.queue)")
+                    parked[partition] = [delivery]
+                } else {
+                    try settleBarrier(delivery, connection)
+                }
+            } else {
+                ready.append(delivery)
+            }
+        }
+        toSlots(ready)
+    }
+
+    private func toSlots(_ deliveries: [Delivery]) {
+        guard !deliveries.isEmpty else { return }
+        JobTimeline.shared?.record(.arrived, deliveries.map { $0.messageId ?? "" })
+        var jobs: [(slot: Int, job: IncomingJob)] = []
+        for delivery in deliveries {
             let job = IncomingJob(receipt: .init(generation: generation, tag: delivery.deliveryTag), body: delivery.body,
                                   contentType: delivery.contentType, messageId: delivery.messageId,
                                   previousAttempts: Int(delivery.headers[Topology.attemptHeader] ?? "") ?? 0)
@@ -328,6 +366,43 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
             for (slot, job) in jobs { inboxes[slot].append(job) }
             lock.broadcast()
         }
+    }
+
+    /// A barrier naming a partition of a generation no longer draining is past too.
+    private func isDrained(_ partition: JobPartition) -> Bool {
+        layout.draining?.number != partition.generation || knownDrained.contains(partition)
+    }
+
+    private func settleBarrier(_ delivery: Delivery, _ connection: AMQPConnection) throws {
+        try connection.ack(delivery.deliveryTag)
+        markSettled(delivery.deliveryTag)
+    }
+
+    /// Lets the jobs behind each barrier whose partition has drained go on, up to the next barrier.
+    private func passDrainedBarriers(_ connection: AMQPConnection) throws {
+        for (partition, waiting) in parked {
+            var rest = waiting[...]
+            var ready: [Delivery] = []
+            while let barrier = rest.first.flatMap(JobQueues.drainBarrier), isDrained(barrier) {
+                try settleBarrier(rest.removeFirst(), connection)
+                while let next = rest.first, JobQueues.drainBarrier(next) == nil { ready.append(rest.removeFirst()) }
+            }
+            guard rest.count < waiting.count else { continue }
+            parked[partition] = rest.isEmpty ? nil : Array(rest)
+            if !ready.isEmpty { logger.info("\(partition.queue) passed its drain barrier: \(ready.count) job(s) go on") }
+            toSlots(ready)
+        }
+    }
+
+    /// At shutdown, what waits behind a barrier goes back to its queue, in order.
+    private func handBackParked(_ connection: AMQPConnection) throws {
+        for (_, waiting) in parked {
+            for delivery in waiting {
+                try connection.reject(delivery.deliveryTag, requeue: true)
+                markSettled(delivery.deliveryTag)
+            }
+        }
+        parked.removeAll()
     }
 
     static func fnv1a(_ text: String) -> UInt64 {
@@ -478,6 +553,13 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
             }
             guard let leases else { return }
             try follow(try FleetPartitioning.layout(on: leases.connection) ?? layout, connection)
+            if let draining = layout.draining {
+                knownDrained = Set(try FleetPartitioning.drained(generation: draining.number, on: leases.connection)
+                    .map { JobPartition(generation: draining.number, index: $0) })
+            } else {
+                knownDrained.removeAll()
+            }
+            try passDrainedBarriers(connection)
             let target = try leases.target(of: layout.consumed)
             for partition in partitions.consuming where !target.contains(partition) {
                 try stopConsuming(partition, partitions)
@@ -486,7 +568,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
             for partition in target.sorted() where !partitions.consuming.contains(partition) {
                 if try leases.tryAcquire(partition) {
                     try partitions.consume(partition)
-                    consumingSince[partition] = Date()
+                    consumingSince[partition] = leases.handedOverCleanly.contains(partition) ? .distantPast : Date()
                     noteHandover()
                 }
             }
@@ -523,27 +605,26 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         }
     }
 
-    /// How long this worker must have consumed a partition before finding it drained: a worker that lost
-    /// its machine may hold some of the partition's jobs unacked until the broker misses two of its
-    /// heartbeats, and those jobs come back to the queue only then.
+    /// How long this worker must have consumed a partition taken from a holder that did not let go of it
+    /// (its session ended) before finding it drained: a worker that lost its machine may hold some of the
+    /// partition's jobs unacked until the broker misses two of its heartbeats, and those come back only then.
     private var staleConsumerBound: TimeInterval { 2 * Double(max(configuration.heartbeatSeconds, 1)) + 1 }
 
     /// During a repartition's drain, records each old partition this worker consumes once it is drained:
-    /// no job waits in it or in a retry queue (from which a job would come back to it), none is in hand,
-    /// at two looks at least a second apart (a retry on its way back between the queues shows up by then),
-    /// and the partition has been consumed here long enough for a vanished holder's jobs to have come back.
+    /// no job waits in it or in a retry queue (from which a job would come back to it), none is in hand
+    /// (nor behind a barrier), at looks `drainQuietPeriod` apart, and the partition has been consumed here
+    /// long enough for a vanished holder's jobs to have come back.
     private func lookForDrainedPartitions(_ leases: PartitionLeases, _ partitions: PartitionConsumers,
                                           _ connection: AMQPConnection) throws {
         guard let draining = layout.draining, layout.drainingUnbound else { quietSince.removeAll(); return }
         let mine = partitions.consuming.filter { $0.generation == draining.number && leases.held.contains($0) }
         guard !mine.isEmpty else { return }
-        let recorded = try FleetPartitioning.drained(generation: draining.number, on: leases.connection)
-        let candidates = mine.filter { !recorded.contains($0.index) }.sorted()
+        let candidates = mine.filter { !knownDrained.contains($0) }.sorted()
         guard !candidates.isEmpty else { return }
         let retriesWait = try retryQueues.contains { try connection.queueDepth($0).messages > 0 }
         let inHand = Set(held.values.compactMap(\.partition))
         let now = Date()
-        var recordedCount = recorded.count
+        var recordedCount = knownDrained.count
         for partition in candidates {
             let settled = !retriesWait && !inHand.contains(partition)
                 && now.timeIntervalSince(consumingSince[partition] ?? now) >= staleConsumerBound
@@ -552,7 +633,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
                 continue
             }
             guard let first = quietSince[partition] else { quietSince[partition] = now; continue }
-            guard now.timeIntervalSince(first) >= 1 else { continue }
+            guard now.timeIntervalSince(first) >= Self.drainQuietPeriod else { continue }
             let finished = try FleetPartitioning.recordDrained(partition, by: configuration.workerName, on: leases.connection)
             recordedCount += 1
             logger.info("partition \(partition.queue) drained (\(recordedCount) of \(draining.partitions) recorded)")

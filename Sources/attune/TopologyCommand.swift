@@ -118,11 +118,13 @@ struct TopologyCommand: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Change a running fleet's partition count without losing a job or reordering a user's jobs.",
             discussion: """
-                Drain and switch. A new generation of --partitions queues is declared and bound to the jobs \
-                exchange, then the current generation's queues are unbound from it: users' new jobs hash onto \
-                the new queues and wait there. The workers keep taking jobs from the old generation only, and \
+                Drain and switch. A new generation of --partitions queues is declared behind an exchange of its \
+                own, which is bound to the jobs exchange as the old generation is unbound from it: users' new \
+                jobs hash onto the new queues and wait there. (Generation 0's queues are unbound one by one, each \
+                after a drain barrier into the queues still bound, past which workers take nothing until the \
+                unbound queue has drained.) The workers keep taking jobs from the old generation only, and \
                 each records an old partition drained once it finds it empty, with none of its jobs in hand or \
-                in a retry queue, at two looks a second apart. When all are, the fleet moves to the new \
+                in a retry queue, at looks 0.3 s apart. When all are, the fleet moves to the new \
                 generation at the workers' next look (every 0.5 s), and this command deletes the old queues. \
                 So a user's later job never runs before an earlier one, and producers never stop: their jobs \
                 wait out the drain in the new queues. A worker that has just taken over an old partition waits \
@@ -160,6 +162,8 @@ struct TopologyCommand: ParsableCommand {
                 throw CommandFailure(description: refused.reason)
             }
             guard let started = layout, let draining = started.draining else { return }
+            // The drain barriers are published with confirms: each must be in its queue before the unbinding after it.
+            try broker.enableConfirms()
             try JobQueues(broker).routeJobs(to: started)
             try FleetPartitioning.markUnbound(generation: draining.number, on: database)
             say("new jobs go to the \(partitions) partitions of generation \(started.current.number); the workers drain the "

@@ -15,10 +15,8 @@ final class RepartitionTests: XCTestCase {
             fleet.stop()
             // Leave generation 0 alone for the next test (whose harness declares it again): a later
             // generation's queues would take its jobs.
-            if let layout = try? FleetPartitioning.layout(on: fleet.registry.connection), layout.current.number > 0,
-               let cleaner = try? AMQPConnection(url: fleet.amqpURL, connectionName: "test-cleanup") {
-                for partition in layout.current.all { try? cleaner.deleteQueue(partition.queue) }
-                cleaner.close()
+            if let layout = try? FleetPartitioning.layout(on: fleet.registry.connection), layout.current.number > 0 {
+                try? FleetHarness.removeGeneration(layout.current, amqpURL: fleet.amqpURL)
             }
         }
         let users = (0..<12).map { "order-\($0)" }
@@ -49,6 +47,17 @@ final class RepartitionTests: XCTestCase {
             try publish(20)
             Thread.sleep(forTimeInterval: 0.25)
             if round == 3 {
+                // No worker runs yet, so the drain cannot end: status shows it under way, both generations.
+                var status = (status: Int32(-1), output: "")
+                let deadline = Date().addingTimeInterval(15)
+                repeat {
+                    status = try ChildProcess.run(Paths.attuneExecutable, ["topology", "status", "--database-url", fleet.databaseURL,
+                                                                          "--amqp-url", fleet.amqpURL])
+                } while !status.output.contains("draining, 0 of 64 drained") && Date() < deadline
+                XCTAssertTrue(status.output.contains("repartition under way: generation 0 (64 partitions) draining, 0 of 64 drained"),
+                              status.output)
+                XCTAssertTrue(status.output.contains("generation 1: 8 partitions"), status.output)
+                XCTAssertTrue(status.output.contains(JobPartition(generation: 1, index: 7).queue), status.output)
                 for index in 0..<2 {
                     var configuration = fleet.configuration(name: "repartition-\(index)")
                     // Two missed heartbeats bound how long a new holder waits before finding a partition drained.
@@ -87,6 +96,36 @@ final class RepartitionTests: XCTestCase {
                                                                  "--database-url", fleet.databaseURL, "--amqp-url", fleet.amqpURL])
         XCTAssertNotEqual(again.status, 0)
         XCTAssertTrue(again.output.contains("already runs on 8 partitions"), again.output)
-        print("repartition 64 -> 8 under load: \(total) jobs for \(users.count) users, each user's in publish order")
+
+        // From generation 1 on a repartition swaps the generations' exchanges in two binding changes: no
+        // barriers, and the old partitions drain side by side.
+        let before = total
+        try publish(120)
+        let second = Process()
+        second.executableURL = Paths.attuneExecutable
+        second.arguments = ["topology", "repartition", "--partitions", "4", "--timeout", "120",
+                            "--database-url", fleet.databaseURL, "--amqp-url", fleet.amqpURL]
+        let secondOutput = Pipe()
+        second.standardError = secondOutput
+        second.standardOutput = secondOutput
+        try second.run()
+        for _ in 0..<6 {
+            try publish(20)
+            Thread.sleep(forTimeInterval: 0.2)
+        }
+        let more = try fleet.events(untilEnded: total - before, timeout: 180)
+        second.waitUntilExit()
+        let secondSaid = String(decoding: secondOutput.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        print(secondSaid)
+        XCTAssertEqual(second.terminationStatus, 0, secondSaid)
+        XCTAssertTrue(secondSaid.contains("removed the 8 queues of generation 1"), secondSaid)
+        XCTAssertEqual(Set(more.filter { $0.kind == .completed }.map(\.jobID)).count, total - before, "every later job committed once")
+        let all = try FleetAudit(registry: fleet.registry, model: fleet.model).committedJobs()
+        for user in users {
+            let inVersionOrder = all.filter { $0.user == user }.sorted { $0.version < $1.version }.map(\.jobID)
+            XCTAssertEqual(inVersionOrder, published[user], "\(user)'s jobs committed in publish order through both repartitions")
+        }
+        XCTAssertEqual(try FleetPartitioning.layout(on: fleet.registry.connection), .single(4, generation: 2))
+        print("repartitions 64 -> 8 -> 4 under load: \(total) jobs for \(users.count) users, each user's in publish order")
     }
 }

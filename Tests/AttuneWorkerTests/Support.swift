@@ -104,7 +104,10 @@ final class FleetHarness {
         // deploy/test.sh sets ATTUNE_KEYS, so the fleet tests store everything encrypted, as a worker
         // process started from the environment does.
         // Every fleet test runs on generation 0 of the default count (a topology or repartition test may
-        // have left another layout behind).
+        // have left another layout behind, whose exchange would take the jobs).
+        if let stale = try FleetPartitioning.layout(on: connection), stale.current.number > 0 {
+            try Self.removeGeneration(stale.current, amqpURL: amqpURL)
+        }
         try connection.query("DELETE FROM attune_topology")
         try connection.query("DELETE FROM attune_drained_partitions")
         _ = try FleetPartitioning.establish(on: connection, proposing: Topology.defaultPartitionCount)
@@ -121,6 +124,14 @@ final class FleetHarness {
         // under other routing keys. Tests run one at a time, each with a fresh queue.
         let queue = try listener.declareEventQueue(bindingKeys: ["#"])
         try listener.consume(queue: queue)
+    }
+
+    /// Deletes a later generation's exchange and queues from the broker.
+    static func removeGeneration(_ generation: PartitionLayout.Generation, amqpURL: String) throws {
+        let cleaner = try AMQPConnection(url: amqpURL, connectionName: "test-cleanup")
+        defer { cleaner.close() }
+        try cleaner.deleteExchange(Topology.generationExchange(generation.number))
+        for partition in generation.all { try cleaner.deleteQueue(partition.queue) }
     }
 
     func configuration(name: String = "test-worker", concurrency: Int = 1) -> WorkerConfiguration {

@@ -27,6 +27,8 @@ check(len(declare) == 1 and "--partitions" in declare[0], "no Job runs `attune t
 count = int(declare[0][declare[0].index("--partitions") + 1]) if declare and "--partitions" in declare[0] else 64
 # The queues Attune declares (Sources/AttuneQueue/Topology.swift): the partitions and the others.
 partitions = [f"attune.jobs.p{i:02d}" for i in range(count)]
+# A repartition's later generations (attune.jobs.g1.p00, ...), whose queues hold the new jobs during a drain.
+later_generations = [f"attune.jobs.g{g}.p{i:02d}" for g in (1, 12) for i in (0, 7, 63, 998)]
 others = ["attune.jobs.dead", "attune.cancel.requests"] + [f"attune.retry.{ms}" for ms in (1000, 10000, 60000)]
 
 for name, scaled in by_kind.get("ScaledObject", {}).items():
@@ -46,6 +48,7 @@ for name, scaled in by_kind.get("ScaledObject", {}).items():
         check(meta.get("useRegex") == "true" and meta.get("operation") in ("sum", "max", "avg"), f"{name}: regex and operation")
         pattern = re.compile(meta["queueName"])
         check(all(pattern.search(q) for q in partitions), f"{name}: queueName misses a partition")
+        check(all(pattern.search(q) for q in later_generations), f"{name}: queueName misses a later generation's partition")
         check(not any(pattern.search(q) for q in others), f"{name}: queueName matches a queue that is not a partition")
         check(float(meta["value"]) > 0, f"{name}: value")
         auth = trigger["authenticationRef"]["name"]
