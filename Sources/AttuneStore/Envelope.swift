@@ -7,6 +7,8 @@ import Foundation
 public enum StoredObject: Sendable, Equatable, CustomStringConvertible {
     case baseModel(name: String, version: Int)
     case state(model: String, baseVersion: Int, user: String, version: Int)
+    /// The job (samples and parameters) a version was trained from, kept for a rebase.
+    case retainedJob(model: String, baseVersion: Int, user: String, version: Int)
 
     /// Identifiers are `[A-Za-z0-9_-]`, so the NUL separators keep the fields apart.
     var associatedData: Data {
@@ -15,6 +17,8 @@ public enum StoredObject: Sendable, Equatable, CustomStringConvertible {
             return Data("attune.base\u{0}\(name)\u{0}\(version)".utf8)
         case let .state(model, baseVersion, user, version):
             return Data("attune.state\u{0}\(model)\u{0}\(baseVersion)\u{0}\(user)\u{0}\(version)".utf8)
+        case let .retainedJob(model, baseVersion, user, version):
+            return Data("attune.samples\u{0}\(model)\u{0}\(baseVersion)\u{0}\(user)\u{0}\(version)".utf8)
         }
     }
 
@@ -22,6 +26,7 @@ public enum StoredObject: Sendable, Equatable, CustomStringConvertible {
         switch self {
         case let .baseModel(name, version): return "base model \(name)@\(version)"
         case let .state(model, _, user, version): return "state of \(model)/\(user) v\(version)"
+        case let .retainedJob(model, _, user, version): return "kept samples of \(model)/\(user) v\(version)"
         }
     }
 }

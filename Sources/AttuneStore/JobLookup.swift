@@ -43,6 +43,8 @@ public struct JobLookup: Sendable {
     public var cancelled: [String: String] = [:]
     /// (user, model) whose head state this process cannot decrypt (a key it lacks): not in `heads`
     public var unreadableHeads: [UserModel: StorageKeyError] = [:]
+    /// Models that keep their jobs' samples with each version (`attune model retention`)
+    public var retainsSamples: Set<String> = []
 
     /// A head's version and base, without its state.
     public struct HeadVersion: Sendable, Equatable {

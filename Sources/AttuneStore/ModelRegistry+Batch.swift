@@ -64,6 +64,8 @@ extension ModelRegistry {
                 lookup.newestBase[try row.string("model")] = try row.int("version")
             case "cancelled":
                 lookup.cancelled[try row.string("job_id")] = try row.optionalString("state") ?? ""
+            case "retains":
+                lookup.retainsSamples.insert(try row.string("model"))
             case let kind:
                 throw DatabaseError(kind: .decoding, operation: "lookup", message: "unexpected row kind \"\(kind)\"")
             }
@@ -104,7 +106,23 @@ extension ModelRegistry {
             var states = Data()
             states.reserveCapacity(batch.reduce(0) { $0 + $1.state.count })
             for version in batch { states.append(version.state) }
-            let result = try connection.query(Self.commitSQL, [
+            // Jobs kept with their versions go in the same statement (a second one in the same transaction
+            // would cost a round trip), sealed as the version they belong to.
+            let kept = try batch.map { version in
+                try version.retainedJob.map {
+                    try keys.seal($0, as: .retainedJob(model: version.model, baseVersion: version.baseVersion,
+                                                       user: version.user, version: version.parentVersion + 1))
+                } ?? Data()
+            }
+            let keeping = kept.contains { !$0.isEmpty }
+            var retained: [PostgresBindable?] = []
+            if keeping {
+                var blob = Data()
+                for job in kept { blob.append(job) }
+                retained = [BinaryBytea(blob), PostgresArray(kept.map(\.count)),
+                            PostgresArray(batch.map { $0.retainedJob == nil ? 0 : $0.samples })]
+            }
+            let result = try connection.query(keeping ? Self.commitKeepingJobsSQL : Self.commitSQL, [
                 PostgresArray(batch.map(\.user)), PostgresArray(batch.map(\.model)),
                 PostgresArray(batch.map(\.baseVersion)), PostgresArray(batch.map(\.parentVersion)),
                 PostgresArray(batch.map(\.jobId)), BinaryBytea(states), PostgresArray(batch.map(\.state.count)),
@@ -112,7 +130,7 @@ extension ModelRegistry {
                 PostgresArray(batch.map(\.durationSeconds)), PostgresArray(batch.map(\.worker)),
                 PostgresArray(batch.map(\.jobDigest)), PostgresArray(batch.map { $0.parameters ?? "" }),
                 PostgresArray(batch.map { $0.validation ?? "" }),
-            ])
+            ] + retained)
             for row in result.rows {
                 let ordinal = try row.int("ordinal")
                 guard batch.indices.contains(ordinal - 1) else {
@@ -170,6 +188,23 @@ extension ModelRegistry {
                                     $12::text[], $13::text[], $14::text[], $15::text[])
         """
 
+    /// `commitSQL` that also keeps the jobs of the elements that committed: $16 their sealed jobs end to end,
+    /// $17 each one's length (0: not kept), $18 each one's sample count.
+    private static let commitKeepingJobsSQL = """
+        WITH outcome AS (\(commitSQL)),
+        kept AS (
+            INSERT INTO attune_retained_jobs (user_id, model, version, base_version, job_id, job_lo, size_bytes, samples)
+            SELECT ($1::text[])[o.ordinal], ($2::text[])[o.ordinal], o.head_version, ($3::integer[])[o.ordinal],
+                   ($5::text[])[o.ordinal], lo_from_bytea(0, substring($16::bytea FROM k.start FOR k.len)), k.len, k.samples
+            FROM outcome o
+            JOIN (SELECT ord, len, samples,
+                         (1 + coalesce(sum(len) OVER (ORDER BY ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0))::integer AS start
+                  FROM unnest($17::integer[], $18::integer[]) WITH ORDINALITY AS t(len, samples, ord)) k ON k.ord = o.ordinal
+            WHERE o.outcome = 'committed' AND k.len > 0
+            RETURNING 1)
+        SELECT * FROM outcome
+        """
+
     /// Records that `jobId` must not be committed, unless it already was. Takes turns with the commit of
     /// the same id, so the answer is final: a cancelled job is never committed afterwards.
     public func cancelJob(jobId: String, reason: String) throws -> CancelOutcome {
@@ -213,5 +248,9 @@ extension ModelRegistry {
         SELECT 'cancelled', NULL, NULL, NULL, NULL, NULL, c.job_id,
                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, c.reason
         FROM attune_cancelled_jobs c WHERE c.job_id = ANY ($1::text[])
+        UNION ALL
+        SELECT 'retains', NULL, s.model,
+               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+        FROM attune_model_settings s WHERE s.model = ANY ($4::text[]) AND s.sample_retention IS NOT NULL
         """
 }

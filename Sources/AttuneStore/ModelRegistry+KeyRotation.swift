@@ -6,15 +6,18 @@ public struct KeyCensus: Sendable, Equatable {
 
     public var baseModels: [String: Int] = [:]
     public var states: [String: Int] = [:]
+    /// Kept jobs (`attune model retention`).
+    public var retainedJobs: [String: Int] = [:]
 
-    public init(baseModels: [String: Int] = [:], states: [String: Int] = [:]) {
+    public init(baseModels: [String: Int] = [:], states: [String: Int] = [:], retainedJobs: [String: Int] = [:]) {
         self.baseModels = baseModels
         self.states = states
+        self.retainedJobs = retainedJobs
     }
 
     /// Objects not under `keyId` (clear text included).
     public func outside(_ keyId: String) -> Int {
-        baseModels.filter { $0.key != keyId }.values.reduce(0, +) + states.filter { $0.key != keyId }.values.reduce(0, +)
+        [baseModels, states, retainedJobs].map { $0.filter { $0.key != keyId }.values.reduce(0, +) }.reduce(0, +)
     }
 }
 
@@ -33,7 +36,7 @@ public struct RotationProgress: Sendable, Equatable {
     public init() {}
 }
 
-/// `attune keys rotate`: every base model and stored state sealed again under the current key.
+/// `attune keys rotate`: every base model, stored state and kept job sealed again under the current key.
 ///
 /// Safe while workers run and resumable, because of how it goes about it. It walks each table in
 /// primary-key order a page at a time, reading only the first bytes of each large object to learn the key
@@ -55,7 +58,11 @@ extension ModelRegistry {
                 """)
             for row in result.rows {
                 let id = Self.keyId(ofHead: try row.base64Bytes("head"))
-                if table.isBase { census.baseModels[id, default: 0] += 1 } else { census.states[id, default: 0] += 1 }
+                switch table.kind {
+                case .baseModel: census.baseModels[id, default: 0] += 1
+                case .state: census.states[id, default: 0] += 1
+                case .retainedJob: census.retainedJobs[id, default: 0] += 1
+                }
             }
         }
         return census
@@ -139,7 +146,7 @@ extension ModelRegistry {
                     continue
                 }
                 var parameters: [PostgresBindable?] = [BinaryBytea(sealed)]
-                if !table.isBase { parameters.append(Int64(sealed.count)) }
+                if table.kind != .baseModel { parameters.append(Int64(sealed.count)) }
                 try conn.query("""
                     UPDATE \(table.name) SET \(table.column) = lo_from_bytea(0, $1)\(table.sizeUpdate)
                     WHERE (\(table.keyColumns)) = (\(table.placeholders(from: parameters.count + 1)))
@@ -182,15 +189,20 @@ private struct RotatedTable {
     let keys: [(column: String, type: String)]
     let baseVersionColumn: String
     let sizeUpdate: String
-    let isBase: Bool
+    let kind: Kind
+
+    enum Kind { case baseModel, state, retainedJob }
 
     static let all = [
         RotatedTable(name: "attune_base_models", column: "model_lo",
                      keys: [("name", "text"), ("version", "integer")], baseVersionColumn: "version",
-                     sizeUpdate: "", isBase: true),
+                     sizeUpdate: "", kind: .baseModel),
         RotatedTable(name: "attune_personal_versions", column: "state_lo",
                      keys: [("user_id", "text"), ("model", "text"), ("version", "integer")],
-                     baseVersionColumn: "base_version", sizeUpdate: ", state_size_bytes = $2", isBase: false),
+                     baseVersionColumn: "base_version", sizeUpdate: ", state_size_bytes = $2", kind: .state),
+        RotatedTable(name: "attune_retained_jobs", column: "job_lo",
+                     keys: [("user_id", "text"), ("model", "text"), ("version", "integer")],
+                     baseVersionColumn: "base_version", sizeUpdate: ", size_bytes = $2", kind: .retainedJob),
     ]
 
     var keyColumns: String { keys.map(\.column).joined(separator: ", ") }
@@ -217,7 +229,10 @@ private struct RotatedTable {
     }
 
     func object(_ key: [String], baseVersion: Int) throws -> StoredObject {
-        if isBase { return .baseModel(name: key[0], version: Int(key[1]) ?? 0) }
-        return .state(model: key[1], baseVersion: baseVersion, user: key[0], version: Int(key[2]) ?? 0)
+        switch kind {
+        case .baseModel: return .baseModel(name: key[0], version: Int(key[1]) ?? 0)
+        case .state: return .state(model: key[1], baseVersion: baseVersion, user: key[0], version: Int(key[2]) ?? 0)
+        case .retainedJob: return .retainedJob(model: key[1], baseVersion: baseVersion, user: key[0], version: Int(key[2]) ?? 0)
+        }
     }
 }

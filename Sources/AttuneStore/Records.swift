@@ -100,6 +100,9 @@ public struct NewPersonalVersion: Sendable {
     /// The validation set's metrics after the last epoch, a JSON object (`samples`, `loss`, `accuracy`,
     /// null where the model has none); nil when the job had no validation samples.
     public var validation: String?
+    /// The job itself (protobuf), kept with the version when the model retains samples
+    /// (`ModelRegistry.setSampleRetention`), sealed like the state; nil keeps nothing.
+    public var retainedJob: Data?
 
     public init(user: String, model: String, baseVersion: Int, parentVersion: Int, jobId: String,
                 state: Data, loss: Double?, samples: Int, epochs: Int, durationSeconds: Double,

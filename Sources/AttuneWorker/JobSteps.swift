@@ -53,7 +53,7 @@ final class JobSteps {
     /// A trained job waiting for the commit.
     private struct Staged {
         let candidate: Candidate
-        let version: NewPersonalVersion
+        var version: NewPersonalVersion
         let result: UpdateResult
     }
 
@@ -167,8 +167,11 @@ final class JobSteps {
             }
             do {
                 let head = try heads[candidate.key] ?? storedHead(candidate.key, lookup)
-                let trained = try train(candidate, from: head, newestBase: lookup.newestBase[candidate.job.model],
+                var trained = try train(candidate, from: head, newestBase: lookup.newestBase[candidate.job.model],
                                         report: report, isAbandoning: isAbandoning)
+                if lookup.retainsSamples.contains(candidate.job.model) {
+                    trained.version.retainedJob = try candidate.job.serializedData()
+                }
                 staged.append(trained)
                 heads[candidate.key] = Head(version: trained.version.parentVersion + 1,
                                             baseVersion: trained.version.baseVersion, state: trained.result.state)

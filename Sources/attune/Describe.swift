@@ -32,8 +32,14 @@ extension Model {
             let spec = try ModelFile.decode(bytes)
             let links = try registry.linkedModelBytes(name: record.name, version: record.version)
                 .mapValues(ModelFile.decode)
-            let description = try ModelDescriber.describe(spec, name: record.name, version: record.version,
+            var description = try ModelDescriber.describe(spec, name: record.name, version: record.version,
                                                          limits: JobLimits(), links: links)
+            let kept = try registry.retainedSamples(model: record.name)
+            var retention: [String: Any] = ["period": try registry.sampleRetention(model: record.name) ?? "off",
+                                            "jobs": kept.jobs, "samples": kept.samples, "bytes": kept.bytes,
+                                            "users": kept.users]
+            if let perSample = kept.bytesPerSample { retention["bytesPerSample"] = (perSample * 10).rounded() / 10 }
+            description["sampleRetention"] = retention
             if json {
                 let data = try JSONSerialization.data(withJSONObject: description, options: [.sortedKeys])
                 print(String(decoding: data, as: UTF8.self))
@@ -242,6 +248,12 @@ enum ModelDescriber {
         features("outputs:", "outputs")
         features("training inputs (each sample carries these):", "trainingInputs")
         lines.append("label feature: \(d["labelFeature"]!)")
+        if let kept = d["sampleRetention"] as? [String: Any] {
+            let period = kept["period"] as? String ?? "off"
+            lines.append("samples kept: " + (period == "off" ? "off" : "for \(period)")
+                         + " (now \(kept["jobs"]!) jobs of \(kept["users"]!) users, \(kept["samples"]!) samples, \(kept["bytes"]!) bytes"
+                         + ((kept["bytesPerSample"] as? Double).map { ", \($0) bytes per sample" } ?? "") + ")")
+        }
         if let labels = d["classLabels"] as? [Any] {
             lines.append("class labels (\(labels.count)): " + labels.map { "\($0)" }.joined(separator: ", "))
         } else if (d["update"] as? [String: Any])?["weighting"] != nil {

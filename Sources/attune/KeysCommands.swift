@@ -34,13 +34,14 @@ struct Keys: ParsableCommand {
             let registry = try database.registry()
             print(registry.keys.summary)
             let census = try registry.keyCensus()
-            let ids = Set(census.baseModels.keys).union(census.states.keys).sorted()
-            print("KEY".padding(toLength: 24, withPad: " ", startingAt: 0) + "BASE MODELS  STATES")
+            let ids = Set(census.baseModels.keys).union(census.states.keys).union(census.retainedJobs.keys).sorted()
+            print("KEY".padding(toLength: 24, withPad: " ", startingAt: 0) + "BASE MODELS  STATES       KEPT JOBS")
             for id in ids {
                 let name = id.isEmpty ? "(clear text)" : id + (id == registry.keys.current?.id ? " (current)" : "")
                 print(name.padding(toLength: 24, withPad: " ", startingAt: 0)
                       + String(census.baseModels[id] ?? 0).padding(toLength: 13, withPad: " ", startingAt: 0)
-                      + String(census.states[id] ?? 0))
+                      + String(census.states[id] ?? 0).padding(toLength: 13, withPad: " ", startingAt: 0)
+                      + String(census.retainedJobs[id] ?? 0))
             }
             if let current = registry.keys.current {
                 let outside = census.outside(current.id)

@@ -7,7 +7,7 @@ import Foundation
 struct Model: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Base models and users' personal versions.",
-        subcommands: [Import.self, Export.self, List.self, Describe.self, History.self, Evaluate.self, Predict.self,
+        subcommands: [Import.self, Export.self, List.self, Describe.self, History.self, Evaluate.self, Predict.self, Retention.self,
                       Prune.self, Rollback.self])
 }
 
