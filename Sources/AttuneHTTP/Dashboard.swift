@@ -175,6 +175,7 @@ enum Dashboard {
           drawThroughput(); break; }
         case "FAILED": job.state = e.willRetry ? "retrying" : "failed"; job.reason = e.reason; break;
         case "CANCELLED": job.state = "cancelled"; break;
+        case "HELD": job.state = "held"; job.version = e.version; job.reason = e.reason; break;
       }
     }
     function drawThroughput() {

@@ -66,7 +66,8 @@ public final class ModelDelivery: @unchecked Sendable {
     public func current(model: String, user: String, attributes: [String: String] = [:]) async throws -> DeliveredModel? {
         try await cachedHead(model: model, user: user, attributes: attributes) { registry in
             guard let base = try registry.deployedBase(model: model, attributes: attributes) else { return nil }
-            if let head = try registry.head(user: user, model: model), head.baseVersion == base {
+            // The newest version the quality gate does not hold (the head, unless it is held).
+            if let head = try registry.deliveredHead(user: user, model: model), head.baseVersion == base {
                 return DeliveredModel(etag: Self.etag(model, base, user, head.version), baseVersion: base,
                                       version: head.version)
             }

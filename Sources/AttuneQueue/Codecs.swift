@@ -209,6 +209,7 @@ public enum EventRouting {
         case .completed: return "completed"
         case .failed: return "failed"
         case .cancelled: return "cancelled"
+        case .held: return "held"
         case .unspecified, .UNRECOGNIZED: return "unspecified"
         }
     }

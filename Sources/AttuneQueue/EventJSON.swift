@@ -87,6 +87,7 @@ struct JSONWriter {
         case 4: literal(#""COMPLETED""#)
         case 5: literal(#""FAILED""#)
         case 6: literal(#""CANCELLED""#)
+        case 7: literal(#""HELD""#)
         case let other: integer(Int64(other))
         }
     }

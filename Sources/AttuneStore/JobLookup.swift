@@ -45,6 +45,8 @@ public struct JobLookup: Sendable {
     public var unreadableHeads: [UserModel: StorageKeyError] = [:]
     /// Models that keep their jobs' samples with each version (`attune model retention`)
     public var retainsSamples: Set<String> = []
+    /// Models with a quality gate (`attune model gate`): their versions may be held at the commit
+    public var gatedModels: Set<String> = []
 
     /// A head's version and base, without its state.
     public struct HeadVersion: Sendable, Equatable {

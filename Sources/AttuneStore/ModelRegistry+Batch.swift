@@ -66,6 +66,8 @@ extension ModelRegistry {
                 lookup.cancelled[try row.string("job_id")] = try row.optionalString("state") ?? ""
             case "retains":
                 lookup.retainsSamples.insert(try row.string("model"))
+            case "gated":
+                lookup.gatedModels.insert(try row.string("model"))
             case let kind:
                 throw DatabaseError(kind: .decoding, operation: "lookup", message: "unexpected row kind \"\(kind)\"")
             }
@@ -114,15 +116,16 @@ extension ModelRegistry {
                                                        user: version.user, version: version.parentVersion + 1))
                 } ?? Data()
             }
-            let keeping = kept.contains { !$0.isEmpty }
+            // A model with a policy (kept samples, a quality gate) commits through the longer statement.
+            let withPolicies = kept.contains { !$0.isEmpty } || batch.contains(where: \.gated)
             var retained: [PostgresBindable?] = []
-            if keeping {
+            if withPolicies {
                 var blob = Data()
                 for job in kept { blob.append(job) }
                 retained = [BinaryBytea(blob), PostgresArray(kept.map(\.count)),
                             PostgresArray(batch.map { $0.retainedJob == nil ? 0 : $0.samples })]
             }
-            let result = try connection.query(keeping ? Self.commitKeepingJobsSQL : Self.commitSQL, [
+            let result = try connection.query(withPolicies ? Self.commitWithPoliciesSQL : Self.commitSQL, [
                 PostgresArray(batch.map(\.user)), PostgresArray(batch.map(\.model)),
                 PostgresArray(batch.map(\.baseVersion)), PostgresArray(batch.map(\.parentVersion)),
                 PostgresArray(batch.map(\.jobId)), BinaryBytea(states), PostgresArray(batch.map(\.state.count)),
@@ -188,9 +191,10 @@ extension ModelRegistry {
                                     $12::text[], $13::text[], $14::text[], $15::text[])
         """
 
-    /// `commitSQL` that also keeps the jobs of the elements that committed: $16 their sealed jobs end to end,
-    /// $17 each one's length (0: not kept), $18 each one's sample count.
-    private static let commitKeepingJobsSQL = """
+    /// `commitSQL` that also keeps the jobs of the elements that committed ($16 their sealed jobs end to
+    /// end, $17 each one's length, 0: not kept, $18 each one's sample count) and holds those the model's
+    /// quality gate refuses (`attune_gate_reason`, from each element's validation metrics).
+    private static let commitWithPoliciesSQL = """
         WITH outcome AS (\(commitSQL)),
         kept AS (
             INSERT INTO attune_retained_jobs (user_id, model, version, base_version, job_id, job_lo, size_bytes, samples)
@@ -201,6 +205,15 @@ extension ModelRegistry {
                          (1 + coalesce(sum(len) OVER (ORDER BY ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0))::integer AS start
                   FROM unnest($17::integer[], $18::integer[]) WITH ORDINALITY AS t(len, samples, ord)) k ON k.ord = o.ordinal
             WHERE o.outcome = 'committed' AND k.len > 0
+            RETURNING 1),
+        held AS (
+            INSERT INTO attune_held_versions (user_id, model, version, reason)
+            SELECT g.user_id, g.model, g.version, g.reason
+            FROM (SELECT ($1::text[])[o.ordinal] AS user_id, ($2::text[])[o.ordinal] AS model, o.head_version AS version,
+                         attune_gate_reason(($2::text[])[o.ordinal], ($1::text[])[o.ordinal], o.head_version,
+                                            nullif(($15::text[])[o.ordinal], '')::jsonb) AS reason
+                  FROM outcome o WHERE o.outcome = 'committed') g
+            WHERE g.reason IS NOT NULL
             RETURNING 1)
         SELECT * FROM outcome
         """
@@ -252,5 +265,10 @@ extension ModelRegistry {
         SELECT 'retains', NULL, s.model,
                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
         FROM attune_model_settings s WHERE s.model = ANY ($4::text[]) AND s.sample_retention IS NOT NULL
+        UNION ALL
+        SELECT 'gated', NULL, s.model,
+               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+        FROM attune_model_settings s
+        WHERE s.model = ANY ($4::text[]) AND (s.gate_min_accuracy IS NOT NULL OR s.gate_max_drop IS NOT NULL)
         """
 }

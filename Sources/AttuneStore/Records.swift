@@ -103,6 +103,8 @@ public struct NewPersonalVersion: Sendable {
     /// The job itself (protobuf), kept with the version when the model retains samples
     /// (`ModelRegistry.setSampleRetention`), sealed like the state; nil keeps nothing.
     public var retainedJob: Data?
+    /// Whether the model has a quality gate: the commit then judges the version's validation accuracy.
+    public var gated = false
 
     public init(user: String, model: String, baseVersion: Int, parentVersion: Int, jobId: String,
                 state: Data, loss: Double?, samples: Int, epochs: Int, durationSeconds: Double,

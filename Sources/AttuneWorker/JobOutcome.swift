@@ -9,7 +9,9 @@ public enum JobOutcome: Sendable, Equatable {
     /// A new version was committed: ack.
     /// `loss` is nil for k-NN and pipeline models, which have none; `validation` is nil without validation
     /// samples.
-    case committed(version: Int, loss: Double?, durationSeconds: Double, validation: ValidationMetrics? = nil)
+    /// `held`: why the model's quality gate holds the version back from devices (nil: delivered).
+    case committed(version: Int, loss: Double?, durationSeconds: Double, validation: ValidationMetrics? = nil,
+                   held: String? = nil)
     /// The job id was applied before (a redelivery or a re-publish): ack without training.
     case alreadyApplied(version: Int)
     /// The job can never succeed as sent: dead-letter it with the reason.

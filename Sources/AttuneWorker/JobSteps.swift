@@ -30,6 +30,11 @@ final class JobSteps {
     /// Job ids this slot committed lately: a second copy of one (a producer publishing twice, a redelivery)
     /// must be looked up, not trained from remembered heads and caught only at the commit.
     private var committedIds: Set<String> = []
+    /// Each model's policies (samples kept, a quality gate) as the last lookup gave them, and when: a batch
+    /// that skips the lookup uses them while they are younger than `policyMemorySeconds`, so a change of
+    /// `model retention` or `model gate` reaches every slot within that time.
+    private var policies: [String: (retains: Bool, gated: Bool, at: DispatchTime)] = [:]
+    static let policyMemorySeconds = 2.0
     private var cancellation: (String) -> String? = { _ in nil }
     /// Where failures' private text goes (`FailureClassifier`).
     private let failures: Logger
@@ -131,13 +136,17 @@ final class JobSteps {
         let keys = unique(candidates.map(\.key))
         do {
             if trustMemory, !candidates.contains(where: { committedIds.contains($0.job.jobID) }),
-               let remembered = rememberedLookup(keys) {
+               let remembered = rememberedLookup(keys, models: unique(candidates.map(\.job.model))) {
                 lookup = remembered
             } else {
                 var known: [UserModel: Int] = [:]
                 for key in keys { if let head = written[key] { known[key] = head.version } }
-                lookup = try store.lookup(jobIds: candidates.map(\.job.jobID), heads: keys,
-                                          models: unique(candidates.map(\.job.model)), known: known)
+                let models = unique(candidates.map(\.job.model))
+                lookup = try store.lookup(jobIds: candidates.map(\.job.jobID), heads: keys, models: models, known: known)
+                let now = DispatchTime.now()
+                for model in models {
+                    policies[model] = (lookup.retainsSamples.contains(model), lookup.gatedModels.contains(model), now)
+                }
                 // A head that moved past what this slot wrote is no longer the slot's to trust.
                 for key in keys where lookup.unchangedHeads[key] == nil { written.removeValue(forKey: key) }
                 // An applied job is acknowledged below: only on a version the standby holds too.
@@ -172,6 +181,7 @@ final class JobSteps {
                 if lookup.retainsSamples.contains(candidate.job.model) {
                     trained.version.retainedJob = try candidate.job.serializedData()
                 }
+                trained.version.gated = lookup.gatedModels.contains(candidate.job.model)
                 staged.append(trained)
                 heads[candidate.key] = Head(version: trained.version.parentVersion + 1,
                                             baseVersion: trained.version.baseVersion, state: trained.result.state)
@@ -187,11 +197,17 @@ final class JobSteps {
     }
 
     /// The lookup's answer from the slot's memory alone, when it holds every head of the batch.
-    private func rememberedLookup(_ keys: [UserModel]) -> JobLookup? {
+    private func rememberedLookup(_ keys: [UserModel], models: [String]) -> JobLookup? {
         var lookup = JobLookup()
         for key in keys {
             guard let head = written[key], let base = head.baseVersion else { return nil }
             lookup.unchangedHeads[key] = JobLookup.HeadVersion(version: head.version, baseVersion: base)
+        }
+        let oldest = DispatchTime.now().uptimeNanoseconds &- UInt64(Self.policyMemorySeconds * 1e9)
+        for model in models {
+            guard let known = policies[model], known.at.uptimeNanoseconds > oldest else { return nil }
+            if known.retains { lookup.retainsSamples.insert(model) }
+            if known.gated { lookup.gatedModels.insert(model) }
         }
         return lookup
     }
@@ -305,6 +321,12 @@ final class JobSteps {
             }
             return []
         }
+        // The gate's decisions were made in the commit; one more round trip learns them, only for gated models.
+        let gatedCommits = zip(staged, outcomes).compactMap { entry, outcome -> String? in
+            if case .success(.committed) = outcome, entry.version.gated { return entry.candidate.job.jobID }
+            return nil
+        }
+        let held = gatedCommits.isEmpty ? [:] : ((try? store.heldReasons(jobIds: gatedCommits)) ?? [:])
         var again: [Candidate] = []
         for (entry, outcome) in zip(staged, outcomes) {
             let candidate = entry.candidate
@@ -312,7 +334,7 @@ final class JobSteps {
             if case .success(.committed) = outcome {} else { written.removeValue(forKey: candidate.key) }
             switch outcome {
             case .success(.committed(let version)):
-                settle(entry, committedAs: version, results: &results)
+                settle(entry, committedAs: version, held: held[candidate.job.jobID], results: &results)
             case .success(.duplicate(let existing)):
                 results[candidate.index] = .outcome(RepeatedJob.outcome(jobId: candidate.job.jobID,
                                                                         digest: candidate.digest, applied: existing))
@@ -330,11 +352,11 @@ final class JobSteps {
     }
 
     /// A job this slot committed as `version`: its result, and the head and job id the slot remembers.
-    private func settle(_ entry: Staged, committedAs version: Int, results: inout [JobResult?]) {
+    private func settle(_ entry: Staged, committedAs version: Int, held: String? = nil, results: inout [JobResult?]) {
         let candidate = entry.candidate
         results[candidate.index] = .outcome(.committed(version: version, loss: entry.result.loss,
                                                        durationSeconds: entry.result.durationSeconds,
-                                                       validation: entry.result.validation))
+                                                       validation: entry.result.validation, held: held))
         if written.count >= maxWritten { written.removeAll(keepingCapacity: true) }
         written[candidate.key] = Head(version: version, baseVersion: entry.version.baseVersion, state: entry.result.state)
         if committedIds.count >= maxWritten { committedIds.removeAll(keepingCapacity: true) }

@@ -13,6 +13,8 @@ public protocol JobStore: AnyObject {
     /// them: what a job may be acknowledged on when its own commit's answer was lost or it was applied
     /// before.
     func durablyApplied(jobIds: [String]) throws -> [String: PersonalVersionRecord]
+    /// Why the quality gate holds each of these jobs' versions, for those it holds.
+    func heldReasons(jobIds: [String]) throws -> [String: String]
     /// The bytes of one imported base model.
     func baseModelBytes(name: String, version: Int) throws -> Data
     /// The bytes of the models a base model's pipeline links to, by linked file name (empty without links).
@@ -27,6 +29,9 @@ extension JobStore {
 
     /// A store of models without links.
     public func linkedModelBytes(name: String, version: Int) throws -> [String: Data] { [:] }
+
+    /// A store without quality gates.
+    public func heldReasons(jobIds: [String]) throws -> [String: String] { [:] }
 }
 
 extension ModelRegistry: JobStore {

@@ -442,6 +442,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
                 case .ack:
                     acks.append(delivery.deliveryTag)
                     events.append(job.decision.event)
+                    events.append(contentsOf: job.decision.followUps)
                 case .requeue:
                     try connection.reject(delivery.deliveryTag, requeue: true)
                     markSettled(delivery.deliveryTag)

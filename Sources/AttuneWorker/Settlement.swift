@@ -19,6 +19,8 @@ public enum BrokerAction: Sendable, Equatable {
 public struct SettlementDecision: Sendable, Equatable {
     public var action: BrokerAction
     public var event: Attune_V1_Event
+    /// Events published right after `event` (a `held` after a `completed`).
+    public var followUps: [Attune_V1_Event] = []
 
     /// The event is published after the action took effect (after the ack, or after the copy's confirm).
     public init(action: BrokerAction, event: Attune_V1_Event) {
@@ -45,12 +47,16 @@ public enum Settlement {
             let reason = "worker \(workerName) shut down before the job finished; requeued uncommitted"
             return SettlementDecision(action: .requeue,
                                       event: events.make(.failed) { $0.reason = reason; $0.willRetry = true })
-        case .outcome(.committed(let version, let loss, let duration, let validation)):
-            return SettlementDecision(action: .ack, event: events.make(.completed) {
+        case .outcome(.committed(let version, let loss, let duration, let validation, let held)):
+            var decision = SettlementDecision(action: .ack, event: events.make(.completed) {
                 $0.version = Int64(version); $0.loss = loss ?? 0; $0.durationSeconds = duration
                 $0.samples = Int64(samples)
                 $0.setValidation(validation)
             })
+            if let held {
+                decision.followUps = [events.make(.held) { $0.version = Int64(version); $0.reason = held; $0.setValidation(validation) }]
+            }
+            return decision
         case .outcome(.alreadyApplied(let version)):
             return SettlementDecision(action: .ack, event: events.make(.completed) {
                 $0.version = Int64(version); $0.duplicate = true

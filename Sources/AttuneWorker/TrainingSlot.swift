@@ -125,9 +125,10 @@ final class TrainingSlot {
         for ((job, result), settlement) in zip(finished, settled) {
             metrics.settled(result)
             metrics.jobDuration.recordNanoseconds(Int64(elapsed))
-            if case .outcome(.committed(_, _, let seconds, _)) = result {
+            if case .outcome(.committed(_, _, let seconds, _, let held)) = result {
                 metrics.samplesTrained.increment(by: Int64(job.samples.count))
                 metrics.trainingDuration.recordNanoseconds(Int64(seconds * 1e9))
+                if held != nil { metrics.versionsHeld.increment() }
             }
             switch settlement.decision.action {
             case .deadLetter: metrics.deadLetters.increment()
@@ -140,8 +141,9 @@ final class TrainingSlot {
     private func log(_ finished: [(job: Attune_V1_TrainingJob, result: JobResult)]) {
         for (job, result) in finished {
             switch result {
-            case .outcome(.committed(let version, let loss, _, _)):
+            case .outcome(.committed(let version, let loss, _, _, let held)):
                 logger.debug("job \(job.jobID) committed \(job.model)/\(job.userID) v\(version) loss \(loss.map { "\($0)" } ?? "none")")
+                if let held { logger.info("job \(job.jobID): \(job.model)/\(job.userID) v\(version) held back from devices: \(held)") }
             case .outcome(.alreadyApplied(let version)):
                 logger.info("job \(job.jobID) was already applied as v\(version); acked without training")
             case .outcome(.rejected(let reason)):

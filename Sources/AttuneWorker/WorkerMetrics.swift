@@ -13,6 +13,8 @@ final class WorkerMetrics: @unchecked Sendable {
     /// Jobs trained again because another worker moved their head between lookup and commit.
     let headRaces = Counter(label: "attune_head_races_total")
     let samplesTrained = Counter(label: "attune_samples_trained_total")
+    /// Versions the model's quality gate held back from devices (`attune model gate`).
+    let versionsHeld = Counter(label: "attune_versions_held_total")
     /// One update task, as the task measured it.
     let trainingDuration = Timer(label: "attune_training_duration_seconds", preferredDisplayUnit: .seconds)
     /// A job in its slot: from taken to settled (its batch's lookup, training and commit).

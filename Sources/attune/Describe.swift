@@ -40,6 +40,10 @@ extension Model {
                                             "users": kept.users]
             if let perSample = kept.bytesPerSample { retention["bytesPerSample"] = (perSample * 10).rounded() / 10 }
             description["sampleRetention"] = retention
+            if let gate = try registry.qualityGate(model: record.name) {
+                description["qualityGate"] = ["minAccuracy": gate.minAccuracy.map { $0 as Any } ?? NSNull(),
+                                              "maxDrop": gate.maxDrop.map { $0 as Any } ?? NSNull()]
+            }
             if json {
                 let data = try JSONSerialization.data(withJSONObject: description, options: [.sortedKeys])
                 print(String(decoding: data, as: UTF8.self))
@@ -248,6 +252,11 @@ enum ModelDescriber {
         features("outputs:", "outputs")
         features("training inputs (each sample carries these):", "trainingInputs")
         lines.append("label feature: \(d["labelFeature"]!)")
+        if let gate = d["qualityGate"] as? [String: Any] {
+            lines.append("quality gate: hold a version " + [(gate["minAccuracy"] as? Double).map { "below \($0) validation accuracy" },
+                                                            (gate["maxDrop"] as? Double).map { "more than \($0) below the delivered one" }]
+                .compactMap { $0 }.joined(separator: " or "))
+        }
         if let kept = d["sampleRetention"] as? [String: Any] {
             let period = kept["period"] as? String ?? "off"
             lines.append("samples kept: " + (period == "off" ? "off" : "for \(period)")

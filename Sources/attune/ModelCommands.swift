@@ -8,6 +8,7 @@ struct Model: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Base models and users' personal versions.",
         subcommands: [Import.self, Export.self, List.self, Describe.self, History.self, Evaluate.self, Predict.self, Retention.self,
+                      Gate.self, Release.self,
                       Prune.self, Rollback.self])
 }
 
@@ -146,8 +147,9 @@ extension Model {
         func run() throws {
             let registry = try database.registry()
             let versions = try registry.history(user: user, model: name)
+            let held = Dictionary(try registry.heldVersions(user: user, model: name).map { ($0.version, $0) }) { a, _ in a }
             if json {
-                for v in versions { print(try Model.json(v)) }
+                for v in versions { print(try Model.json(v, held: held[v.version])) }
                 return
             }
             print(pad("VERSION", 9) + pad("BASE", 6) + pad("SAMPLES", 9) + pad("EPOCHS", 8) + pad("LOSS", 10)
@@ -160,7 +162,7 @@ extension Model {
                 print(pad("\(v.version)", 9) + pad("\(v.baseVersion)", 6) + pad("\(v.samples)", 9) + pad("\(v.epochs)", 8)
                       + pad(v.loss.map { String(format: "%.4f", $0) } ?? "—", 10) + pad(validationLoss, 10)
                       + pad(validationAccuracy, 9) + pad(String(format: "%.3f", v.durationSeconds), 9)
-                      + pad(v.jobId, 38) + v.worker + Model.lifecycleNote(v))
+                      + pad(v.jobId, 38) + v.worker + Model.lifecycleNote(v) + Model.heldNote(held[v.version]))
             }
         }
     }
@@ -184,7 +186,13 @@ extension Model {
         (v.restoredFrom.map { " (restores v\($0))" } ?? "") + (v.prunedAt != nil ? " (state pruned)" : "")
     }
 
-    static func json(_ v: PersonalVersionRecord) throws -> String {
+    /// " (held: reason)", " (released: reason)", or nothing.
+    static func heldNote(_ held: HeldVersion?) -> String {
+        guard let held else { return "" }
+        return held.releasedAt == nil ? " (held: \(held.reason))" : " (released from a hold: \(held.reason))"
+    }
+
+    static func json(_ v: PersonalVersionRecord, held: HeldVersion? = nil) throws -> String {
         var object: [String: Any] = [
             "version": v.version, "baseVersion": v.baseVersion, "parentVersion": v.parentVersion, "jobId": v.jobId,
             "samples": v.samples, "epochs": v.epochs, "durationSeconds": v.durationSeconds, "worker": v.worker,
@@ -195,6 +203,10 @@ extension Model {
         if let digest = v.jobDigest { object["jobDigest"] = digest }
         if let prunedAt = v.prunedAt { object["prunedAt"] = ISO8601DateFormatter().string(from: prunedAt) }
         if let restoredFrom = v.restoredFrom { object["restoredFrom"] = restoredFrom }
+        if let held {
+            object["held"] = ["reason": held.reason,
+                              "releasedAt": held.releasedAt.map { ISO8601DateFormatter().string(from: $0) as Any } ?? NSNull()]
+        }
         if let parameters = v.parameters, let parsed = try? JSONDecoder().decode(ExactJSON.self, from: Data(parameters.utf8)) {
             object["parameters"] = parsed.foundationObject
         }

@@ -191,6 +191,57 @@ final class DeliveryTests: XCTestCase {
         XCTAssertEqual(revoked, 401)
     }
 
+    /// Under a quality gate a held version never reaches the device: it keeps the one it had (304 on its
+    /// ETag) until the hold is released, then gets the held version's bytes within the notification's delay.
+    func testAHeldVersionIsNotServedUntilReleased() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let app = "app_" + UUID().uuidString.prefix(6).lowercased()
+        let user = "gated_" + UUID().uuidString.prefix(6).lowercased()
+        let mine = try userToken(fleet, jwk: try deviceKey(fleet, app: app, models: [fleet.model]), user: user)
+        XCTAssertEqual(try attune(fleet, ["model", "gate", "--name", fleet.model, "--min-accuracy", "0.5"]).status, 0)
+        let (server, port) = try startServer(fleet)
+        defer { server.stop() }
+        let path = "/v1/models/\(fleet.model)/users/\(user)"
+        fleet.startWorker(fleet.configuration())
+        func job(rows: Range<Int>, wrongLabels: Bool) -> Attune_V1_TrainingJob {
+            var job = Digits.job(user: user, model: fleet.model, rows: rows)
+            job.validationSamples = (300..<330).map { row in
+                var sample = Digits.sample(row)
+                if wrongLabels { sample.features["digit"]!.stringValue = String((Digits.rows[row].label + 1) % 10) }
+                return sample
+            }
+            return job
+        }
+        try fleet.publish(job(rows: 0..<40, wrongLabels: false))
+        _ = try fleet.events(untilEnded: 1)
+        func poll(until status: Int, ifNoneMatch tag: String?) throws -> Answer {
+            var answer = try fetch(port, path, token: mine, ifNoneMatch: tag)
+            let deadline = Date().addingTimeInterval(2)
+            while answer.status != status && Date() < deadline {
+                Thread.sleep(forTimeInterval: 0.05)
+                answer = try fetch(port, path, token: mine, ifNoneMatch: tag)
+            }
+            return answer
+        }
+        let first = try poll(until: 200, ifNoneMatch: nil)
+        XCTAssertEqual(first.body, try exported(fleet, ["--user", user, "--version", "1"]), "v1 passed the gate")
+        let tag = try XCTUnwrap(first.headers["etag"])
+
+        try fleet.publish(job(rows: 40..<80, wrongLabels: true))
+        _ = try fleet.events(untilEnded: 1)
+        XCTAssertEqual(try fleet.registry.head(user: user, model: fleet.model)?.version, 2)
+        let history = String(decoding: try attune(fleet, ["model", "history", "--name", fleet.model, "--user", user]).out, as: UTF8.self)
+        XCTAssertEqual(try fleet.registry.heldVersions(user: user, model: fleet.model).map(\.version), [2], history)
+        Thread.sleep(forTimeInterval: 0.5)  // longer than a head move takes to reach the server
+        XCTAssertEqual(try fetch(port, path, token: mine, ifNoneMatch: tag).status, 304, "the device keeps v1")
+
+        XCTAssertEqual(try attune(fleet, ["model", "release", "--name", fleet.model, "--user", user]).status, 0)
+        let released = try poll(until: 200, ifNoneMatch: tag)
+        XCTAssertEqual(released.status, 200, "the released version reaches the device within 2 s")
+        XCTAssertEqual(released.body, try exported(fleet, ["--user", user, "--version", "2"]))
+    }
+
     /// A user's token opens that user's model and no other; tokens that are expired, tampered with, signed
     /// by a key attune never issued, or that name another algorithm (`none`, HS256 keyed with the public
     /// key) are 401. The hostile tokens are made here with swift-crypto, not with the server's library.

@@ -118,7 +118,7 @@ final class JobStepsTests: XCTestCase {
         let results = try run(steps(store), jobs)
         XCTAssertEqual(store.lookups, 1)
         XCTAssertEqual(store.commits, 1)
-        XCTAssertEqual(results.compactMap { if case .outcome(.committed(let v, _, _, _)) = $0 { v } else { nil } }, [1, 1, 2])
+        XCTAssertEqual(results.compactMap { if case .outcome(.committed(let v, _, _, _, _)) = $0 { v } else { nil } }, [1, 1, 2])
         XCTAssertEqual(store.committed.map(\.parentVersion), [0, 0, 1])
         // Ann's second job trained from her first job's weights, not from the base.
         let alone = try makeStore()
@@ -138,7 +138,7 @@ final class JobStepsTests: XCTestCase {
         let jobs = [Digits.job(user: "ann", model: "d", rows: 0..<10), Digits.job(user: "bob", model: "d", rows: 10..<20)]
         let results = try run(steps(store), jobs)
         XCTAssertEqual(results[0], .outcome(.operatorFault(reason: missing.description)))
-        guard case .outcome(.committed(version: 1, _, _, _)) = results[1] else { return XCTFail("\(results[1])") }
+        guard case .outcome(.committed(version: 1, _, _, _, _)) = results[1] else { return XCTFail("\(results[1])") }
         XCTAssertEqual(store.committed.map(\.user), ["bob"])
         XCTAssertEqual(FailureClassifier.outcome(for: StorageKeyError.wrongKey(object: "base model d@1", keyId: "k1")),
                        .operatorFault(reason: StorageKeyError.wrongKey(object: "base model d@1", keyId: "k1").description))
@@ -176,7 +176,7 @@ final class JobStepsTests: XCTestCase {
             store.heads[UserModel(user: "cat", model: "d")] = (2, 1, firstState)
         }
         let results = try run(steps, [second])
-        guard case .outcome(.committed(version: 3, _, _, _)) = results[0] else { return XCTFail("\(results)") }
+        guard case .outcome(.committed(version: 3, _, _, _, _)) = results[0] else { return XCTFail("\(results)") }
         XCTAssertEqual(steps.retrains, 1)
         XCTAssertEqual(store.committed.last?.parentVersion, 2)
     }
@@ -197,7 +197,7 @@ final class JobStepsTests: XCTestCase {
         XCTAssertEqual(steps.retrains, 0)
         XCTAssertEqual(store.lookups, 2, "the first batch's lookup, and this one's")
         XCTAssertEqual(results[0], .outcome(.alreadyApplied(version: 1)))
-        guard case .outcome(.committed(version: 2, _, _, _)) = results[1] else { return XCTFail("\(results[1])") }
+        guard case .outcome(.committed(version: 2, _, _, _, _)) = results[1] else { return XCTFail("\(results[1])") }
         XCTAssertEqual(store.committed.map(\.jobId), [first.jobID, second.jobID])
         // After a partition changed hands the slot forgets what it wrote and looks up.
         steps.forgetWrittenHeads()
@@ -224,7 +224,7 @@ final class JobStepsTests: XCTestCase {
         XCTAssertEqual(results[0], .outcome(.committed(version: 1, loss: store.committed[0].loss,
                                                        durationSeconds: store.committed[0].durationSeconds)))
         XCTAssertEqual(results[1], .outcome(.alreadyApplied(version: 1)))
-        guard case .outcome(.committed(version: 2, _, _, _)) = results[2] else { return XCTFail("\(results[2])") }
+        guard case .outcome(.committed(version: 2, _, _, _, _)) = results[2] else { return XCTFail("\(results[2])") }
         guard case .outcome(.rejected(let reason)) = results[3] else { return XCTFail("\(results[3])") }
         XCTAssertTrue(reason.contains("other content"), reason)
         XCTAssertEqual(store.committed.map(\.jobId), [job.jobID, next.jobID])
@@ -244,7 +244,7 @@ final class JobStepsTests: XCTestCase {
         XCTAssertEqual(results[0], .outcome(.alreadyApplied(version: 1)))
         guard case .outcome(.rejected(let reason)) = results[1] else { return XCTFail("\(results[1])") }
         XCTAssertTrue(reason.contains("not-a-class"), reason)
-        guard case .outcome(.committed(version: 1, _, _, _)) = results[2] else { return XCTFail("\(results[2])") }
+        guard case .outcome(.committed(version: 1, _, _, _, _)) = results[2] else { return XCTFail("\(results[2])") }
         XCTAssertEqual(store.committed.count, 2, "the applied job was not committed again")
     }
 
@@ -357,7 +357,7 @@ final class JobStepsTests: XCTestCase {
                     Digits.job(id: "b1", user: "bob", model: "d", rows: 10..<20),
                     Digits.job(id: "a2", user: "ann", model: "d", rows: 20..<30)]
         let results = try run(steps(store, reconnect: { reconnects += 1; return store }, failures: log.logger), jobs)
-        XCTAssertEqual(results.compactMap { if case .outcome(.committed(let v, _, _, _)) = $0 { v } else { nil } }, [1, 1, 2])
+        XCTAssertEqual(results.compactMap { if case .outcome(.committed(let v, _, _, _, _)) = $0 { v } else { nil } }, [1, 1, 2])
         XCTAssertEqual(store.committed.count, 3, "every job applied once")
         XCTAssertEqual(store.commits, 1, "nothing committed again")
         XCTAssertEqual(reconnects, 1)
@@ -374,7 +374,7 @@ final class JobStepsTests: XCTestCase {
         let jobs = [Digits.job(id: "c1", user: "cat", model: "d", rows: 0..<10),
                     Digits.job(id: "c2", user: "cat", model: "d", rows: 10..<20)]
         let results = try run(steps(store, reconnect: { store }), jobs)
-        XCTAssertEqual(results.compactMap { if case .outcome(.committed(let v, _, _, _)) = $0 { v } else { nil } }, [1, 2])
+        XCTAssertEqual(results.compactMap { if case .outcome(.committed(let v, _, _, _, _)) = $0 { v } else { nil } }, [1, 2])
         XCTAssertEqual(store.committed.map(\.jobId), ["c1", "c2"])
         XCTAssertEqual(store.commits, 2, "the lost commit, then one more")
     }

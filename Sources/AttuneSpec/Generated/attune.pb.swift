@@ -41,6 +41,10 @@ public nonisolated enum Attune_V1_EventKind: SwiftProtobuf.Enum, Swift.CaseItera
 
   /// The job was cancelled (see CancelRequest); cancel_stage says where it was stopped.
   case cancelled // = 6
+
+  /// After COMPLETED: the model's quality gate holds the new version back from devices (reason says why;
+  /// version is the held version); they keep getting the newest version not held.
+  case held // = 7
   case UNRECOGNIZED(Int)
 
   public init() {
@@ -56,6 +60,7 @@ public nonisolated enum Attune_V1_EventKind: SwiftProtobuf.Enum, Swift.CaseItera
     case 4: self = .completed
     case 5: self = .failed
     case 6: self = .cancelled
+    case 7: self = .held
     default: self = .UNRECOGNIZED(rawValue)
     }
   }
@@ -69,6 +74,7 @@ public nonisolated enum Attune_V1_EventKind: SwiftProtobuf.Enum, Swift.CaseItera
     case .completed: return 4
     case .failed: return 5
     case .cancelled: return 6
+    case .held: return 7
     case .UNRECOGNIZED(let i): return i
     }
   }
@@ -82,6 +88,7 @@ public nonisolated enum Attune_V1_EventKind: SwiftProtobuf.Enum, Swift.CaseItera
     .completed,
     .failed,
     .cancelled,
+    .held,
   ]
 
 }
@@ -568,7 +575,7 @@ public nonisolated struct Attune_V1_UpdateState: Sendable {
 fileprivate nonisolated let _protobuf_package = "attune.v1"
 
 nonisolated extension Attune_V1_EventKind: SwiftProtobuf._ProtoNameProviding {
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0EVENT_KIND_UNSPECIFIED\0\u{1}TRAINING_BEGIN\0\u{1}EPOCH_END\0\u{1}MINI_BATCH_END\0\u{1}COMPLETED\0\u{1}FAILED\0\u{1}CANCELLED\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0EVENT_KIND_UNSPECIFIED\0\u{1}TRAINING_BEGIN\0\u{1}EPOCH_END\0\u{1}MINI_BATCH_END\0\u{1}COMPLETED\0\u{1}FAILED\0\u{1}CANCELLED\0\u{1}HELD\0")
 }
 
 nonisolated extension Attune_V1_FeatureValue: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
