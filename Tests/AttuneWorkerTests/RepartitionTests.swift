@@ -33,14 +33,7 @@ final class RepartitionTests: XCTestCase {
         }
         // Queued before any worker runs, so the old generation surely holds jobs when the repartition starts.
         try publish(120)
-        let repartition = Process()
-        repartition.executableURL = Paths.attuneExecutable
-        repartition.arguments = ["topology", "repartition", "--partitions", "8", "--timeout", "120",
-                                 "--database-url", fleet.databaseURL, "--amqp-url", fleet.amqpURL]
-        let output = Pipe()
-        repartition.standardError = output
-        repartition.standardOutput = output
-        try repartition.run()
+        let first = try Repartition(fleet, to: 8)
         // Jobs keep coming while it runs (some before the old queues are unbound, most after), and the
         // workers start in the middle of it.
         for round in 0..<12 {
@@ -67,10 +60,8 @@ final class RepartitionTests: XCTestCase {
                     }
         }
         let events = try fleet.events(untilEnded: total, timeout: 180)
-        repartition.waitUntilExit()
-        let said = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        print(said)
-        XCTAssertEqual(repartition.terminationStatus, 0, said)
+        let (status, said) = first.finish()
+        XCTAssertEqual(status, 0, said)
         XCTAssertTrue(said.contains("generation 0 drained"), said)
         let firstLook = try XCTUnwrap(said.firstMatch(of: #/0 of 64 old partitions drained; (\d+) jobs wait in them/#), said)
         XCTAssertGreaterThanOrEqual(Int(firstLook.1) ?? 0, 120, "the old generation held jobs when its drain began")
@@ -101,23 +92,14 @@ final class RepartitionTests: XCTestCase {
         // barriers, and the old partitions drain side by side.
         let before = total
         try publish(120)
-        let second = Process()
-        second.executableURL = Paths.attuneExecutable
-        second.arguments = ["topology", "repartition", "--partitions", "4", "--timeout", "120",
-                            "--database-url", fleet.databaseURL, "--amqp-url", fleet.amqpURL]
-        let secondOutput = Pipe()
-        second.standardError = secondOutput
-        second.standardOutput = secondOutput
-        try second.run()
+        let second = try Repartition(fleet, to: 4)
         for _ in 0..<6 {
             try publish(20)
             Thread.sleep(forTimeInterval: 0.2)
         }
         let more = try fleet.events(untilEnded: total - before, timeout: 180)
-        second.waitUntilExit()
-        let secondSaid = String(decoding: secondOutput.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        print(secondSaid)
-        XCTAssertEqual(second.terminationStatus, 0, secondSaid)
+        let (secondStatus, secondSaid) = second.finish()
+        XCTAssertEqual(secondStatus, 0, secondSaid)
         XCTAssertTrue(secondSaid.contains("removed the 8 queues of generation 1"), secondSaid)
         XCTAssertEqual(Set(more.filter { $0.kind == .completed }.map(\.jobID)).count, total - before, "every later job committed once")
         let all = try FleetAudit(registry: fleet.registry, model: fleet.model).committedJobs()
@@ -127,5 +109,28 @@ final class RepartitionTests: XCTestCase {
         }
         XCTAssertEqual(try FleetPartitioning.layout(on: fleet.registry.connection), .single(4, generation: 2))
         print("repartitions 64 -> 8 -> 4 under load: \(total) jobs for \(users.count) users, each user's in publish order")
+    }
+}
+
+/// `attune topology repartition` running beside the test.
+private struct Repartition {
+    let process = Process()
+    let output = Pipe()
+
+    init(_ fleet: FleetHarness, to partitions: Int) throws {
+        process.executableURL = Paths.attuneExecutable
+        process.arguments = ["topology", "repartition", "--partitions", "\(partitions)", "--timeout", "120",
+                             "--database-url", fleet.databaseURL, "--amqp-url", fleet.amqpURL]
+        process.standardError = output
+        process.standardOutput = output
+        try process.run()
+    }
+
+    /// Waits for it; its exit status and what it said.
+    func finish() -> (Int32, String) {
+        process.waitUntilExit()
+        let said = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        print(said)
+        return (process.terminationStatus, said)
     }
 }
