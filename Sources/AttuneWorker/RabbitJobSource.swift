@@ -553,7 +553,8 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
                 leases = try PartitionLeases(url: configuration.databaseURL, workerName: configuration.workerName)
             }
             guard let leases else { return }
-            try follow(try FleetPartitioning.layout(on: leases.connection) ?? layout, connection)
+            try follow(try FleetPartitioning.layout(on: leases.connection)
+                       ?? FleetPartitioning.establish(on: leases.connection, proposing: layout.current.partitions), connection)
             if let draining = layout.draining {
                 knownDrained = Set(try FleetPartitioning.drained(generation: draining.number, on: leases.connection)
                     .map { JobPartition(generation: draining.number, index: $0) })

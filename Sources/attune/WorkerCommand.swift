@@ -70,9 +70,15 @@ struct WorkerCommand: AsyncParsableCommand {
                                                 concurrency: concurrency, prefetch: prefetch, batchSize: batchSize)
         if let name { configuration.workerName = name }
         // Every worker consumes the partitions the fleet agreed on; the first to start chooses the default.
-        let connection = try PostgresConnection(url: configuration.databaseURL)
-        configuration.layout = try FleetPartitioning.establish(on: connection, proposing: Topology.defaultPartitionCount)
-        connection.close()
+        // PostgreSQL down at start is no reason to exit: the worker reads the layout at its first look at
+        // the partition leases, which waits for PostgreSQL anyway.
+        do {
+            let connection = try PostgresConnection(url: configuration.databaseURL)
+            defer { connection.close() }
+            configuration.layout = try FleetPartitioning.establish(on: connection, proposing: Topology.defaultPartitionCount)
+        } catch let error as DatabaseError where error.kind == .connection {
+            logger.warning("PostgreSQL is not reachable yet (\(error)); the partition layout is read once it is")
+        }
         configuration.limits = JobLimits(maxSamples: maxSamples, maxBodyBytes: maxBodyBytes)
         configuration.retry.maxAttempts = maxAttempts
         configuration.heartbeatSeconds = heartbeat
