@@ -148,12 +148,12 @@ struct TopologyCommand: ParsableCommand {
         func run() throws {
             let database = try PostgresConnection(url: self.database.resolved())
             defer { database.close() }
-            let broker = try BrokerAddresses.connect(self.broker.resolved(), connectionName: "attune-topology-repartition")
-            defer { broker.close() }
+            var broker = try connectBroker()
+            defer { broker?.close() }
             var layout = try FleetPartitioning.layout(on: database)
             if let stored = layout, stored.draining == nil, stored.current.partitions == partitions {
                 guard let retired = stored.retired else { throw CommandFailure(description: "the fleet already runs on \(partitions) partitions") }
-                try removeQueues(of: retired, database, broker)
+                try removeQueuesRetrying(of: retired, database, &broker)
                 return
             }
             do {
@@ -163,8 +163,9 @@ struct TopologyCommand: ParsableCommand {
             }
             guard let started = layout, let draining = started.draining else { return }
             // The drain barriers are published with confirms: each must be in its queue before the unbinding after it.
-            try broker.enableConfirms()
-            try JobQueues(broker).routeJobs(to: started)
+            // A broker lost during this step fails the command; running it again finishes the step.
+            try broker!.enableConfirms()
+            try JobQueues(broker!).routeJobs(to: started)
             try FleetPartitioning.markUnbound(generation: draining.number, on: database)
             say("new jobs go to the \(partitions) partitions of generation \(started.current.number); the workers drain the "
                 + "\(draining.partitions) of generation \(draining.number) first")
@@ -176,10 +177,21 @@ struct TopologyCommand: ParsableCommand {
                 if Date().timeIntervalSince(lastReport) >= 5 {
                     lastReport = Date()
                     let drained = try FleetPartitioning.drained(generation: draining.number, on: database)
-                    let waitingOld = try draining.all.reduce(0) { $0 + (try broker.queueDepth($1.queue).messages) }
-                    let waitingNew = try started.current.all.reduce(0) { $0 + (try broker.queueDepth($1.queue).messages) }
-                    say(String(format: "%.0f s: %d of %d old partitions drained; %d jobs wait in them, %d in the new ones",
-                               Date().timeIntervalSince(began), drained.count, draining.partitions, waitingOld, waitingNew))
+                    // The drain goes on in the workers whatever happens to this connection: a broker restart
+                    // only costs the report its queue counts until the broker is back.
+                    do {
+                        guard let connection = try broker ?? connectBroker() else { continue }
+                        broker = connection
+                        let waitingOld = try draining.all.reduce(0) { $0 + (try connection.queueDepth($1.queue).messages) }
+                        let waitingNew = try started.current.all.reduce(0) { $0 + (try connection.queueDepth($1.queue).messages) }
+                        say(String(format: "%.0f s: %d of %d old partitions drained; %d jobs wait in them, %d in the new ones",
+                                   Date().timeIntervalSince(began), drained.count, draining.partitions, waitingOld, waitingNew))
+                    } catch let error as AMQPError {
+                        say(String(format: "%.0f s: %d of %d old partitions drained (no queue counts: %@)",
+                                   Date().timeIntervalSince(began), drained.count, draining.partitions, "\(error)"))
+                        broker?.close()
+                        broker = nil
+                    }
                 }
                 guard Date().timeIntervalSince(began) < timeout else {
                     throw CommandFailure(description: """
@@ -191,7 +203,31 @@ struct TopologyCommand: ParsableCommand {
             }
             say(String(format: "generation %d drained in %.1f s; the fleet takes jobs from the %d partitions of generation %d",
                        draining.number, Date().timeIntervalSince(began), partitions, started.current.number))
-            try removeQueues(of: draining, database, broker)
+            try removeQueuesRetrying(of: draining, database, &broker)
+        }
+
+        private func connectBroker() throws -> AMQPConnection? {
+            try BrokerAddresses.connect(self.broker.resolved(), connectionName: "attune-topology-repartition")
+        }
+
+        /// `removeQueues`, again on a new connection while the broker is away (up to a minute).
+        private func removeQueuesRetrying(of retired: PartitionLayout.Generation, _ database: PostgresConnection,
+                                          _ broker: inout AMQPConnection?) throws {
+            var attempts = 0
+            while true {
+                do {
+                    guard let connection = try broker ?? connectBroker() else { return }
+                    broker = connection
+                    try removeQueues(of: retired, database, connection)
+                    return
+                } catch let error as AMQPError where attempts < 30 {
+                    say("lost the broker while removing generation \(retired.number)'s queues (\(error)); trying again")
+                    broker?.close()
+                    broker = nil
+                    attempts += 1
+                    Thread.sleep(forTimeInterval: 2)
+                }
+            }
         }
 
         /// Deletes a drained generation's queues once no worker consumes them and only if empty; a queue a
