@@ -206,10 +206,8 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
             // The layout as PostgreSQL has it now: one remembered from before a long outage could
             // bind a drained generation to the jobs exchange again. Without PostgreSQL no partition queue
             // is declared; the first look at the leases (which needs PostgreSQL too) declares them.
-            if let fresh = try? PostgresConnection(url: configuration.databaseURL),
-               let stored = try? FleetPartitioning.layout(on: fresh) {
+            if let stored = try? storedLayout() {
                 layout = stored
-                fresh.close()
                 try JobQueues(connection).declare(layout: stored)
             } else {
                 try JobQueues(connection).declare()
@@ -234,6 +232,14 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
         lastLeaseLook = .distantPast
         connected.store(true, ordering: .relaxed)
         metrics.brokerConnected.record(1)
+    }
+
+    /// The layout PostgreSQL holds, read on the lease session when it answers, else on a connection of its own.
+    private func storedLayout() throws -> PartitionLayout? {
+        if let leases, let stored = try? FleetPartitioning.layout(on: leases.connection) { return stored }
+        let database = try PostgresConnection(url: configuration.databaseURL)
+        defer { database.close() }
+        return try FleetPartitioning.layout(on: database)
     }
 
     /// The loop: look at the partitions now and then, carry out what the slots posted, take what the
@@ -336,9 +342,7 @@ final class RabbitJobSource: JobSource, @unchecked Sendable {
             if let partition, parked[partition] != nil {
                 parked[partition]!.append(delivery)
             } else if let barrier = JobQueues.drainBarrier(delivery) {
-                if isDrained(barrier) {
-                    try settleBarrier(delivery, connection)
-                } else if let partition {
+                if let partition, !isDrained(barrier) {
                     logger.info("\(partition.queue) waits at a drain barrier for \(barrier.queue)")
                     parked[partition] = [delivery]
                 } else {
