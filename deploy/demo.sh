@@ -16,6 +16,9 @@ if [ -z "${ATTUNE_KEYS:-}${ATTUNE_KEYS_FILE:-}" ]; then
 fi
 # Built by Tests/python/coreml_fixtures.py: trained on rows 0-1199 (other writers), updatable.
 "$attune" model import examples/models/digits-pretrained.mlmodel --name digits
+# Each job is kept with the version it made (sealed like the models), so that a new base can be trained
+# with every user's own samples again: the rebase below.
+"$attune" model retention --name digits --samples 30d
 
 users=(alice bob carol)
 # One job of 60 samples per user: jobs of one user that two workers race are applied in commit order,
@@ -113,4 +116,14 @@ echo "  bob's model with alice's token: $(status -H "Authorization: Bearer $alic
 echo "  alice's model with no token: $(status "$device/v1/models/digits/users/alice")"
 echo "  the dashboard on the device port: $(status "$device/")"
 echo "  the dashboard on the admin listener, no credential: $(status "http://127.0.0.1:$admin_port/"), as operator ops: $(status -u 'ops:a long demo operator password' "http://127.0.0.1:$admin_port/")"
+echo "== a better base ships (64-48-10, trained longer on the same other writers): every user's kept jobs replayed onto it"
+"$attune" model rebase --name digits --base examples/models/digits-pretrained-v2.mlmodel
+"$attune" model rebase-status --name digits --wait --timeout 300
+echo "== held-out accuracy: personal on base 1 (above), the new base alone, rebased onto the new base"
+for i in "${!users[@]}"; do
+  "$attune" model evaluate --name digits --csv "$data" --rows "$(test_rows "$i")" | sed "s/^/  ${users[$i]}, the new base alone: /"
+  "$attune" model evaluate --name digits --user "${users[$i]}" --csv "$data" --rows "$(test_rows "$i")" | sed "s/^/  ${users[$i]}, rebased: /"
+done
+"$attune" model history --name digits --user alice | tail -n 1
+echo "  alice's phone asks with the ETag it holds: $(status -H "Authorization: Bearer $alice_token" -H "If-None-Match: $etag" "$device/v1/models/digits/users/alice") (her rebased model)"
 echo "== stopping workers (SIGTERM)"

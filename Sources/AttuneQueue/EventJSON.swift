@@ -46,6 +46,8 @@ enum EventJSON {
         // proto3 `optional`: written whenever set, zero included (absent means no validation metric).
         if event.hasValidationLoss { out.field(#""validationLoss":"#); out.double(event.validationLoss) }
         if event.hasValidationAccuracy { out.field(#""validationAccuracy":"#); out.double(event.validationAccuracy) }
+        if event.rebaseID != 0 { out.field(#""rebaseId":"#); out.quoted(event.rebaseID) }
+        if event.rebasedFromVersion != 0 { out.field(#""rebasedFromVersion":"#); out.quoted(event.rebasedFromVersion) }
         return out.finish()
     }
 }

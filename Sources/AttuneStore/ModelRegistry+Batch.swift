@@ -85,7 +85,26 @@ extension ModelRegistry {
     ///
     /// Keep batches to a few dozen elements: each committed element is a subtransaction, and a
     /// transaction with more than 64 of them makes every other session's snapshots slower while it runs.
+    ///
+    /// A rebase job's version (`rebase` set) commits through `commitRebaseStep`, in its place among the
+    /// others, all in one transaction.
     public func commitVersions(_ versions: [NewPersonalVersion]) throws -> [Result<CommitOutcome, RegistryError>] {
+        guard versions.contains(where: { $0.rebase != nil }) else { return try commitBatch(versions) }
+        return try connection.transaction {
+            var outcomes: [Result<CommitOutcome, RegistryError>] = []
+            var run: [NewPersonalVersion] = []
+            for version in versions {
+                guard let rebase = version.rebase else { run.append(version); continue }
+                if !run.isEmpty { outcomes += try commitBatch(run); run = [] }
+                outcomes.append(try commitRebaseStep(version, rebase: rebase))
+            }
+            if !run.isEmpty { outcomes += try commitBatch(run) }
+            return outcomes
+        }
+    }
+
+    /// `commitVersions` for versions none of which is a rebase's: one statement.
+    func commitBatch(_ versions: [NewPersonalVersion]) throws -> [Result<CommitOutcome, RegistryError>] {
         var outcomes = [Result<CommitOutcome, RegistryError>?](repeating: nil, count: versions.count)
         var sent = [Int]()
         for (index, version) in versions.enumerated() {

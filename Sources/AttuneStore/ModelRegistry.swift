@@ -199,7 +199,7 @@ public final class ModelRegistry {
     public func history(user: String, model: String) throws -> [PersonalVersionRecord] {
         try connection.query("""
             SELECT \(Self.versionColumns), v.parameters::text AS parameters, v.validation::text AS validation,
-                   extract(epoch FROM v.pruned_at)::float8 AS pruned_at, v.restored_from
+                   extract(epoch FROM v.pruned_at)::float8 AS pruned_at, v.restored_from, v.rebase_id, v.rebased_from
             FROM attune_personal_versions v
             WHERE v.user_id = $1 AND v.model = $2 ORDER BY v.version
             """, [user, model]).rows.map { row in
@@ -208,6 +208,8 @@ public final class ModelRegistry {
                 record.validation = try row.optionalString("validation")
                 record.prunedAt = try row.optionalDouble("pruned_at").map { Date(timeIntervalSince1970: $0) }
                 record.restoredFrom = try row.optionalInt("restored_from")
+                record.rebaseId = try row.optionalInt("rebase_id").map(Int64.init)
+                record.rebasedFrom = try row.optionalInt("rebased_from")
                 return record
             }
     }

@@ -75,6 +75,10 @@ public struct PersonalVersionRecord: Sendable, Equatable {
     public var prunedAt: Date? = nil
     /// For a version `attune model rollback` made: the version whose state it copied; read by `history`.
     public var restoredFrom: Int? = nil
+    /// For a version a rebase made: the rebase, and the version (on the old base) it was rebased from;
+    /// read by `history`.
+    public var rebaseId: Int64? = nil
+    public var rebasedFrom: Int? = nil
 }
 
 /// What a worker commits after an update task.
@@ -105,6 +109,8 @@ public struct NewPersonalVersion: Sendable {
     public var retainedJob: Data?
     /// Whether the model has a quality gate: the commit then judges the version's validation accuracy.
     public var gated = false
+    /// Set for the version of a rebase job: the commit moves the line to `baseVersion` first.
+    public var rebase: RebaseStep?
 
     public init(user: String, model: String, baseVersion: Int, parentVersion: Int, jobId: String,
                 state: Data, loss: Double?, samples: Int, epochs: Int, durationSeconds: Double,

@@ -25,6 +25,30 @@ public struct UpdateResult: Sendable {
     public var validation: ValidationMetrics? = nil
     /// False for k-NN updates (and pipelines, which end in one): they append samples and minimize nothing.
     var hasLoss = true
+
+    /// The result of a sequence of tasks (a rebase's replay of kept jobs) as one: its last task's state,
+    /// loss and validation, its tasks' epochs, samples and time summed. `last` nil: no task ran, `state`
+    /// is the base's own.
+    public init(replaying results: [UpdateResult], from state: Attune_V1_UpdateState, durationSeconds: Double) {
+        self.state = results.last?.state ?? state
+        finalLoss = results.last?.finalLoss ?? 0
+        hasLoss = results.last?.hasLoss ?? false
+        epochs = results.reduce(0) { $0 + $1.epochs }
+        samples = results.reduce(0) { $0 + $1.samples }
+        self.durationSeconds = durationSeconds
+        validation = results.last?.validation
+    }
+
+    init(state: Attune_V1_UpdateState, finalLoss: Double, epochs: Int, samples: Int, durationSeconds: Double,
+         validation: ValidationMetrics? = nil, hasLoss: Bool = true) {
+        self.state = state
+        self.finalLoss = finalLoss
+        self.epochs = epochs
+        self.samples = samples
+        self.durationSeconds = durationSeconds
+        self.validation = validation
+        self.hasLoss = hasLoss
+    }
 }
 
 /// One update of one personal model, as `MLUpdateTask` runs it: the model's kind decides what an update

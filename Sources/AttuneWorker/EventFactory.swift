@@ -8,6 +8,8 @@ public struct EventFactory: Sendable {
     let user: String
     let model: String
     let worker: String
+    /// A rebase job's rebase (0 for every other job), on each of its events.
+    let rebaseID: Int64
 
     public init(job: Attune_V1_TrainingJob, worker: String) {
         // An event names only valid ids: an id that failed validation (or a body that never said) is left
@@ -16,6 +18,7 @@ public struct EventFactory: Sendable {
         user = Identifier.isValid(job.userID) ? job.userID : ""
         model = Identifier.isValid(job.model) ? job.model : ""
         self.worker = worker
+        rebaseID = job.hasRebase ? job.rebase.rebaseID : 0
     }
 
     public func make(_ kind: Attune_V1_EventKind, _ fill: (inout Attune_V1_Event) -> Void = { _ in }) -> Attune_V1_Event {
@@ -26,6 +29,7 @@ public struct EventFactory: Sendable {
         event.model = model
         event.worker = worker
         event.timestampMs = Int64(Date().timeIntervalSince1970 * 1000)
+        event.rebaseID = rebaseID
         fill(&event)
         return event
     }

@@ -103,8 +103,14 @@ final class JobSteps {
         while !pending.isEmpty {
             var ids = Set<String>()
             var later: [Candidate] = []
+            // A rebase job replays the kept jobs the store holds: one behind a job of the same user in this
+            // pass waits for the next pass, when that job is committed, and the user's later jobs with it.
+            var seenLines = Set<UserModel>()
+            var waitingLines = Set<UserModel>()
             pending = pending.filter { candidate in
-                if ids.insert(candidate.job.jobID).inserted { return true }
+                if candidate.job.hasRebase, seenLines.contains(candidate.key) { waitingLines.insert(candidate.key) }
+                seenLines.insert(candidate.key)
+                if !waitingLines.contains(candidate.key), ids.insert(candidate.job.jobID).inserted { return true }
                 later.append(candidate)
                 return false
             }
@@ -176,9 +182,12 @@ final class JobSteps {
             }
             do {
                 let head = try heads[candidate.key] ?? storedHead(candidate.key, lookup)
-                var trained = try train(candidate, from: head, newestBase: lookup.newestBase[candidate.job.model],
-                                        report: report, isAbandoning: isAbandoning)
-                if lookup.retainsSamples.contains(candidate.job.model) {
+                var trained = candidate.job.hasRebase
+                    ? try replay(candidate, from: head, report: report, isAbandoning: isAbandoning)
+                    : try train(candidate, from: head, newestBase: lookup.newestBase[candidate.job.model],
+                                report: report, isAbandoning: isAbandoning)
+                // A rebase's version is not kept: it has no samples of its own, its replayed jobs are kept already.
+                if lookup.retainsSamples.contains(candidate.job.model), !candidate.job.hasRebase {
                     trained.version.retainedJob = try candidate.job.serializedData()
                 }
                 trained.version.gated = lookup.gatedModels.contains(candidate.job.model)
@@ -210,6 +219,10 @@ final class JobSteps {
             if known.gated { lookup.gatedModels.insert(model) }
         }
         return lookup
+    }
+
+    func settleFailedRebaseJob(jobId: String, reason: String) throws {
+        try store.settleFailedRebaseJob(jobId: jobId, reason: reason)
     }
 
     /// Heads this slot wrote may have been moved by another worker once a partition changed hands.
@@ -245,8 +258,40 @@ final class JobSteps {
         let batch = try model.prepareBatch(job.samples, maxSamples: configuration.limits.maxSamples)
         let validation = try model.prepareValidation(job.validationSamples, trainingSamples: job.samples.count,
                                                      maxSamples: configuration.limits.maxSamples)
+        let throttle = Throttle(interval: configuration.miniBatchEventInterval)
+        let task = UpdateTask(model: model, state: head.state, batch: batch, parameters: parameters, validation: validation)
+        let result = try run(task, of: job, started: Date(), isAbandoning: isAbandoning) { progress in
+            switch progress {
+            case .trainingBegin(let samples, let epochs):
+                report(events.make(.trainingBegin) {
+                    $0.version = Int64(head.version); $0.samples = Int64(samples); $0.epochs = Int64(epochs)
+                })
+            case .miniBatchEnd(let epoch, let batch, let loss):
+                guard throttle.allow() else { return }
+                report(events.make(.miniBatchEnd) {
+                    $0.epoch = Int64(epoch); $0.miniBatch = Int64(batch); $0.loss = loss
+                })
+            case .epochEnd(let epoch, let loss, let validated):
+                report(events.make(.epochEnd) {
+                    $0.epoch = Int64(epoch); $0.epochs = Int64(parameters.epochs); $0.loss = loss
+                    $0.setValidation(validated)
+                })
+            }
+        }
+        let version = NewPersonalVersion(
+            user: job.userID, model: job.model, baseVersion: baseVersion, parentVersion: head.version,
+            jobId: job.jobID, state: try result.state.serializedData(), loss: result.loss,
+            samples: result.samples, epochs: result.epochs, durationSeconds: result.durationSeconds,
+            worker: configuration.workerName, jobDigest: candidate.digest, parameters: parameters.recordJSON,
+            validation: result.validation?.recordJSON)
+        return Staged(candidate: candidate, version: version, result: result)
+    }
+
+    /// Runs one update task within the worker's budget (counted from `started`), stopping it at a
+    /// mini-batch when the job is cancelled or the worker shuts down.
+    private func run(_ task: UpdateTask, of job: Attune_V1_TrainingJob, started: Date, isAbandoning: @escaping () -> Bool,
+                     progress: (TrainingProgress) -> Void) throws -> UpdateResult {
         let budget = configuration.maxTaskSeconds
-        let started = Date()
         var overBudget = false
         var cancelReason: String?
         var position = (epoch: 0, miniBatch: 0)
@@ -256,30 +301,11 @@ final class JobSteps {
             if let reason = cancellation(job.jobID) { cancelReason = reason; return true }
             return false
         }
-        let throttle = Throttle(interval: configuration.miniBatchEventInterval)
-        let result: UpdateResult
         do {
-            result = try UpdateTask(model: model, state: head.state, batch: batch, parameters: parameters,
-                                    validation: validation).run(
-                progress: { progress in
-                    switch progress {
-                    case .trainingBegin(let samples, let epochs):
-                        report(events.make(.trainingBegin) {
-                            $0.version = Int64(head.version); $0.samples = Int64(samples); $0.epochs = Int64(epochs)
-                        })
-                    case .miniBatchEnd(let epoch, let batch, let loss):
-                        position = (epoch, batch)
-                        guard throttle.allow() else { return }
-                        report(events.make(.miniBatchEnd) {
-                            $0.epoch = Int64(epoch); $0.miniBatch = Int64(batch); $0.loss = loss
-                        })
-                    case .epochEnd(let epoch, let loss, let validated):
-                        report(events.make(.epochEnd) {
-                            $0.epoch = Int64(epoch); $0.epochs = Int64(parameters.epochs); $0.loss = loss
-                            $0.setValidation(validated)
-                        })
-                    }
-                }, isCancelled: isCancelled)
+            return try task.run(progress: { event in
+                if case .miniBatchEnd(let epoch, let batch, _) = event { position = (epoch, batch) }
+                progress(event)
+            }, isCancelled: isCancelled)
         } catch UpdateTaskError.cancelled {
             if let cancelReason {
                 throw TaskCancellation(result: .outcome(.cancelled(
@@ -290,12 +316,59 @@ final class JobSteps {
             }
             throw TaskCancellation(result: .handedBack)
         }
-        let version = NewPersonalVersion(
-            user: job.userID, model: job.model, baseVersion: baseVersion, parentVersion: head.version,
+    }
+
+    /// A rebase job (`attune model rebase`): the user's kept jobs, in version order, replayed onto the
+    /// rebase's base from the base's own state, each with the parameters it ran with; the last one's
+    /// validation set measures the result (for the quality gate). A user without kept jobs moves to the
+    /// plain new base. Only a job the rebase itself published for this user is run.
+    private func replay(_ candidate: Candidate, from head: Head, report: @escaping (Attune_V1_Event) -> Void,
+                        isAbandoning: @escaping () -> Bool) throws -> Staged {
+        let job = candidate.job
+        let rebaseId = job.rebase.rebaseID
+        guard let target = try store.rebaseJob(id: rebaseId, jobId: job.jobID, user: job.userID),
+              target.model == job.model, target.baseVersion == Int(job.baseVersion) else {
+            throw JobRejection(description: "job \(job.jobID) names rebase \(rebaseId), which published no such job for \(job.model)/\(job.userID) onto base \(job.baseVersion); rebase jobs come from `attune model rebase` only")
+        }
+        if target.state == .cancelled {
+            throw TaskCancellation(result: .outcome(.cancelled(stage: .queued, reason: "rebase \(rebaseId) was cancelled")))
+        }
+        let model = try baseModel(name: job.model, version: target.baseVersion)
+        // Jobs kept past the head (none today: the head is read in the same batch) are not the line's yet.
+        let kept = try store.retainedJobs(user: job.userID, model: job.model)
+            .filter { $0.version <= head.version }
+            .map { try Attune_V1_TrainingJob(serializedBytes: $0.job) }
+        let tasks = try kept.enumerated().map { index, keptJob in
+            UpdateTask(model: model, state: nil, batch: try model.prepareBatch(keptJob.samples, maxSamples: configuration.limits.maxSamples),
+                       parameters: try model.resolveParameters(keptJob.parameters),
+                       validation: index == kept.count - 1
+                           ? try model.prepareValidation(keptJob.validationSamples, trainingSamples: keptJob.samples.count,
+                                                         maxSamples: configuration.limits.maxSamples)
+                           : nil)
+        }
+        let events = EventFactory(job: job, worker: configuration.workerName)
+        report(events.make(.trainingBegin) {
+            $0.version = Int64(head.version)
+            $0.samples = Int64(tasks.reduce(0) { $0 + $1.batch.count })
+            $0.epochs = Int64(tasks.reduce(0) { $0 + $1.parameters.epochs })
+        })
+        let started = Date()
+        var results: [UpdateResult] = []
+        for task in tasks {
+            let chained = UpdateTask(model: model, state: results.last?.state, batch: task.batch,
+                                     parameters: task.parameters, validation: task.validation)
+            results.append(try run(chained, of: job, started: started, isAbandoning: isAbandoning) { _ in })
+        }
+        let result = UpdateResult(replaying: results, from: model.initialState(),
+                                  durationSeconds: Date().timeIntervalSince(started))
+        var version = NewPersonalVersion(
+            user: job.userID, model: job.model, baseVersion: target.baseVersion, parentVersion: head.version,
             jobId: job.jobID, state: try result.state.serializedData(), loss: result.loss,
             samples: result.samples, epochs: result.epochs, durationSeconds: result.durationSeconds,
-            worker: configuration.workerName, jobDigest: candidate.digest, parameters: parameters.recordJSON,
+            worker: configuration.workerName, jobDigest: candidate.digest,
+            parameters: #"{"rebase":\#(rebaseId),"replayedJobs":\#(kept.count)}"#,
             validation: result.validation?.recordJSON)
+        version.rebase = RebaseStep(rebaseId: rebaseId, replayedJobs: kept.count)
         return Staged(candidate: candidate, version: version, result: result)
     }
 

@@ -19,6 +19,12 @@ public protocol JobStore: AnyObject {
     func baseModelBytes(name: String, version: Int) throws -> Data
     /// The bytes of the models a base model's pipeline links to, by linked file name (empty without links).
     func linkedModelBytes(name: String, version: Int) throws -> [String: Data]
+    /// The rebase a rebase job names, if it published that job for that user.
+    func rebaseJob(id: Int64, jobId: String, user: String) throws -> RebaseJobTarget?
+    /// The jobs kept for a user's line, oldest version first (what a rebase replays).
+    func retainedJobs(user: String, model: String) throws -> [(version: Int, job: Data)]
+    /// A rebase job dead-lettered: its user is settled as failed, with the reason.
+    func settleFailedRebaseJob(jobId: String, reason: String) throws
 }
 
 extension JobStore {
@@ -29,6 +35,11 @@ extension JobStore {
 
     /// A store of models without links.
     public func linkedModelBytes(name: String, version: Int) throws -> [String: Data] { [:] }
+
+    /// A store without rebases.
+    public func rebaseJob(id: Int64, jobId: String, user: String) throws -> RebaseJobTarget? { nil }
+    public func retainedJobs(user: String, model: String) throws -> [(version: Int, job: Data)] { [] }
+    public func settleFailedRebaseJob(jobId: String, reason: String) throws {}
 
     /// A store without quality gates.
     public func heldReasons(jobIds: [String]) throws -> [String: String] { [:] }

@@ -52,6 +52,7 @@ public enum Settlement {
                 $0.version = Int64(version); $0.loss = loss ?? 0; $0.durationSeconds = duration
                 $0.samples = Int64(samples)
                 $0.setValidation(validation)
+                if $0.rebaseID != 0 { $0.rebasedFromVersion = Int64(version - 1) }
             })
             if let held {
                 decision.followUps = [events.make(.held) { $0.version = Int64(version); $0.reason = held; $0.setValidation(validation) }]

@@ -56,6 +56,7 @@ final class TrainingSlot {
                     events: EventFactory(job: finished.job, worker: configuration.workerName),
                     workerName: configuration.workerName, samples: finished.job.samples.count))
             }
+            recordRebaseFailures(finished, settled)
             source.settle(settled)
             gauges.set(.idle)
             count(finished, settled, since: taken)
@@ -117,6 +118,19 @@ final class TrainingSlot {
         steps = made
         gauges.databaseConnected.record(1)
         return made
+    }
+
+    /// A rebase job that is dead-lettered ends its user's part of the rebase, so that the rebase can end
+    /// (`attune model rebase-status` lists the user with the reason).
+    private func recordRebaseFailures(_ finished: [(job: Attune_V1_TrainingJob, result: JobResult)], _ settled: [SettledJob]) {
+        for ((job, _), settlement) in zip(finished, settled) where job.hasRebase {
+            guard case .deadLetter(let reason) = settlement.decision.action else { continue }
+            do {
+                try steps?.settleFailedRebaseJob(jobId: job.jobID, reason: reason)
+            } catch {
+                failures.warning("job \(job.jobID): could not record its rebase as failed (\(error)); `attune model rebase-status` keeps it pending")
+            }
+        }
     }
 
     private func count(_ finished: [(job: Attune_V1_TrainingJob, result: JobResult)], _ settled: [SettledJob],

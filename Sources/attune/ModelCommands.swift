@@ -8,7 +8,7 @@ struct Model: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Base models and users' personal versions.",
         subcommands: [Import.self, Export.self, List.self, Describe.self, History.self, Evaluate.self, Predict.self, Retention.self,
-                      Gate.self, Release.self,
+                      Gate.self, Release.self, Rebase.self, RebaseStatus.self, RebaseCancel.self,
                       Prune.self, Rollback.self])
 }
 
@@ -181,9 +181,11 @@ extension Model {
         }
     }
 
-    /// " (state pruned)", " (restores v3)", or nothing.
+    /// " (state pruned)", " (restores v3)", " (rebased onto base 2 from version 4)", or nothing.
     static func lifecycleNote(_ v: PersonalVersionRecord) -> String {
-        (v.restoredFrom.map { " (restores v\($0))" } ?? "") + (v.prunedAt != nil ? " (state pruned)" : "")
+        (v.restoredFrom.map { " (restores v\($0))" } ?? "")
+            + (v.rebasedFrom.map { " (rebased onto base \(v.baseVersion) from version \($0))" } ?? "")
+            + (v.prunedAt != nil ? " (state pruned)" : "")
     }
 
     /// " (held: reason)", " (released: reason)", or nothing.
@@ -203,6 +205,8 @@ extension Model {
         if let digest = v.jobDigest { object["jobDigest"] = digest }
         if let prunedAt = v.prunedAt { object["prunedAt"] = ISO8601DateFormatter().string(from: prunedAt) }
         if let restoredFrom = v.restoredFrom { object["restoredFrom"] = restoredFrom }
+        if let rebasedFrom = v.rebasedFrom { object["rebasedFrom"] = rebasedFrom }
+        if let rebaseId = v.rebaseId { object["rebaseId"] = rebaseId }
         if let held {
             object["held"] = ["reason": held.reason,
                               "releasedAt": held.releasedAt.map { ISO8601DateFormatter().string(from: $0) as Any } ?? NSNull()]

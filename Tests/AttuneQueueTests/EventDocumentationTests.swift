@@ -48,7 +48,7 @@ final class EventDocumentationTests: XCTestCase {
         event.epoch = 1; event.epochs = 1; event.miniBatch = 1; event.loss = 1; event.samples = 1
         event.durationSeconds = 1; event.reason = "r"; event.willRetry = true; event.worker = "w"
         event.timestampMs = 1; event.duplicate = true; event.cancelStage = "queued"
-        event.validationLoss = 1; event.validationAccuracy = 1
+        event.validationLoss = 1; event.validationAccuracy = 1; event.rebaseID = 1; event.rebasedFromVersion = 1
         let text = String(decoding: try event.jsonUTF8Data(), as: UTF8.self)
         let fields = try NSRegularExpression(pattern: #""([A-Za-z0-9]+)":"#)
             .matches(in: text, range: NSRange(text.startIndex..., in: text))

@@ -384,11 +384,36 @@ public nonisolated struct Attune_V1_TrainingJob: @unchecked Sendable {
     set {_uniqueStorage()._validationSamples = newValue}
   }
 
+  /// Set only by `attune model rebase`: this job carries no samples of its own; the worker replays the
+  /// user's kept jobs, in their version order, onto base_version and commits the result as the user's new
+  /// head. A worker refuses it unless the rebase it names is running for this model and base.
+  public var rebase: Attune_V1_Rebase {
+    get {_storage._rebase ?? Attune_V1_Rebase()}
+    set {_uniqueStorage()._rebase = newValue}
+  }
+  /// Returns true if `rebase` has been explicitly set.
+  public var hasRebase: Bool {_storage._rebase != nil}
+  /// Clears the value of `rebase`. Subsequent reads from it will return its default value.
+  public mutating func clearRebase() {_uniqueStorage()._rebase = nil}
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
 
   fileprivate var _storage = _StorageClass.defaultInstance
+}
+
+public nonisolated struct Attune_V1_Rebase: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  /// attune_rebases.id
+  public var rebaseID: Int64 = 0
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
 }
 
 public nonisolated struct Attune_V1_Event: @unchecked Sendable {
@@ -508,6 +533,19 @@ public nonisolated struct Attune_V1_Event: @unchecked Sendable {
   public var hasValidationAccuracy: Bool {_storage._validationAccuracy != nil}
   /// Clears the value of `validationAccuracy`. Subsequent reads from it will return its default value.
   public mutating func clearValidationAccuracy() {_uniqueStorage()._validationAccuracy = nil}
+
+  /// Every event of a rebase job carries the rebase's id; its COMPLETED also the version the user's line
+  /// was rebased from (the new version's parent, on the old base). TRAINING_BEGIN's samples and epochs
+  /// count all the kept jobs it replays.
+  public var rebaseID: Int64 {
+    get {_storage._rebaseID}
+    set {_uniqueStorage()._rebaseID = newValue}
+  }
+
+  public var rebasedFromVersion: Int64 {
+    get {_storage._rebasedFromVersion}
+    set {_uniqueStorage()._rebasedFromVersion = newValue}
+  }
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
@@ -872,7 +910,7 @@ nonisolated extension Attune_V1_LearningRateSchedule: SwiftProtobuf.Message, Swi
 
 nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".TrainingJob"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{3}base_version\0\u{1}samples\0\u{1}parameters\0\u{3}validation_samples\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{3}base_version\0\u{1}samples\0\u{1}parameters\0\u{3}validation_samples\0\u{1}rebase\0")
 
   fileprivate class _StorageClass {
     var _jobID: String = String()
@@ -882,6 +920,7 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
     var _samples: [Attune_V1_Sample] = []
     var _parameters: Attune_V1_UpdateParameters? = nil
     var _validationSamples: [Attune_V1_Sample] = []
+    var _rebase: Attune_V1_Rebase? = nil
 
       // This property is used as the initial default value for new instances of the type.
       // The type itself is protecting the reference to its storage via CoW semantics.
@@ -899,6 +938,7 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
       _samples = source._samples
       _parameters = source._parameters
       _validationSamples = source._validationSamples
+      _rebase = source._rebase
     }
   }
 
@@ -924,6 +964,7 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
         case 5: try { try decoder.decodeRepeatedMessageField(value: &_storage._samples) }()
         case 6: try { try decoder.decodeSingularMessageField(value: &_storage._parameters) }()
         case 7: try { try decoder.decodeRepeatedMessageField(value: &_storage._validationSamples) }()
+        case 8: try { try decoder.decodeSingularMessageField(value: &_storage._rebase) }()
         default: break
         }
       }
@@ -957,6 +998,9 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
       if !_storage._validationSamples.isEmpty {
         try visitor.visitRepeatedMessageField(value: _storage._validationSamples, fieldNumber: 7)
       }
+      try { if let v = _storage._rebase {
+        try visitor.visitSingularMessageField(value: v, fieldNumber: 8)
+      } }()
     }
     try unknownFields.traverse(visitor: &visitor)
   }
@@ -973,6 +1017,7 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
         if _storage._samples != rhs_storage._samples {return false}
         if _storage._parameters != rhs_storage._parameters {return false}
         if _storage._validationSamples != rhs_storage._validationSamples {return false}
+        if _storage._rebase != rhs_storage._rebase {return false}
         return true
       }
       if !storagesAreEqual {return false}
@@ -982,9 +1027,39 @@ nonisolated extension Attune_V1_TrainingJob: SwiftProtobuf.Message, SwiftProtobu
   }
 }
 
+nonisolated extension Attune_V1_Rebase: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".Rebase"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}rebase_id\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularInt64Field(value: &self.rebaseID) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if self.rebaseID != 0 {
+      try visitor.visitSingularInt64Field(value: self.rebaseID, fieldNumber: 1)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: Attune_V1_Rebase, rhs: Attune_V1_Rebase) -> Bool {
+    if lhs.rebaseID != rhs.rebaseID {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
 nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Event"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}kind\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{1}version\0\u{1}epoch\0\u{1}epochs\0\u{3}mini_batch\0\u{1}loss\0\u{1}samples\0\u{3}duration_seconds\0\u{1}reason\0\u{3}will_retry\0\u{1}worker\0\u{3}timestamp_ms\0\u{1}duplicate\0\u{3}cancel_stage\0\u{3}validation_loss\0\u{3}validation_accuracy\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}kind\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{1}version\0\u{1}epoch\0\u{1}epochs\0\u{3}mini_batch\0\u{1}loss\0\u{1}samples\0\u{3}duration_seconds\0\u{1}reason\0\u{3}will_retry\0\u{1}worker\0\u{3}timestamp_ms\0\u{1}duplicate\0\u{3}cancel_stage\0\u{3}validation_loss\0\u{3}validation_accuracy\0\u{3}rebase_id\0\u{3}rebased_from_version\0")
 
   fileprivate class _StorageClass {
     var _kind: Attune_V1_EventKind = .unspecified
@@ -1006,6 +1081,8 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
     var _cancelStage: String = String()
     var _validationLoss: Double? = nil
     var _validationAccuracy: Double? = nil
+    var _rebaseID: Int64 = 0
+    var _rebasedFromVersion: Int64 = 0
 
       // This property is used as the initial default value for new instances of the type.
       // The type itself is protecting the reference to its storage via CoW semantics.
@@ -1035,6 +1112,8 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
       _cancelStage = source._cancelStage
       _validationLoss = source._validationLoss
       _validationAccuracy = source._validationAccuracy
+      _rebaseID = source._rebaseID
+      _rebasedFromVersion = source._rebasedFromVersion
     }
   }
 
@@ -1072,6 +1151,8 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
         case 17: try { try decoder.decodeSingularStringField(value: &_storage._cancelStage) }()
         case 18: try { try decoder.decodeSingularDoubleField(value: &_storage._validationLoss) }()
         case 19: try { try decoder.decodeSingularDoubleField(value: &_storage._validationAccuracy) }()
+        case 20: try { try decoder.decodeSingularInt64Field(value: &_storage._rebaseID) }()
+        case 21: try { try decoder.decodeSingularInt64Field(value: &_storage._rebasedFromVersion) }()
         default: break
         }
       }
@@ -1141,6 +1222,12 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
       try { if let v = _storage._validationAccuracy {
         try visitor.visitSingularDoubleField(value: v, fieldNumber: 19)
       } }()
+      if _storage._rebaseID != 0 {
+        try visitor.visitSingularInt64Field(value: _storage._rebaseID, fieldNumber: 20)
+      }
+      if _storage._rebasedFromVersion != 0 {
+        try visitor.visitSingularInt64Field(value: _storage._rebasedFromVersion, fieldNumber: 21)
+      }
     }
     try unknownFields.traverse(visitor: &visitor)
   }
@@ -1169,6 +1256,8 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
         if _storage._cancelStage != rhs_storage._cancelStage {return false}
         if _storage._validationLoss != rhs_storage._validationLoss {return false}
         if _storage._validationAccuracy != rhs_storage._validationAccuracy {return false}
+        if _storage._rebaseID != rhs_storage._rebaseID {return false}
+        if _storage._rebasedFromVersion != rhs_storage._rebasedFromVersion {return false}
         return true
       }
       if !storagesAreEqual {return false}
