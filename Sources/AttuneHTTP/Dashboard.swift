@@ -7,7 +7,7 @@ import ServiceLifecycle
 /// The operators' page at `/` of `attune serve`'s admin listener, as Flower is for Celery: jobs in flight and finished, live
 /// from `attune.events` over server-sent events, each job's loss per epoch drawn with Chart.js (Debian's
 /// libjs-chart.js, served beside the page), throughput over time, the dead-letter queue with its reasons,
-/// and a user's version history.
+/// the rebases' progress, and a user's version history.
 final class ResultBox<T>: @unchecked Sendable {
     var value: T?
 }
@@ -73,10 +73,23 @@ enum Dashboard {
                     if let loss = v.loss, loss.isFinite { row["loss"] = loss }
                     if v.prunedAt != nil { row["pruned"] = true }
                     if let restored = v.restoredFrom { row["restoredFrom"] = restored }
+                    if let rebased = v.rebasedFrom { row["rebasedFrom"] = rebased }
                     return row
                 }
             }
             return json(versions)
+        }
+        router.get("api/rebases") { _, _ -> Response in
+            let rebases: [[String: Any]] = try await delivery.withRegistry { registry in
+                try registry.recentRebases(limit: 20).map { r in
+                    var row: [String: Any] = ["id": r.id, "model": r.model, "baseVersion": r.baseVersion, "state": r.state.rawValue,
+                                              "users": r.users, "outcomes": r.outcomes,
+                                              "startedAt": ISO8601DateFormatter().string(from: r.startedAt)]
+                    if let reason = r.reason { row["reason"] = reason }
+                    return row
+                }
+            }
+            return json(rebases)
         }
     }
 
@@ -111,6 +124,8 @@ enum Dashboard {
     <div class="charts" id="charts"></div>
     <h2>Dead-letter queue</h2>
     <table><thead><tr><th>job</th><th>user</th><th>model</th><th>attempts</th><th>reason</th></tr></thead><tbody id="dlq"></tbody></table>
+    <h2>Rebases</h2>
+    <table><thead><tr><th>rebase</th><th>model</th><th>onto base</th><th>state</th><th>users</th><th>rebased</th><th>moved</th><th>stayed</th><th>failed</th><th>cancelled</th><th>to come</th></tr></thead><tbody id="rebases"></tbody></table>
     <h2>A user's versions</h2>
     <form id="history-form">model <input id="h-model" size="12"> user <input id="h-user" size="12"> <button>show</button></form>
     <table><thead><tr><th>version</th><th>base</th><th>samples</th><th>epochs</th><th>loss</th><th>job</th><th>when</th></tr></thead>
@@ -190,12 +205,21 @@ enum Dashboard {
         letters.forEach(l => { const row = body.insertRow(); cell(row, l.jobId); cell(row, l.userId); cell(row, l.model); cell(row, l.attempts); cell(row, l.reason); });
       } catch (err) { /* the next poll tries again */ }
     }
+    async function loadRebases() {
+      try {
+        const rebases = await (await fetch("/api/rebases")).json();
+        const body = document.getElementById("rebases"); body.replaceChildren();
+        rebases.forEach(r => { const row = body.insertRow(); cell(row, r.id); cell(row, r.model); cell(row, r.baseVersion);
+          cell(row, r.state + (r.reason ? " (" + r.reason + ")" : ""), r.state); cell(row, r.users);
+          ["rebased", "moved", "stayed", "failed", "cancelled", "pending"].forEach(k => cell(row, r.outcomes[k] ?? 0)); });
+      } catch (err) { /* the next poll tries again */ }
+    }
     document.getElementById("history-form").addEventListener("submit", async event => {
       event.preventDefault();
       const query = new URLSearchParams({ model: document.getElementById("h-model").value, user: document.getElementById("h-user").value });
       const versions = await (await fetch("/api/history?" + query)).json();
       const body = document.getElementById("history"); body.replaceChildren();
-      versions.forEach(v => { const row = body.insertRow(); cell(row, v.version + (v.pruned ? " (pruned)" : "")); cell(row, v.baseVersion);
+      versions.forEach(v => { const row = body.insertRow(); cell(row, v.version + (v.pruned ? " (pruned)" : "") + (v.rebasedFrom ? " (rebased from v" + v.rebasedFrom + ")" : "")); cell(row, v.baseVersion);
         cell(row, v.samples); cell(row, v.epochs); cell(row, v.loss != null ? v.loss.toFixed(4) : "—"); cell(row, v.jobId); cell(row, v.createdAt); });
     });
     const source = new EventSource("/api/events");
@@ -203,6 +227,7 @@ enum Dashboard {
     source.onerror = () => { document.getElementById("status").textContent = "reconnecting…"; };
     source.onmessage = message => { onEvent(JSON.parse(message.data)); };
     setInterval(render, 500); setInterval(drawThroughput, 2000); setInterval(loadDeadLetters, 10000);
-    loadDeadLetters(); drawThroughput();
+    setInterval(loadRebases, 5000);
+    loadDeadLetters(); loadRebases(); drawThroughput();
     """#
 }

@@ -78,6 +78,11 @@ extension ModelRegistry {
         try rebases(where: "r.model = $1 ORDER BY r.id DESC LIMIT 1", [model]).first
     }
 
+    /// The newest rebases of every model, newest first (the dashboard).
+    public func recentRebases(limit: Int) throws -> [RebaseRecord] {
+        try rebases(where: "true ORDER BY r.id DESC LIMIT $1", [limit])
+    }
+
     private func rebases(where condition: String, _ parameters: [PostgresBindable?]) throws -> [RebaseRecord] {
         try connection.query("""
             SELECT r.id, r.model, r.base_version, r.without_samples, r.state, r.reason,

@@ -11,7 +11,7 @@ import XCTest
 final class DeliveryPortTests: XCTestCase {
     /// Every operator path, as the dashboard has them.
     static let operatorPaths = ["/", "/index.html", "/dashboard/app.js", "/dashboard/app.css", "/dashboard/chart.js",
-                                "/api/events", "/api/dead-letters", "/api/history?model=m&user=alice", "/metrics",
+                                "/api/events", "/api/dead-letters", "/api/history?model=m&user=alice", "/api/rebases", "/metrics",
                                 "//", "/./", "/v1/../", "/v1/../api/events", "/%2e%2e/api/events", "/API/EVENTS"]
 
     struct Server {
@@ -188,6 +188,13 @@ final class DeliveryPortTests: XCTestCase {
         let history = try Self.fetch(admin, "/api/history?model=\(fleet.model)&user=alice", headers: operatorHeaders)
         XCTAssertEqual(history.status, 200)
         XCTAssertEqual(history.body, "[]")
+        // The rebases' progress: operators only, and a rebase's row once one runs.
+        XCTAssertEqual(try Self.fetch(admin, "/api/rebases").status, 401)
+        _ = try fleet.registry.startRebase(model: fleet.model, baseVersion: 1, withoutSamples: .move)
+        let rebases = try Self.fetch(admin, "/api/rebases", headers: operatorHeaders)
+        XCTAssertEqual(rebases.status, 200)
+        let rows = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(rebases.body.utf8)) as? [[String: Any]])
+        XCTAssertEqual(rows.first { $0["model"] as? String == fleet.model }?["state"] as? String, "done", rebases.body)
 
         // The device port's answers are counted for the admin listener's /metrics (operators only): a poll
         // answered from memory on the event loop, the first fetch through the router.

@@ -174,6 +174,51 @@ final class RebaseFleetTests: XCTestCase {
         XCTAssertEqual((record["outcomes"] as? [String: Int])?["cancelled"], 2)
     }
 
+    /// A worker process SIGKILLed while it rebases: the rebase ends with every user rebased exactly once
+    /// (the redelivered jobs of the killed worker commit at most once each, by their job ids).
+    func testAWorkerKilledDuringARebaseLeavesEveryUserRebasedOnce() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let database = ["--database-url", fleet.databaseURL]
+        XCTAssertEqual(try ChildProcess.run(Paths.attuneExecutable, ["model", "retention", "--name", fleet.model,
+                                                                     "--samples", "30d"] + database).status, 0)
+        let users = (0..<24).map { "user\($0)" }
+        fleet.startWorker(fleet.configuration(concurrency: 2))
+        for (index, user) in users.enumerated() {
+            try fleet.publish(Digits.job(user: user, model: fleet.model, rows: (index * 20)..<(index * 20 + 60), epochs: 5))
+        }
+        _ = try fleet.events(untilEnded: users.count, timeout: 120)
+        fleet.stopWorkers()
+
+        let newBase = try Self.writeNewBase()
+        defer { try? FileManager.default.removeItem(at: newBase) }
+        let started = try ChildProcess.run(Paths.attuneExecutable, ["model", "rebase", "--name", fleet.model, "--base", newBase.path,
+                                                                    "--amqp-url", fleet.amqpURL] + database)
+        XCTAssertEqual(started.status, 0, started.output)
+        // Two jobs per commit, so that the kill falls between commits of one rebase.
+        let doomed = try fleet.startWorkerProcess(name: "doomed", arguments: ["--batch-size", "2"])
+        // Killed once it has committed some of the rebase and is training more.
+        let deadline = Date().addingTimeInterval(60)
+        while Date() < deadline, (try fleet.registry.latestRebase(model: fleet.model)?.outcomes["rebased"] ?? 0) < 3 {
+            Thread.sleep(forTimeInterval: 0.02)
+        }
+        kill(doomed.processIdentifier, SIGKILL)
+        doomed.waitUntilExit()
+        let afterKill = try fleet.registry.latestRebase(model: fleet.model)
+        print("killed the worker with \(afterKill?.outcomes["rebased"] ?? 0) of \(users.count) users rebased")
+        XCTAssertLessThan(afterKill?.outcomes["rebased"] ?? 0, users.count, "the kill came before the end")
+        _ = try fleet.startWorkerProcess(name: "survivor")
+        let status = try ChildProcess.run(Paths.attuneExecutable, ["model", "rebase-status", "--name", fleet.model,
+                                                                   "--wait", "--timeout", "120"] + database)
+        XCTAssertEqual(status.status, 0, status.output)
+        XCTAssertTrue(status.output.contains("\(users.count) users: \(users.count) rebased"), status.output)
+        for user in users {
+            let history = try fleet.registry.history(user: user, model: fleet.model)
+            XCTAssertEqual(history.map(\.baseVersion), [1, 2], user)
+            XCTAssertEqual(history.filter { $0.rebasedFrom != nil }.count, 1, user)
+        }
+    }
+
     /// The digits base with other weights (as a retrained base would have): same input, label and classes.
     static func writeNewBase() throws -> URL {
         var spec = try ModelFile.decode(Data(contentsOf: Paths.digitsModel))

@@ -154,10 +154,10 @@ final class FleetHarness {
     }
 
     @discardableResult
-    func startWorkerProcess(name: String, concurrency: Int = 1) throws -> Process {
+    func startWorkerProcess(name: String, concurrency: Int = 1, arguments: [String] = []) throws -> Process {
         let process = Process()
         process.executableURL = Paths.attuneExecutable
-        process.arguments = ["worker", "--name", name, "--concurrency", "\(concurrency)"]
+        process.arguments = ["worker", "--name", name, "--concurrency", "\(concurrency)"] + arguments
         var environment = ProcessInfo.processInfo.environment
         environment["ATTUNE_DATABASE_URL"] = databaseURL
         environment["ATTUNE_AMQP_URL"] = amqpURL
