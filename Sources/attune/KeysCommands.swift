@@ -43,6 +43,10 @@ struct Keys: ParsableCommand {
                       + String(census.states[id] ?? 0).padding(toLength: 13, withPad: " ", startingAt: 0)
                       + String(census.retainedJobs[id] ?? 0))
             }
+            // Users' own data keys seal their states and kept jobs; each is wrapped by a master key.
+            for (id, count) in census.wrappedUserKeys.sorted(by: { $0.key < $1.key }) {
+                print("user data keys wrapped under \(id)\(id == registry.keys.current?.id ? " (current)" : ""): \(count)")
+            }
             if let current = registry.keys.current {
                 let outside = census.outside(current.id)
                 print(outside == 0 ? "everything is under the current key \(current.id)"
@@ -82,7 +86,7 @@ struct Keys: ParsableCommand {
                 return true
             }
             print("done: \(progress.reencrypted) object(s) re-encrypted under \(current.id), \(progress.scanned) examined, "
-                  + "\(progress.batches) batch(es)")
+                  + "\(progress.rewrapped) user data key(s) wrapped again, \(progress.batches) batch(es)")
             if !progress.unreadable.isEmpty {
                 for reason in progress.unreadable { print("left as it was: \(reason)") }
                 throw CommandFailure(description: "\(progress.unreadable.count) object(s) could not be re-encrypted; "
