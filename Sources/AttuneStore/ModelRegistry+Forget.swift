@@ -22,8 +22,8 @@ public struct ForgottenUser: Sendable, Equatable, Codable {
     /// key before data keys existed and not rotated since): copies of them in backups stay readable.
     public var objectsOutsideUserKey = 0
     /// True when every object deleted was sealed under the user's data key and that key is now gone, so
-    /// copies in backups are unreadable; false when storage encryption is off, when `model` limits the forget
-    /// (the key stays for the user's other models), or when `objectsOutsideUserKey` is not 0.
+    /// copies in backups are unreadable; false when storage encryption was off (no data key), when `model`
+    /// limits the forget (the key stays for the user's other models), or when `objectsOutsideUserKey` is not 0.
     public var backupsShredded = false
     /// The user's jobs taken out of the dead-letter queue (filled by the command, which reads the broker).
     public var deadLetters = 0
@@ -81,7 +81,8 @@ extension ModelRegistry {
             try conn.query("SELECT pg_notify('attune_delivery', $1)", [model.map { "\($0)/\(user)" } ?? "*"])
         }
         dropCachedUserKey(user)
-        report.backupsShredded = model == nil && keys.isEncrypting && report.objectsOutsideUserKey == 0
+        // A data key destroyed (or, with keys configured, none ever needed) and nothing sealed outside it.
+        report.backupsShredded = model == nil && report.objectsOutsideUserKey == 0 && (report.userKeys > 0 || keys.isEncrypting)
         return report
     }
 

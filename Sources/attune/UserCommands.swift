@@ -72,15 +72,15 @@ enum ForgetReportText {
         if report.backupsShredded {
             lines.append("backups: copies of \(user)'s states and kept jobs no longer open (their data key is gone), "
                 + "unless the same backup also holds attune_user_keys")
-        } else if !encrypting {
-            lines.append("backups: NOT shredded: storage encryption is off (no ATTUNE_KEYS), so copies of \(user)'s "
-                + "states and kept jobs in backups stay readable until those backups expire")
-        } else if report.objectsOutsideUserKey > 0 {
-            lines.append("backups: NOT shredded: \(report.objectsOutsideUserKey) object(s) were sealed under a master "
-                + "key, not \(user)'s data key (written before data keys; attune keys rotate moves them), so copies "
-                + "of those in backups stay readable to the master key")
         } else if report.model != nil {
             lines.append("backups: NOT shredded: with --model the user's data key stays (it seals the other models)")
+        } else if !encrypting && report.userKeys == 0 {
+            lines.append("backups: NOT shredded: storage encryption is off (no ATTUNE_KEYS), so copies of \(user)'s "
+                + "states and kept jobs in backups stay readable until those backups expire")
+        } else {
+            lines.append("backups: NOT shredded: \(report.objectsOutsideUserKey) object(s) were not under \(user)'s "
+                + "data key (clear text, or sealed under a master key before data keys existed; attune keys rotate "
+                + "moves them), so copies of those in backups stay readable")
         }
         return lines.joined(separator: "\n")
     }

@@ -140,5 +140,6 @@ final class ForgetUserFleetTests: XCTestCase {
 
         let again = try succeeded(fleet, ["user", "forget", "--user", gone])
         XCTAssertTrue(again.contains("personal versions     0"), again)
+        XCTAssertEqual(try DeadLetterQueue(url: fleet.amqpURL).purge(jobId: "dead-\(stays)"), 1, "the other's dead job, cleared")
     }
 }
