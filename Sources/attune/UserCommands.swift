@@ -69,7 +69,9 @@ enum ForgetReportText {
         row("user data key", report.userKeys > 0 ? "destroyed" : (report.model == nil ? "none stored" : "kept (--model)"))
         row("dead jobs", String(report.deadLetters))
         row("stored tokens", "none are per user (device tokens are signed by the app's backend and expire)")
-        if report.backupsShredded {
+        if report.backupsShredded && report.userKeys == 0 {
+            lines.append("backups: no data key of \(user)'s was stored (nothing of theirs to shred, or shredded before)")
+        } else if report.backupsShredded {
             lines.append("backups: copies of \(user)'s states and kept jobs no longer open (their data key is gone), "
                 + "unless the same backup also holds attune_user_keys")
         } else if report.model != nil {
