@@ -235,6 +235,29 @@ final class ForgetUserTests: XCTestCase {
         XCTAssertEqual(try k2Only.retainedJobs(user: forgotten, model: "digits").count, 2)
     }
 
+    /// The batch commit pays one round trip for the data keys of users this connection has not read yet (made
+    /// for new users, read for known ones), none once they are known; the worker's lookup brings them along.
+    func testDataKeysCostAtMostOneRoundTripPerBatchAndTheLookupBringsThem() throws {
+        let registry = try makeRegistry(try EncryptionTests.keys(Self.k1))
+        try setUpModels(registry)
+        func roundTrips(_ body: () throws -> Void) rethrows -> Int {
+            let before = registry.connection.roundTrips
+            try body()
+            return registry.connection.roundTrips - before
+        }
+        XCTAssertEqual(try roundTrips { try train(registry, "new_a", count: 2); try train(registry, "new_b", count: 1) }, 2 + 2,
+                       "each batch: its users' keys, then the commit")
+        XCTAssertEqual(try roundTrips { _ = try registry.commitVersions([version("new_a", parent: 2), version("new_b", parent: 1)]) },
+                       1, "known keys: the commit alone")
+        let other = try makeRegistry(try EncryptionTests.keys(Self.k1))
+        let lines = [UserModel(user: "new_a", model: "digits"), UserModel(user: "new_b", model: "digits")]
+        let before = other.connection.roundTrips
+        let lookup = try other.lookup(jobIds: [], heads: lines, models: ["digits"])
+        XCTAssertEqual(lookup.heads.count, 2, "opened with the keys that came with them")
+        XCTAssertEqual(try other.commitVersions([version("new_a", parent: 3)]).map { try $0.get() }, [.committed(version: 4)])
+        XCTAssertEqual(other.connection.roundTrips - before, 2, "the lookup and the commit, no key reads")
+    }
+
     /// vacuumlo lists large objects that no `oid` or `lo` column references: forgetting leaves none.
     private func assertVacuumloFindsNothing(file: StaticString = #filePath, line: UInt = #line) throws {
         let vacuumlo = ["/usr/lib/postgresql/15/bin/vacuumlo", "/usr/bin/vacuumlo"]
