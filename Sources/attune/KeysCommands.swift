@@ -57,8 +57,10 @@ struct Keys: ParsableCommand {
 
     struct Rotate: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Re-encrypt every base model and state not under the current key (clear text included).",
+            abstract: "Wrap users' data keys again under the current key, and re-encrypt what is not under its key (clear text included).",
             discussion: """
+                Users' data keys first (their states and kept jobs stay as they are), then base models under the \
+                current key and users' objects not yet under their data keys. \
                 Runs in batches, each its own transaction that locks its rows, so workers may run meanwhile. \
                 Interrupted, it loses at most the batch in flight; run it again and it goes on where the \
                 first run stopped. Give every worker and server the new key list before rotating: a process \
