@@ -51,9 +51,11 @@ extension ModelRegistry {
                 INSERT INTO attune_forgotten_users (user_sha256, model) VALUES (sha256(convert_to($1, 'UTF8')), $2)
                 ON CONFLICT (user_sha256, model) DO NOTHING
                 """, [user, model ?? ""])
+            // In the order the batch commit locks a user's lines (attune_commit_versions), so the two wait for
+            // each other instead of deadlocking.
             report.lines = try conn.query("""
                 SELECT 1 FROM attune_personal_heads WHERE user_id = $1 AND ($2::text IS NULL OR model = $2)
-                ORDER BY model FOR UPDATE
+                ORDER BY model COLLATE "C" FOR UPDATE
                 """, [user, model]).rowCount
             let objects = try conn.query("""
                 SELECT bytes, encode(lo_get(lo, 0, \(Envelope.headerPrefixLength)), 'base64') AS head FROM (

@@ -235,6 +235,40 @@ final class ForgetUserTests: XCTestCase {
         XCTAssertEqual(try k2Only.retainedJobs(user: forgotten, model: "digits").count, 2)
     }
 
+    /// Commits of the user racing the forget on another connection (each batch trained from the head it
+    /// read): every one lands wholly before the forget, and is erased with the rest, or is refused after it.
+    func testCommitsRacingTheForgetLeaveNothingBehind() throws {
+        let registry = try makeRegistry(try EncryptionTests.keys(Self.k1))
+        try setUpModels(registry, ["digits", "doodles"])
+        let writer = try makeRegistry(try EncryptionTests.keys(Self.k1))
+        let outcomes = Collector<String>(), started = DispatchSemaphore(value: 0), done = DispatchSemaphore(value: 0)
+        let user = forgotten
+        Thread {
+            var committed = 0
+            for round in 0..<60 {
+                do {
+                    let head = try writer.head(user: user, model: "digits")?.version ?? 0
+                    let results = try writer.commitVersions([self.version(user, parent: head),
+                                                            self.version(user, model: "doodles", parent: round)])
+                    for result in results { outcomes.append("\(try result.get())") }
+                    committed += 1
+                    if committed == 5 { started.signal() }
+                } catch {
+                    outcomes.append("error: \(error)")
+                }
+            }
+            done.signal()
+        }.start()
+        XCTAssertEqual(started.wait(timeout: .now() + 30), .success)
+        let report = try registry.forgetUser(user)
+        done.wait()
+        XCTAssertGreaterThanOrEqual(report.versions, 5, "what was committed before the forget went with it")
+        XCTAssertFalse(outcomes.all.contains { $0.hasPrefix("error") }, "\(outcomes.all)")
+        XCTAssertTrue(outcomes.all.contains("headMoved(current: 0)"), "commits after the forget are refused")
+        XCTAssertEqual(try rowsMentioning(user, registry), [:], "\(outcomes.all)")
+        try assertVacuumloFindsNothing()
+    }
+
     /// The batch commit pays one round trip for the data keys of users this connection has not read yet (made
     /// for new users, read for known ones), none once they are known; the worker's lookup brings them along.
     func testDataKeysCostAtMostOneRoundTripPerBatchAndTheLookupBringsThem() throws {
