@@ -1,3 +1,4 @@
+import AttuneSpec
 import Crypto
 import Foundation
 
@@ -20,7 +21,10 @@ extension ModelRegistry {
     /// current master key; clear text when no key is configured.
     func sealObject(_ plaintext: Data, as object: StoredObject) throws -> Data {
         guard keys.isEncrypting, let user = object.user else { return try keys.seal(plaintext, as: object) }
-        guard let key = try naming(object, { try userKey(for: user) }) else { throw RegistryError.userForgotten }
+        guard let key = try naming(object, { try userKey(for: user) }) else {
+            // A user id attune_user_keys refuses, which the versions' tables refuse too: never stored.
+            return try keys.seal(plaintext, as: object)
+        }
         return try Envelope.seal(plaintext, as: object, with: key, format: Envelope.userKeyFormat)
     }
 
@@ -69,8 +73,8 @@ extension ModelRegistry {
         guard !missing.isEmpty else { return [] }
         var made: [(user: String, keyId: String, wrapped: Data)] = []
         for user in missing {
-            let keyId = "u" + SymmetricKey(size: .bits128).withUnsafeBytes { Data($0.prefix(4)) }
-                .map { String(format: "%02x", $0) }.joined()
+            // Tells a key made again later from a destroyed one; not a secret.
+            let keyId = "u" + String(format: "%08x", UInt32.random(in: .min ... .max))
             let key = SymmetricKey(size: .bits256)
             made.append((user, keyId, try UserKeyWrapping.wrap(key, user: user, keyId: keyId, under: master)))
         }
@@ -82,22 +86,37 @@ extension ModelRegistry {
         // used until the transaction ends and never remembered past it. Callers prepare keys before they
         // open a transaction, so this is the rare path.
         var forgotten = Set<String>()
-        for row in result.rows {
-            let user = try row.string("user_id")
-            if try row.bool("forgotten") {
-                forgotten.insert(user)
-                continue
+        var answered = Set<String>()
+        func take(_ rows: [QueryResult.Row]) throws {
+            for row in rows {
+                let user = try row.string("user_id")
+                answered.insert(user)
+                if try row.bool("forgotten") {
+                    forgotten.insert(user)
+                    continue
+                }
+                let record = try Self.wrappedKey(row)
+                if inTransaction { userKeys.storeForTransaction(record) } else { userKeys.store(record) }
             }
-            let record = try Self.wrappedKey(row)
-            if inTransaction { userKeys.storeForTransaction(record) } else { userKeys.store(record) }
+        }
+        try take(result.rows)
+        // A key another session made after this statement's snapshot was neither inserted nor seen: read it in
+        // a statement of its own (rare: a user's jobs go to one worker).
+        let unseen = missing.filter { !answered.contains($0) && Identifier.isValid($0) }
+        if !unseen.isEmpty {
+            try take(connection.query("""
+                SELECT user_id, key_id, master_key_id, encode(wrapped_key, 'base64') AS wrapped, false AS forgotten
+                FROM attune_user_keys WHERE user_id = ANY ($1::text[])
+                """, [PostgresArray(unseen)]).rows)
         }
         return forgotten
     }
 
-    /// `user`'s data key, made when the user has none; nil when the user was forgotten.
+    /// `user`'s data key, made when the user has none; nil for a user id no table accepts. Throws
+    /// `RegistryError.userForgotten` for a user forgotten (every model of theirs).
     private func userKey(for user: String) throws -> StorageKey? {
         if let key = try cachedUserKey(user) { return key }
-        if try prepareUserKeys([user]).contains(user) { return nil }
+        if try prepareUserKeys([user]).contains(user) { throw RegistryError.userForgotten }
         return try cachedUserKey(user)
     }
 
