@@ -290,6 +290,11 @@ final class ForgetUserTests: XCTestCase {
         XCTAssertEqual(lookup.heads.count, 2, "opened with the keys that came with them")
         XCTAssertEqual(try other.commitVersions([version("new_a", parent: 3)]).map { try $0.get() }, [.committed(version: 4)])
         XCTAssertEqual(other.connection.roundTrips - before, 2, "the lookup and the commit, no key reads")
+
+        // A user id no table accepts gets no data key, and only its own element is refused.
+        let mixed = try registry.commitVersions([version("not a user id", parent: 0), version("new_c", parent: 0)])
+        guard case .failure(.refusedByConstraint) = mixed[0] else { return XCTFail("\(mixed[0])") }
+        XCTAssertEqual(try mixed[1].get(), .committed(version: 1))
     }
 
     /// vacuumlo lists large objects that no `oid` or `lo` column references: forgetting leaves none.
