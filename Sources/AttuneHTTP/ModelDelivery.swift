@@ -59,15 +59,17 @@ public final class ModelDelivery: @unchecked Sendable {
         lock.withLock { notifications }?.stop()
     }
 
-    /// Which version a device should have now; nil if the model does not exist. `attributes` (the device's
+    /// Which version a device should have now; nil if the model does not exist (or the user was forgotten). `attributes` (the device's
     /// query parameters: region, app version …) pick its population's deployed base; the user's personal
     /// head is served while it personalizes that base, the deployed base itself otherwise (a line never
     /// changes base, so a population moved to a new base gets it plain until the user's line is there).
     public func current(model: String, user: String, attributes: [String: String] = [:]) async throws -> DeliveredModel? {
         try await cachedHead(model: model, user: user, attributes: attributes) { registry in
             guard let base = try registry.deployedBase(model: model, attributes: attributes) else { return nil }
-            // The newest version the quality gate does not hold (the head, unless it is held).
-            if let head = try registry.deliveredHead(user: user, model: model), head.baseVersion == base {
+            // The newest version the quality gate does not hold (the head, unless it is held); a forgotten
+            // user has no model here at all, not even the base.
+            guard case let .head(delivered) = try registry.deliveryLine(user: user, model: model) else { return nil }
+            if let head = delivered, head.baseVersion == base {
                 return DeliveredModel(etag: Self.etag(model, base, user, head.version), baseVersion: base,
                                       version: head.version)
             }

@@ -165,6 +165,23 @@ public final class DeadLetterQueue {
         return deleted
     }
 
+    /// Deletes for good every dead job of `user` (of `model` only, when given), for `attune user forget`; the
+    /// others stay, in their order. A job whose body does not decode is the user's when the key it was
+    /// published with is the user's (it is deleted whatever `model` says: it names none). Returns what went.
+    @discardableResult
+    public func purge(user: String, model: String? = nil) throws -> [DeadLetter] {
+        var deleted: [DeadLetter] = []
+        try browse { letter, delivery, _ in
+            let decoded = !letter.userId.isEmpty
+            let theirs = decoded ? letter.userId == user && (model.map { letter.model == $0 } ?? true)
+                                 : Self.routingKey(of: delivery) == Topology.routingKey(forUser: user)
+            guard theirs else { return .keep }
+            deleted.append(letter)
+            return .remove
+        }
+        return deleted
+    }
+
     /// The key that puts a replayed job back in its user's partition: the one it was published with, as
     /// the worker recorded it (or the broker did, in `x-death`), else the user id in its body.
     static func routingKey(of delivery: Delivery) -> String {

@@ -46,11 +46,15 @@ public enum StoredObject: Sendable, Equatable, CustomStringConvertible {
 /// re-encrypt the same way, reading only the first 72 bytes of each large object.
 enum Envelope {
     static let magic: [UInt8] = [0x00, 0x61, 0x74, 0x6E, 0x65]
+    /// Sealed under a master key of `StorageKeys` (base models; users' objects written before data keys).
     static let format: UInt8 = 1
+    /// Sealed under a user's data key (`UserDataKeys`): the key id names that data key.
+    static let userKeyFormat: UInt8 = 2
     /// Enough of a large object to read its header up to the key id (`lo_get(oid, 0, 72)`).
     static let headerPrefixLength = 72
 
     struct Header {
+        let format: UInt8
         let keyId: String
         let check: Data
         /// Bytes from the magic to the end of the key check: authenticated as associated data.
@@ -64,8 +68,8 @@ enum Envelope {
         guard b.count >= magic.count, Array(b[0..<magic.count]) == magic else { return nil }
         func damaged(_ why: String) -> StorageKeyError { .damaged(object: object.description, detail: why) }
         guard b.count > 6 else { throw damaged("it ends inside the envelope's header") }
-        guard b[5] == format else {
-            throw damaged("envelope format \(b[5]) is not one this version of Attune reads (1); upgrade it")
+        guard b[5] == format || b[5] == userKeyFormat else {
+            throw damaged("envelope format \(b[5]) is not one this version of Attune reads (1 or 2); upgrade it")
         }
         let idLength = Int(b[6])
         guard (1...64).contains(idLength), b.count >= 7 + idLength else {
@@ -76,10 +80,11 @@ enum Envelope {
         }
         let checkEnd = 7 + idLength + 4
         let check = b.count >= checkEnd ? Data(b[(7 + idLength)..<checkEnd]) : Data()
-        return Header(keyId: keyId, check: check, length: checkEnd)
+        return Header(format: b[5], keyId: keyId, check: check, length: checkEnd)
     }
 
-    static func seal(_ plaintext: Data, as object: StoredObject, with key: StorageKey) throws -> Data {
+    static func seal(_ plaintext: Data, as object: StoredObject, with key: StorageKey,
+                     format: UInt8 = Envelope.format) throws -> Data {
         var header = Data(magic)
         header.append(format)
         header.append(UInt8(key.id.utf8.count))
@@ -129,6 +134,9 @@ public enum StorageKeyError: Error, CustomStringConvertible, Sendable, Equatable
     case notAuthentic(object: String, keyId: String)
     /// The bytes start like an envelope but are not a well-formed one.
     case damaged(object: String, detail: String)
+    /// Sealed under a user's data key that no longer exists: the user was forgotten (`attune user forget`),
+    /// and this copy (a backup's, say) is meant never to open again.
+    case userKeyDestroyed(object: String, keyId: String)
 
     public var description: String {
         switch self {
@@ -145,6 +153,9 @@ public enum StorageKeyError: Error, CustomStringConvertible, Sendable, Equatable
                 + "back to another version (attune model rollback)"
         case let .damaged(object, detail):
             return "\(object) has a damaged encryption envelope (\(detail)); restore it from a backup"
+        case let .userKeyDestroyed(object, keyId):
+            return "\(object) is sealed under the user's data key \(keyId), which no longer exists: the user was "
+                + "forgotten (attune user forget), so no copy of it can be opened"
         }
     }
 }

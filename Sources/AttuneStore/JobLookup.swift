@@ -47,6 +47,11 @@ public struct JobLookup: Sendable {
     public var retainsSamples: Set<String> = []
     /// Models with a quality gate (`attune model gate`): their versions may be held at the commit
     public var gatedModels: Set<String> = []
+    /// (user, model) whose user was forgotten (`attune user forget`): their jobs are dropped, never trained
+    public var forgotten: Set<UserModel> = []
+
+    /// Why a job of a forgotten user is dropped untrained (its `cancelled` event says so).
+    public static let forgottenReason = "the user was forgotten (attune user forget): the job is dropped untrained"
 
     /// A head's version and base, without its state.
     public struct HeadVersion: Sendable, Equatable {

@@ -31,6 +31,7 @@ extension ModelRegistry {
             PostgresArray(models), PostgresArray(heads.map { known[$0] ?? 0 }),
         ])
         var lookup = JobLookup()
+        var sealedHeads: [(line: UserModel, version: Int, baseVersion: Int, state: Data)] = []
         for row in result.rows {
             switch try row.string("kind") {
             case "applied":
@@ -52,14 +53,7 @@ extension ModelRegistry {
                     throw DatabaseError(kind: .decoding, operation: "lookup",
                                         message: "the head of \(line.user)'s \(line.model) at version \(version) has no readable update state")
                 }
-                do {
-                    let plain = try keys.open(state, as: .state(model: line.model, baseVersion: baseVersion,
-                                                                user: line.user, version: version))
-                    lookup.heads[line] = HeadSnapshot(version: version, baseVersion: baseVersion, state: plain)
-                } catch let error as StorageKeyError {
-                    // That line's jobs wait for an operator; the batch's other lines go on.
-                    lookup.unreadableHeads[line] = error
-                }
+                sealedHeads.append((line, version, baseVersion, state))
             case "base":
                 lookup.newestBase[try row.string("model")] = try row.int("version")
             case "cancelled":
@@ -68,8 +62,28 @@ extension ModelRegistry {
                 lookup.retainsSamples.insert(try row.string("model"))
             case "gated":
                 lookup.gatedModels.insert(try row.string("model"))
+            case "userkey":
+                guard let wrapped = try row.base64Bytes("state") else {
+                    throw DatabaseError(kind: .decoding, operation: "lookup", message: "a wrapped user key is not readable")
+                }
+                rememberUserKey(WrappedUserKey(user: try row.string("user_id"), keyId: try row.string("job_id"),
+                                               masterKeyId: try row.string("model"), wrapped: wrapped))
+            case "forgotten":
+                let line = UserModel(user: try row.string("user_id"), model: try row.string("model"))
+                lookup.forgotten.insert(line)
+                dropCachedUserKey(line.user)
             case let kind:
                 throw DatabaseError(kind: .decoding, operation: "lookup", message: "unexpected row kind \"\(kind)\"")
+            }
+        }
+        for head in sealedHeads where !lookup.forgotten.contains(head.line) {
+            do {
+                let plain = try openObject(head.state, as: .state(model: head.line.model, baseVersion: head.baseVersion,
+                                                                  user: head.line.user, version: head.version))
+                lookup.heads[head.line] = HeadSnapshot(version: head.version, baseVersion: head.baseVersion, state: plain)
+            } catch let error as StorageKeyError {
+                // That line's jobs wait for an operator; the batch's other lines go on.
+                lookup.unreadableHeads[head.line] = error
             }
         }
         return lookup
@@ -114,12 +128,20 @@ extension ModelRegistry {
                 sent.append(index)
             }
         }
+        // Users' data keys, one round trip for those this connection has not read yet. A user forgotten since
+        // the lookup gets none, and the element reports a moved head: the retry's lookup drops the job.
+        let forgotten = try prepareUserKeys(sent.map { versions[$0].user })
+        sent.removeAll { index in
+            guard forgotten.contains(versions[index].user) else { return false }
+            outcomes[index] = .success(.headMoved(current: 0))
+            return true
+        }
         if !sent.isEmpty {
             // Each state sealed as the version it will be if it commits: its parent's successor (a version
             // whose head moved is refused, and sealed again when it is trained again).
             let batch = try sent.map { index in
                 var version = versions[index]
-                version.state = try keys.seal(version.state, as: .state(
+                version.state = try sealObject(version.state, as: .state(
                     model: version.model, baseVersion: version.baseVersion, user: version.user,
                     version: version.parentVersion + 1))
                 return version
@@ -131,7 +153,7 @@ extension ModelRegistry {
             // would cost a round trip), sealed as the version they belong to.
             let kept = try batch.map { version in
                 try version.retainedJob.map {
-                    try keys.seal($0, as: .retainedJob(model: version.model, baseVersion: version.baseVersion,
+                    try sealObject($0, as: .retainedJob(model: version.model, baseVersion: version.baseVersion,
                                                        user: version.user, version: version.parentVersion + 1))
                 } ?? Data()
             }
@@ -258,7 +280,9 @@ extension ModelRegistry {
             .map { try $0.string("reason") }
     }
 
-    /// Four kinds of rows in one answer, told apart by `kind`; the columns a kind does not use are NULL.
+    /// Several kinds of rows in one answer, told apart by `kind`; the columns a kind does not use are NULL.
+    /// `userkey` rows carry the batch's users' wrapped data keys (master key id in `model`, key id in `job_id`,
+    /// the wrapped bytes in `state`); `forgotten` rows the lines whose user was forgotten.
     private static let lookupSQL = """
         SELECT 'applied' AS kind, \(versionColumns), NULL::text AS state
         FROM attune_personal_versions v WHERE v.job_id = ANY ($1::text[])
@@ -289,5 +313,16 @@ extension ModelRegistry {
                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
         FROM attune_model_settings s
         WHERE s.model = ANY ($4::text[]) AND (s.gate_min_accuracy IS NOT NULL OR s.gate_max_drop IS NOT NULL)
+        UNION ALL
+        SELECT 'userkey', k.user_id, k.master_key_id AS model,
+               NULL, NULL, NULL, k.key_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+               encode(k.wrapped_key, 'base64')
+        FROM attune_user_keys k WHERE k.user_id = ANY ($2::text[])
+        UNION ALL
+        SELECT 'forgotten', q.user_id, q.model,
+               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+        FROM unnest($2::text[], $3::text[]) AS q(user_id, model)
+        WHERE EXISTS (SELECT 1 FROM attune_forgotten_users f
+                      WHERE f.user_sha256 = sha256(convert_to(q.user_id, 'UTF8')) AND f.model IN ('', q.model))
         """
 }

@@ -3,21 +3,32 @@ import Foundation
 /// How many stored objects each key holds; `""` counts clear text, `damaged` damaged envelopes.
 public struct KeyCensus: Sendable, Equatable {
     public static let damaged = "(damaged)"
+    /// Users' objects sealed under their own data keys (which master key wraps those: `wrappedUserKeys`).
+    public static let userKeys = "(user keys)"
 
     public var baseModels: [String: Int] = [:]
     public var states: [String: Int] = [:]
     /// Kept jobs (`attune model retention`).
     public var retainedJobs: [String: Int] = [:]
+    /// Users' data keys per master key that wraps them.
+    public var wrappedUserKeys: [String: Int] = [:]
 
-    public init(baseModels: [String: Int] = [:], states: [String: Int] = [:], retainedJobs: [String: Int] = [:]) {
+    public init(baseModels: [String: Int] = [:], states: [String: Int] = [:], retainedJobs: [String: Int] = [:],
+                wrappedUserKeys: [String: Int] = [:]) {
         self.baseModels = baseModels
         self.states = states
         self.retainedJobs = retainedJobs
+        self.wrappedUserKeys = wrappedUserKeys
     }
 
-    /// Objects not under `keyId` (clear text included).
+    /// What `rotateKeys` would still do with `keyId` current: base models and users' data keys not under
+    /// it, and users' objects not under their data keys (clear text, or a master key from before data keys).
     public func outside(_ keyId: String) -> Int {
-        [baseModels, states, retainedJobs].map { $0.filter { $0.key != keyId }.values.reduce(0, +) }.reduce(0, +)
+        func count(_ census: [String: Int], _ settled: String) -> Int {
+            census.filter { $0.key != settled }.values.reduce(0, +)
+        }
+        return count(baseModels, keyId) + count(wrappedUserKeys, keyId) + count(states, Self.userKeys)
+            + count(retainedJobs, Self.userKeys)
     }
 }
 
@@ -25,8 +36,10 @@ public struct KeyCensus: Sendable, Equatable {
 public struct RotationProgress: Sendable, Equatable {
     /// Objects examined (their first bytes read).
     public var scanned = 0
-    /// Objects sealed again under the current key (clear text included).
+    /// Objects sealed again under the current key, or a user's under the user's data key (clear text included).
     public var reencrypted = 0
+    /// Users' data keys wrapped again under the current key.
+    public var rewrapped = 0
     /// Transactions committed.
     public var batches = 0
     /// Objects left as they were because they cannot be opened here (a key this process lacks, damaged
@@ -65,6 +78,9 @@ extension ModelRegistry {
                 }
             }
         }
+        for row in try connection.query("SELECT master_key_id, count(*) AS keys FROM attune_user_keys GROUP BY 1").rows {
+            census.wrappedUserKeys[try row.string("master_key_id")] = try row.int("keys")
+        }
         return census
     }
 
@@ -81,6 +97,10 @@ extension ModelRegistry {
         }
         guard batchSize >= 1 else { throw RegistryError.invalidArgument("the batch size must be at least 1, got \(batchSize)") }
         var progress = RotationProgress()
+        // Users' data keys first: wrapping one again is cheap, and leaves what it sealed as it is.
+        guard try rewrapUserKeys(batchSize: batchSize, pause: pause, progress: &progress, afterBatch: afterBatch) else {
+            return progress
+        }
         for table in RotatedTable.all {
             var after: [String]? = nil
             while true {
@@ -96,7 +116,7 @@ extension ModelRegistry {
                 var stale: [[String]] = []
                 for row in page.rows {
                     progress.scanned += 1
-                    if Self.keyId(ofHead: try row.base64Bytes("head")) != current.id {
+                    if !Self.isSettled(head: try row.base64Bytes("head"), kind: table.kind, current: current.id) {
                         stale.append(try table.keyValues(row))
                     }
                 }
@@ -120,6 +140,8 @@ extension ModelRegistry {
     /// One batch, one transaction: lock the rows, read each object again, seal it under the current key.
     private func reencrypt(_ rows: [[String]], in table: RotatedTable) throws -> (done: Int, unreadable: [String]) {
         let conn = connection
+        // Users' data keys before the transaction (see `UserDataKeys`); a user's objects go under them.
+        if table.kind != .baseModel, keys.isEncrypting { try prepareUserKeys(rows.map { $0[0] }) }
         return try conn.transaction {
             let locked = try conn.query("""
                 SELECT \(table.keyText), \(table.baseVersionColumn) AS base_version,
@@ -139,8 +161,8 @@ extension ModelRegistry {
                 // Another run may have done it since the page was read.
                 let sealed: Data
                 do {
-                    if try Envelope.header(of: stored, object: object)?.keyId == keys.current?.id { continue }
-                    sealed = try keys.seal(keys.open(stored, as: object), as: object)
+                    if Self.isSettled(head: stored, kind: table.kind, current: keys.current?.id ?? "") { continue }
+                    sealed = try sealObject(openObject(stored, as: object), as: object)
                 } catch let error as StorageKeyError {
                     unreadable.append(error.description)
                     continue
@@ -171,13 +193,67 @@ extension ModelRegistry {
     }
 
     /// The key id in an object's first bytes: `""` for clear text or no object, `KeyCensus.damaged` for a
-    /// damaged envelope.
+    /// damaged envelope, `KeyCensus.userKeys` for an object under its user's data key.
     static func keyId(ofHead head: Data?) -> String {
         guard let head else { return "" }
         do {
-            return try Envelope.header(of: head, object: .baseModel(name: "?", version: 0))?.keyId ?? ""
+            guard let header = try Envelope.header(of: head, object: .baseModel(name: "?", version: 0)) else { return "" }
+            return header.format == Envelope.userKeyFormat ? KeyCensus.userKeys : header.keyId
         } catch {
             return KeyCensus.damaged
+        }
+    }
+
+    /// True when the object needs no re-encryption: a base model under the current key, a user's object
+    /// under its user's data key (whose wrapping the rotation renews apart).
+    private static func isSettled(head: Data?, kind: RotatedTable.Kind, current: String) -> Bool {
+        let id = keyId(ofHead: head)
+        return kind == .baseModel ? id == current : id == KeyCensus.userKeys
+    }
+
+    /// Wraps every user's data key not under the current key again under it, `batchSize` keys a transaction
+    /// (rows locked, read again under the lock). A key whose master this process lacks is listed and left.
+    /// Returns false when `afterBatch` asked to stop.
+    private func rewrapUserKeys(batchSize: Int, pause: TimeInterval, progress: inout RotationProgress,
+                                afterBatch: (RotationProgress) -> Bool) throws -> Bool {
+        guard let current = keys.current else { return true }
+        var after = ""
+        while true {
+            let conn = connection
+            let (last, done, unreadable) = try retryingTransient { () -> (String?, Int, [String]) in
+                try conn.transaction {
+                    let page = try conn.query("""
+                        SELECT user_id, key_id, master_key_id, encode(wrapped_key, 'base64') AS wrapped
+                        FROM attune_user_keys WHERE master_key_id <> $1 AND user_id > $2
+                        ORDER BY user_id LIMIT $3 FOR UPDATE
+                        """, [current.id, after, batchSize])
+                    var done = 0
+                    var unreadable: [String] = []
+                    for row in page.rows {
+                        let record = try Self.wrappedKey(row)
+                        do {
+                            let key = try UserKeyWrapping.unwrap(record, keys: keys)
+                            let wrapped = try UserKeyWrapping.wrap(key.material, user: record.user, keyId: record.keyId,
+                                                                   under: current)
+                            try conn.query("""
+                                UPDATE attune_user_keys SET master_key_id = $2, wrapped_key = decode($3, 'base64')
+                                WHERE user_id = $1
+                                """, [record.user, current.id, wrapped.base64EncodedString()])
+                            done += 1
+                        } catch let error as StorageKeyError {
+                            unreadable.append(error.description)
+                        }
+                    }
+                    return (page.rowCount == 0 ? nil : try page[page.rowCount - 1].string("user_id"), done, unreadable)
+                }
+            }
+            guard let last else { return true }
+            after = last
+            progress.rewrapped += done
+            progress.unreadable += unreadable
+            progress.batches += 1
+            guard afterBatch(progress) else { return false }
+            if pause > 0 { Thread.sleep(forTimeInterval: pause) }
         }
     }
 }

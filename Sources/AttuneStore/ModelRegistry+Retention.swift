@@ -54,6 +54,8 @@ extension ModelRegistry {
     /// before (and is then behind the rollback) or finds the head moved and trains from the restored state.
     public func rollback(user: String, model: String, to target: Int) throws -> RollbackOutcome {
         let conn = connection
+        // The data key the copy is sealed with, read (or made) outside the transaction (see `UserDataKeys`).
+        if try prepareUserKeys([user]).contains(user) { throw RegistryError.userForgotten }
         return try conn.transaction {
             let head = try conn.query("""
                 SELECT version, base_version FROM attune_personal_heads
@@ -91,8 +93,8 @@ extension ModelRegistry {
                 throw DatabaseError(kind: .decoding, operation: "rollback",
                                     message: "version \(target) of \(user)'s \(model) has no readable state")
             }
-            let state = try keys.open(stored, as: .state(model: model, baseVersion: headBase, user: user, version: target))
-            let sealed = try keys.seal(state, as: .state(model: model, baseVersion: headBase, user: user, version: version))
+            let state = try openObject(stored, as: .state(model: model, baseVersion: headBase, user: user, version: target))
+            let sealed = try sealObject(state, as: .state(model: model, baseVersion: headBase, user: user, version: version))
             // Not a producer's id: ':' is outside their alphabet, so it can never shadow a real job.
             let jobId = "rollback:\(UUID().uuidString.lowercased())"
             try conn.query("""

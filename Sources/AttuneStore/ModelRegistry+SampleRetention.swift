@@ -43,7 +43,7 @@ extension ModelRegistry {
                 guard let sealed = try row.base64Bytes("job") else {
                     throw DatabaseError(kind: .decoding, operation: "read kept jobs", message: "version \(version) has no job")
                 }
-                return (version, try keys.open(sealed, as: .retainedJob(model: model, baseVersion: try row.int("base_version"),
+                return (version, try openObject(sealed, as: .retainedJob(model: model, baseVersion: try row.int("base_version"),
                                                                          user: user, version: version)))
             }
     }

@@ -4,12 +4,14 @@ import Foundation
 /// Base models, personal heads and personal versions in PostgreSQL. Wraps one connection, so like
 /// the connection it belongs to one thread at a time; give each worker thread its own registry.
 ///
-/// Every large object it writes is sealed with `keys`' current key (clear text when there is none), and
-/// every one it reads is opened with the key its envelope names (clear text passes through): see
-/// `StorageKeys` and `Envelope`.
+/// Every large object it writes is sealed with `keys`' current key (clear text when there is none), a user's
+/// objects under that user's data key, wrapped by the current key; every one it reads is opened with the key
+/// its envelope names (clear text passes through): see `StorageKeys`, `UserDataKeys` and `Envelope`.
 public final class ModelRegistry {
     public let connection: PostgresConnection
     public let keys: StorageKeys
+    /// Users' data keys this connection has read (see `UserDataKeys`).
+    let userKeys = UserKeyCache()
 
     public init(connection: PostgresConnection, keys: StorageKeys = .none) {
         self.connection = connection
@@ -35,7 +37,7 @@ public final class ModelRegistry {
             try conn.query("SELECT pg_advisory_xact_lock(hashtextextended('attune.base_models:' || $1, 0))", [name])
             let next = try conn.query("SELECT coalesce(max(version), 0) + 1 FROM attune_base_models WHERE name = $1",
                                       [name]).int(0, 0)
-            let oid = try conn.createLargeObject(keys.seal(bytes, as: .baseModel(name: name, version: next)))
+            let oid = try conn.createLargeObject(sealObject(bytes, as: .baseModel(name: name, version: next)))
             // Size and digest of the model itself, not of what is stored.
             let digest = SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
             try conn.query("""
@@ -69,7 +71,7 @@ public final class ModelRegistry {
             let bytes = try conn.readLargeObject(result[0].oid("model_lo"))
             return (try Self.baseRecord(result[0]), bytes)
         }
-        return (record, try keys.open(stored, as: .baseModel(name: record.name, version: record.version)))
+        return (record, try openObject(stored, as: .baseModel(name: record.name, version: record.version)))
     }
 
     /// The linked models of a base model version (a pipeline's `linkedModel` stages), by file name.
@@ -96,7 +98,7 @@ public final class ModelRegistry {
             var bytes: [String: Data] = [:]
             for row in result.rows {
                 let stored = try conn.readLargeObject(row.oid("model_lo"))
-                bytes[try row.string("file_name")] = try keys.open(
+                bytes[try row.string("file_name")] = try openObject(
                     stored, as: .baseModel(name: try row.string("linked_model"), version: try row.int("linked_version")))
             }
             return bytes
@@ -162,7 +164,7 @@ public final class ModelRegistry {
             return (try Self.versionRecord(result[0]), try conn.readLargeObject(result[0].oid("state_lo")))
         }
         guard let read else { return nil }
-        return (read.info, try keys.open(read.state, as: read.info.storedObject))
+        return (read.info, try openObject(read.state, as: read.info.storedObject))
     }
 
     /// One stored version and its update state.
@@ -185,7 +187,7 @@ public final class ModelRegistry {
             }
             return (try Self.versionRecord(result[0]), try conn.readLargeObject(result[0].oid("state_lo")))
         }
-        return (read.info, try keys.open(read.state, as: read.info.storedObject))
+        return (read.info, try openObject(read.state, as: read.info.storedObject))
     }
 
     /// The version a job produced, if it was applied; a worker checks this before training a redelivery.
@@ -222,6 +224,8 @@ public final class ModelRegistry {
             throw RegistryError.invalidArgument("parentVersion \(v.parentVersion) is negative")
         }
         let conn = connection
+        // The user's data key before the transaction, so that a key made for it is never one a rollback undoes.
+        if try prepareUserKeys([v.user]).contains(v.user) { throw RegistryError.userForgotten }
         do {
             return try conn.transaction {
                 // A user's first commit has no head row to lock yet; create one at version 0. If two
@@ -260,7 +264,7 @@ public final class ModelRegistry {
                 }
 
                 let version = headVersion + 1
-                let sealed = try keys.seal(v.state, as: .state(model: v.model, baseVersion: v.baseVersion,
+                let sealed = try sealObject(v.state, as: .state(model: v.model, baseVersion: v.baseVersion,
                                                                user: v.user, version: version))
                 let oid = try conn.createLargeObject(sealed)
                 try conn.query("""
@@ -280,6 +284,10 @@ public final class ModelRegistry {
             }
         } catch let exit as EarlyExit {
             return exit.outcome
+        } catch let error as DatabaseError where error.sqlState == "AT409" {
+            // Migration 0022's trigger refused the version: the user was forgotten.
+            dropCachedUserKey(v.user)
+            throw RegistryError.userForgotten
         } catch let error as DatabaseError where error.sqlState == "23503" {
             // The head or version row points at a base model that does not exist.
             throw RegistryError.unknownModel(v.model, v.baseVersion)

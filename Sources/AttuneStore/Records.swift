@@ -167,6 +167,8 @@ public enum RegistryError: Error, CustomStringConvertible, Sendable, Equatable {
     case refusedByConstraint(detail: String)
     /// The version's state was deleted by `attune model prune`; its record stays.
     case prunedVersion(user: String, model: String, version: Int, prunedAt: Date)
+    /// The user was forgotten (`attune user forget`): nothing of theirs is stored again.
+    case userForgotten
 
     public var isTransient: Bool { false }
 
@@ -191,6 +193,8 @@ public enum RegistryError: Error, CustomStringConvertible, Sendable, Equatable {
         case let .prunedVersion(user, model, version, prunedAt):
             return "version \(version) of \(user)'s \(model) was pruned at \(prunedAt.formatted(.iso8601)); its state is "
                 + "gone (history keeps its record). Use a version that was kept: `attune model history` marks pruned ones"
+        case .userForgotten:
+            return "the user was forgotten (attune user forget): nothing of theirs is stored again"
         case .refusedByConstraint:
             return "the database refused the new version (a table constraint); nothing was committed. "
                 + "The same job would be refused again: check its ids against the README's rules; "

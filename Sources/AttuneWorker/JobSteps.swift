@@ -176,6 +176,10 @@ final class JobSteps {
                 results[candidate.index] = .outcome(.cancelled(stage: .queued, reason: reason))
                 continue
             }
+            if lookup.forgotten.contains(candidate.key) {
+                results[candidate.index] = .outcome(.cancelled(stage: .queued, reason: JobLookup.forgottenReason))
+                continue
+            }
             if isAbandoning() {
                 results[candidate.index] = .handedBack
                 continue

@@ -43,6 +43,10 @@ struct Keys: ParsableCommand {
                       + String(census.states[id] ?? 0).padding(toLength: 13, withPad: " ", startingAt: 0)
                       + String(census.retainedJobs[id] ?? 0))
             }
+            // Users' own data keys seal their states and kept jobs; each is wrapped by a master key.
+            for (id, count) in census.wrappedUserKeys.sorted(by: { $0.key < $1.key }) {
+                print("user data keys wrapped under \(id)\(id == registry.keys.current?.id ? " (current)" : ""): \(count)")
+            }
             if let current = registry.keys.current {
                 let outside = census.outside(current.id)
                 print(outside == 0 ? "everything is under the current key \(current.id)"
@@ -53,8 +57,10 @@ struct Keys: ParsableCommand {
 
     struct Rotate: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Re-encrypt every base model and state not under the current key (clear text included).",
+            abstract: "Wrap users' data keys again under the current key, and re-encrypt what is not under its key (clear text included).",
             discussion: """
+                Users' data keys first (their states and kept jobs stay as they are), then base models under the \
+                current key and users' objects not yet under their data keys. \
                 Runs in batches, each its own transaction that locks its rows, so workers may run meanwhile. \
                 Interrupted, it loses at most the batch in flight; run it again and it goes on where the \
                 first run stopped. Give every worker and server the new key list before rotating: a process \
@@ -82,7 +88,7 @@ struct Keys: ParsableCommand {
                 return true
             }
             print("done: \(progress.reencrypted) object(s) re-encrypted under \(current.id), \(progress.scanned) examined, "
-                  + "\(progress.batches) batch(es)")
+                  + "\(progress.rewrapped) user data key(s) wrapped again, \(progress.batches) batch(es)")
             if !progress.unreadable.isEmpty {
                 for reason in progress.unreadable { print("left as it was: \(reason)") }
                 throw CommandFailure(description: "\(progress.unreadable.count) object(s) could not be re-encrypted; "

@@ -183,7 +183,8 @@ final class EncryptionTests: XCTestCase {
         let lookup = try registry.lookup(jobIds: [], heads: [UserModel(user: "alice", model: "digits")], models: [])
         XCTAssertEqual(lookup.heads[UserModel(user: "alice", model: "digits")]?.state, a2)
         XCTAssertEqual(try registry.history(user: "alice", model: "digits").map(\.stateSizeBytes),
-                       [Int64(a1.count + 41), Int64(a2.count + 41)], "stored bytes: the state and its envelope")
+                       [Int64(a1.count + 48), Int64(a2.count + 48)],
+                       "stored bytes: the state and its envelope (39 bytes and the user's 9-character data key id)")
 
         // Rollback copies v1's state as v3, sealed again for v3.
         XCTAssertEqual(try registry.rollback(user: "alice", model: "digits", to: 1).version, 3)
@@ -219,7 +220,10 @@ final class EncryptionTests: XCTestCase {
             WHERE user_id = 'bob' AND version = 1
             """)
         XCTAssertThrowsError(try registry.personalVersion(user: "bob", model: "digits", version: 1)) { error in
-            XCTAssertEqual(error as? StorageKeyError, .notAuthentic(object: "state of digits/bob v1", keyId: "k1"))
+            // Sealed under alice's data key, which is not bob's.
+            guard case let .notAuthentic(object, keyId)? = error as? StorageKeyError else { return XCTFail("\(error)") }
+            XCTAssertEqual(object, "state of digits/bob v1")
+            XCTAssertTrue(keyId.hasPrefix("u") && keyId.count == 9, keyId)
         }
         XCTAssertThrowsError(try registry.headState(user: "bob", model: "digits"))
         let lookup = try registry.lookup(jobIds: [], heads: [UserModel(user: "bob", model: "digits")], models: [])
@@ -262,17 +266,19 @@ final class EncryptionTests: XCTestCase {
         XCTAssertEqual(first.scanned, 16)
         XCTAssertEqual(first.batches, 5, "the base, then 15 states in pages and batches of 4")
         XCTAssertEqual(first.unreadable, [])
-        XCTAssertEqual(try k1.keyCensus(), KeyCensus(baseModels: ["k1": 1], states: ["k1": 15]))
+        XCTAssertEqual(try k1.keyCensus(), KeyCensus(baseModels: ["k1": 1], states: [KeyCensus.userKeys: 15],
+                                                     wrappedUserKeys: ["k1": 5]), "each user's states under the user's data key")
         XCTAssertEqual(try k1.rotateKeys(batchSize: 4).reencrypted, 0, "a second run finds nothing to do")
         try readAll(k1)
 
-        // k2 becomes current; a run stopped after one batch (a kill loses at most the batch in flight).
+        // k2 becomes current: the users' data keys are wrapped again (their states stay as they are), then the
+        // base is sealed again. A run stopped after one batch (a kill loses at most the batch in flight).
         let k2 = ModelRegistry(connection: try schema.connect(), keys: try Self.keys(Self.entry("k2"), Self.entry("k1")))
         let stopped = try k2.rotateKeys(batchSize: 3) { _ in false }
-        XCTAssertEqual(stopped.reencrypted, 1, "the base model's batch")
-        let states2 = try k2.rotateKeys(batchSize: 3) { $0.batches < 2 }
-        XCTAssertEqual(states2.reencrypted, 6)
-        XCTAssertEqual(try k2.keyCensus(), KeyCensus(baseModels: ["k2": 1], states: ["k2": 6, "k1": 9]))
+        XCTAssertEqual(stopped.rewrapped, 3, "the first batch of data keys")
+        XCTAssertEqual(stopped.reencrypted, 0)
+        XCTAssertEqual(try k2.keyCensus(), KeyCensus(baseModels: ["k1": 1], states: [KeyCensus.userKeys: 15],
+                                                     wrappedUserKeys: ["k2": 3, "k1": 2]))
         try readAll(k2)
 
         // The rest, while another connection commits new versions (sealed with the current key).
@@ -289,8 +295,10 @@ final class EncryptionTests: XCTestCase {
         let rest = try k2.rotateKeys(batchSize: 1, pause: 0.005)
         done.wait()
         XCTAssertEqual(failures.all, [])
-        XCTAssertEqual(rest.reencrypted, 9)
-        XCTAssertEqual(try k2.keyCensus(), KeyCensus(baseModels: ["k2": 1], states: ["k2": 35]))
+        XCTAssertEqual(rest.rewrapped, 2)
+        XCTAssertEqual(rest.reencrypted, 1, "the base model")
+        XCTAssertEqual(try k2.keyCensus(), KeyCensus(baseModels: ["k2": 1], states: [KeyCensus.userKeys: 35],
+                                                     wrappedUserKeys: ["k2": 6]))
         try readAll(k2)
         XCTAssertEqual(try k2.personalVersion(user: "zed", model: "digits", version: 20).state, Self.weights(200, seed: 120))
 

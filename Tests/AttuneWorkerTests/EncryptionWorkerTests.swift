@@ -66,21 +66,23 @@ final class EncryptionWorkerTests: XCTestCase {
     func testATrainedVersionLeavesNoWeightsInPostgreSQLAndExportNeedsTheKey() throws {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
+        // A user of its own: a user's data key is wrapped under one master key list (migration 0022).
+        let sealed = "sealed_" + UUID().uuidString.prefix(8).lowercased()
         let keys = try Self.keys("k1")
         let model = try importModel(fleet, keys: keys)
         var configuration = fleet.configuration()
         configuration.storageKeys = keys
         fleet.startWorker(configuration)
-        try fleet.publish(Digits.job(user: "sealed", model: model, rows: 0..<30, epochs: 2))
+        try fleet.publish(Digits.job(user: sealed, model: model, rows: 0..<30, epochs: 2))
         XCTAssertEqual(try fleet.events(untilEnded: 1).last?.kind, .completed)
 
         let registry = ModelRegistry(connection: fleet.registry.connection, keys: keys)
-        let state = try registry.personalVersion(user: "sealed", model: model, version: 1).state
+        let state = try registry.personalVersion(user: sealed, model: model, version: 1).state
         let weights = try Attune_V1_UpdateState(serializedBytes: state)
         XCTAssertGreaterThan(state.count, 1_000, "the state holds the trained weights")
         let storedState = try raw(fleet, """
-            SELECT encode(lo_get(state_lo), 'base64') FROM attune_personal_versions WHERE model = $1 AND user_id = 'sealed'
-            """, [model])
+            SELECT encode(lo_get(state_lo), 'base64') FROM attune_personal_versions WHERE model = $1 AND user_id = $2
+            """, [model, sealed])
         let storedBase = try raw(fleet, "SELECT encode(lo_get(model_lo), 'base64') FROM attune_base_models WHERE name = $1",
                                  [model])
         XCTAssertEqual(windowsFound(of: state, in: storedState), 0, "trained weights in the stored state")
@@ -90,12 +92,12 @@ final class EncryptionWorkerTests: XCTestCase {
 
         let file = NSTemporaryDirectory() + "/crypt-\(UUID().uuidString).mlmodel"
         defer { try? FileManager.default.removeItem(atPath: file) }
-        let exported = try attune(["model", "export", "--name", model, "--user", "sealed", "-o", file],
+        let exported = try attune(["model", "export", "--name", model, "--user", sealed, "-o", file],
                                   databaseURL: fleet.databaseURL, keys: Self.entry("k1"))
         XCTAssertEqual(exported.process.terminationStatus, 0, text(exported.err))
         let spec = try ModelFile.decode(try Data(contentsOf: URL(fileURLWithPath: file)))
         XCTAssertTrue(spec.isUpdatable)
-        let refused = try attune(["model", "export", "--name", model, "--user", "sealed", "-o", file + ".x"],
+        let refused = try attune(["model", "export", "--name", model, "--user", sealed, "-o", file + ".x"],
                                  databaseURL: fleet.databaseURL, keys: Self.entry("k2"))
         XCTAssertNotEqual(refused.process.terminationStatus, 0)
         let message = text(refused.err)
@@ -107,13 +109,14 @@ final class EncryptionWorkerTests: XCTestCase {
     func testAWorkerWithoutTheKeyLeavesTheJobQueuedAndOneWithTheKeyTrainsIt() throws {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
+        let waiting = "waiting_" + UUID().uuidString.prefix(8).lowercased()
         let model = try importModel(fleet, keys: try Self.keys("k_old"))
         // A worker given only the new key (the old one forgotten), retrying soon for the test's sake.
         var without = fleet.configuration(name: "keyless")
         without.storageKeys = try Self.keys("k_new")
         without.retry = RetryPolicy(delaysMs: [200, 300], maxAttempts: 2)
         fleet.startWorker(without)
-        let job = Digits.job(user: "waiting", model: model, rows: 0..<20, epochs: 1)
+        let job = Digits.job(user: waiting, model: model, rows: 0..<20, epochs: 1)
         try fleet.publish(job)
 
         // It fails again and again, each time to be retried, past the worker's two attempts.
@@ -134,7 +137,7 @@ final class EncryptionWorkerTests: XCTestCase {
         }
         fleet.stopWorkers()
         XCTAssertEqual(try fleet.deadLetters(expected: 1, timeout: 2).count, 0, "nothing dead-lettered")
-        XCTAssertEqual(try fleet.registry.history(user: "waiting", model: model), [])
+        XCTAssertEqual(try fleet.registry.history(user: waiting, model: model), [])
 
         // Restarted with the key (and the new one current), the worker trains the job that waited.
         var with = fleet.configuration(name: "keyed")
@@ -142,14 +145,16 @@ final class EncryptionWorkerTests: XCTestCase {
         fleet.startWorker(with)
         let events = try fleet.events(untilEnded: 1, timeout: 30)
         XCTAssertEqual(events.last { $0.kind == .completed }?.jobID, job.jobID)
-        XCTAssertEqual(try fleet.registry.history(user: "waiting", model: model).map(\.jobId), [job.jobID])
+        XCTAssertEqual(try fleet.registry.history(user: waiting, model: model).map(\.jobId), [job.jobID])
         let census = try ModelRegistry(connection: fleet.registry.connection, keys: with.storageKeys)
-            .personalVersion(user: "waiting", model: model, version: 1)
+            .personalVersion(user: waiting, model: model, version: 1)
         XCTAssertGreaterThan(census.state.count, 0)
         let stored = try raw(fleet, """
             SELECT encode(lo_get(state_lo, 0, 20), 'base64') FROM attune_personal_versions WHERE model = $1
             """, [model])
-        XCTAssertEqual(Array(stored[7..<12]), Array("k_new".utf8), "written under the current key")
+        XCTAssertEqual(stored[5], 2, "sealed under the user's data key")
+        XCTAssertEqual(try raw(fleet, "SELECT encode(convert_to(master_key_id, 'UTF8'), 'base64') FROM attune_user_keys WHERE user_id = $1",
+                               [waiting]), Data("k_new".utf8), "the data key wrapped under the current key")
         XCTAssertEqual(try fleet.deadLetters(expected: 1, timeout: 1).count, 0)
     }
 
@@ -197,17 +202,21 @@ final class EncryptionWorkerTests: XCTestCase {
         XCTAssertEqual(first.process.terminationReason, .uncaughtSignal)
 
         let rotated = ModelRegistry(connection: connection, keys: try StorageKeys(parsing: both))
+        // The users' data keys go first (the states sealed under them stay as they are), then the base.
         let midway = try rotated.keyCensus()
-        XCTAssertEqual(midway.baseModels, ["k2": 1])
-        XCTAssertGreaterThan(midway.states["k1"] ?? 0, 0, "the kill came before the end: \(midway)")
-        XCTAssertGreaterThan(midway.states["k2"] ?? 0, 0, "the first batches stayed: \(midway)")
-        XCTAssertEqual(midway.states.values.reduce(0, +), 40)
+        XCTAssertEqual(midway.baseModels, ["k1": 1])
+        XCTAssertEqual(midway.states, [KeyCensus.userKeys: 40])
+        XCTAssertGreaterThan(midway.wrappedUserKeys["k1"] ?? 0, 0, "the kill came before the end: \(midway)")
+        XCTAssertGreaterThan(midway.wrappedUserKeys["k2"] ?? 0, 0, "the first batches stayed: \(midway)")
+        XCTAssertEqual(midway.wrappedUserKeys.values.reduce(0, +), 40)
 
         let second = try attune(["keys", "rotate", "--batch-size", "7"], databaseURL: databaseURL, keys: both)
         let output = text(second.out)
         XCTAssertEqual(second.process.terminationStatus, 0, output + text(second.err))
-        XCTAssertTrue(output.contains("done: \(midway.states["k1"] ?? 0) object(s) re-encrypted under k2, 41 examined"), output)
-        XCTAssertEqual(try rotated.keyCensus(), KeyCensus(baseModels: ["k2": 1], states: ["k2": 40]))
+        XCTAssertTrue(output.contains("done: 1 object(s) re-encrypted under k2, 41 examined, "
+            + "\(midway.wrappedUserKeys["k1"] ?? 0) user data key(s) wrapped again"), output)
+        XCTAssertEqual(try rotated.keyCensus(), KeyCensus(baseModels: ["k2": 1], states: [KeyCensus.userKeys: 40],
+                                                          wrappedUserKeys: ["k2": 40]))
         let status = try attune(["keys", "status"], databaseURL: databaseURL, keys: both)
         XCTAssertTrue(text(status.out).contains("everything is under the current key k2"))
 
@@ -217,6 +226,9 @@ final class EncryptionWorkerTests: XCTestCase {
             XCTAssertEqual(try k2Only.personalVersion(user: "u\(user)", model: "digits", version: 1).state, state)
         }
         XCTAssertEqual(try k2Only.baseModel(name: "digits", version: 1).bytes, try Data(contentsOf: Paths.digitsModel))
-        XCTAssertThrowsError(try old.personalVersion(user: "u0", model: "digits", version: 1))
+        // A process started with the old key alone (`old` still holds the data keys it read, as a running
+        // process does until it restarts with the new list).
+        XCTAssertThrowsError(try ModelRegistry(connection: connection, keys: try Self.keys("k1"))
+            .personalVersion(user: "u0", model: "digits", version: 1))
     }
 }

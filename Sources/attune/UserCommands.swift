@@ -1,0 +1,105 @@
+import ArgumentParser
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+import Foundation
+
+struct User: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "What the fleet holds about one user.",
+        subcommands: [Forget.self])
+
+    struct Forget: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Erase a user: versions, large objects, kept samples, holds, the user's data key and dead jobs.",
+            discussion: """
+                One transaction deletes the user's versions, heads, kept jobs and holds (their large objects \
+                with them) and, without --model, the user's data key, so copies of the user's encrypted objects \
+                in backups no longer open. A tombstone (a SHA-256 of the user id) makes workers drop the user's \
+                jobs still queued, and refuse any later commit for the user. Then the user's jobs in the \
+                dead-letter queue are deleted. Running it again is harmless. See the README's "Forgetting a user".
+                """)
+
+        @OptionGroup var database: DatabaseOptions
+        @OptionGroup var broker: BrokerOptions
+        @Option(help: "The user id.") var user: String
+        @Option(help: "Forget only this model of the user; the user's data key and other models stay.") var model: String?
+        @Flag(help: "Print what was removed as one JSON object.") var json = false
+
+        func validate() throws {
+            do {
+                try Identifier.validate(user, field: "--user")
+                if let model { try Identifier.validate(model, field: "--model") }
+            } catch {
+                throw ValidationError("\(error)")
+            }
+        }
+
+        func run() throws {
+            let registry = try database.registry()
+            var report = try registry.forgetUser(user, model: model)
+            do {
+                report.deadLetters = try DeadLetterQueue(url: broker.resolved()).purge(user: user, model: model).count
+            } catch {
+                // The database part is done and final; only the dead jobs are left.
+                throw CommandFailure(description: "\(user) was forgotten in PostgreSQL, but the dead-letter queue "
+                    + "could not be cleaned (\(error)); run the same command again once RabbitMQ answers")
+            }
+            if json {
+                print(try ForgetReportText.json(report, user: user))
+            } else {
+                print(ForgetReportText.text(report, user: user, encrypting: registry.keys.isEncrypting))
+            }
+        }
+    }
+}
+
+/// How `attune user forget` prints what it removed.
+enum ForgetReportText {
+    static func text(_ report: ForgottenUser, user: String, encrypting: Bool) -> String {
+        var lines = ["forgot user \(user)" + (report.model.map { " for model \($0)" } ?? " (every model)")]
+        func row(_ name: String, _ value: String) {
+            lines.append("  " + name.padding(toLength: 22, withPad: " ", startingAt: 0) + value)
+        }
+        row("personal versions", String(report.versions))
+        row("lines (heads)", String(report.lines))
+        row("kept jobs", String(report.retainedJobs))
+        row("held versions", String(report.heldVersions))
+        row("large objects", "\(report.largeObjects) (\(report.largeObjectBytes) bytes)")
+        row("user data key", report.userKeys > 0 ? "destroyed" : (report.model == nil ? "none stored" : "kept (--model)"))
+        row("dead jobs", String(report.deadLetters))
+        row("stored tokens", "none are per user (device tokens are signed by the app's backend and expire)")
+        if report.backupsShredded && report.userKeys == 0 {
+            lines.append("backups: no data key of \(user)'s was stored (nothing of theirs to shred, or shredded before)")
+        } else if report.backupsShredded {
+            lines.append("backups: copies of \(user)'s states and kept jobs no longer open (their data key is gone), "
+                + "unless the same backup also holds attune_user_keys")
+        } else if report.model != nil {
+            lines.append("backups: NOT shredded: with --model the user's data key stays (it seals the other models)")
+        } else if !encrypting && report.userKeys == 0 {
+            lines.append("backups: NOT shredded: storage encryption is off (no ATTUNE_KEYS), so copies of \(user)'s "
+                + "states and kept jobs in backups stay readable until those backups expire")
+        } else {
+            lines.append("backups: NOT shredded: \(report.objectsOutsideUserKey) object(s) were not under \(user)'s "
+                + "data key (clear text, or sealed under a master key before data keys existed; attune keys rotate "
+                + "moves them), so copies of those in backups stay readable")
+        }
+        return lines.joined(separator: "\n")
+    }
+
+    static func json(_ report: ForgottenUser, user: String) throws -> String {
+        struct Line: Encodable {
+            let user: String
+            let report: ForgottenUser
+            func encode(to encoder: Encoder) throws {
+                try report.encode(to: encoder)
+                var container = encoder.container(keyedBy: Key.self)
+                try container.encode(user, forKey: .user)
+            }
+            enum Key: String, CodingKey { case user }
+        }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return String(decoding: try encoder.encode(Line(user: user, report: report)), as: UTF8.self)
+    }
+}
