@@ -13,6 +13,8 @@ public struct ForgottenUser: Sendable, Equatable, Codable {
     public var retainedJobs = 0
     /// Quality-gate holds deleted.
     public var heldVersions = 0
+    /// Rebases that listed the user (`attune model rebase`): the user's entries deleted.
+    public var rebaseEntries = 0
     /// Large objects unlinked (states and kept jobs), and their stored bytes.
     public var largeObjects = 0
     public var largeObjectBytes: Int64 = 0
@@ -74,6 +76,16 @@ extension ModelRegistry {
             report.heldVersions = try conn.query("DELETE FROM attune_held_versions \(scope)", [user, model]).affectedRows
             report.retainedJobs = try conn.query("DELETE FROM attune_retained_jobs \(scope)", [user, model]).affectedRows
             report.versions = try conn.query("DELETE FROM attune_personal_versions \(scope)", [user, model]).affectedRows
+            // A rebase that listed the user goes on without them, and ends if they were the last to come.
+            report.rebaseEntries = try conn.query("""
+                DELETE FROM attune_rebase_users u USING attune_rebases r
+                WHERE u.rebase_id = r.id AND u.user_id = $1 AND ($2::text IS NULL OR r.model = $2)
+                """, [user, model]).affectedRows
+            try conn.query("""
+                UPDATE attune_rebases r SET state = 'done', finished_at = now()
+                WHERE r.state = 'running'
+                  AND NOT EXISTS (SELECT 1 FROM attune_rebase_users u WHERE u.rebase_id = r.id AND u.outcome IS NULL)
+                """)
             try conn.query("DELETE FROM attune_personal_heads \(scope)", [user, model])
             if model == nil {
                 report.userKeys = try conn.query("DELETE FROM attune_user_keys WHERE user_id = $1", [user]).affectedRows

@@ -65,6 +65,7 @@ enum ForgetReportText {
         row("lines (heads)", String(report.lines))
         row("kept jobs", String(report.retainedJobs))
         row("held versions", String(report.heldVersions))
+        row("rebase entries", String(report.rebaseEntries))
         row("large objects", "\(report.largeObjects) (\(report.largeObjectBytes) bytes)")
         row("user data key", report.userKeys > 0 ? "destroyed" : (report.model == nil ? "none stored" : "kept (--model)"))
         row("dead jobs", String(report.deadLetters))

@@ -89,12 +89,16 @@ final class ForgetUserTests: XCTestCase {
         try train(registry, forgotten, count: 3)
         try train(registry, forgotten, model: "doodles", count: 2)
         try train(registry, kept, count: 2)
+        // A rebase of digits under way: it lists both users.
+        _ = try registry.importBaseModel(name: "digits", kind: "k", bytes: EncryptionTests.weights(32, seed: 1))
+        let rebase = try registry.startRebase(model: "digits", baseVersion: 2, withoutSamples: .move)
+        XCTAssertEqual(rebase.users, 2)
         let theirObjects = try largeObjects(of: forgotten, registry), keptObjects = try largeObjects(of: kept, registry)
         XCTAssertEqual(theirObjects.count, 10, "5 states and 5 kept jobs")
         XCTAssertEqual(try existing(theirObjects, registry), 10)
         let mentions = try rowsMentioning(forgotten, registry)
         for table in ["attune_personal_versions", "attune_personal_heads", "attune_retained_jobs", "attune_held_versions",
-                      "attune_user_keys"] {
+                      "attune_user_keys", "attune_rebase_users"] {
             XCTAssertGreaterThan(mentions[table] ?? 0, 0, "the scan sees the user in \(table) before: \(mentions)")
         }
 
@@ -121,6 +125,7 @@ final class ForgetUserTests: XCTestCase {
         XCTAssertTrue(report.backupsShredded)
 
         XCTAssertEqual(try rowsMentioning(forgotten, registry), [:], "no row of any attune_ table names the user")
+        XCTAssertEqual(try registry.rebase(id: rebase.id).users, 1, "the rebase goes on for the other user")
         XCTAssertEqual(try existing(theirObjects, registry), 0, "the user's large objects are unlinked")
         XCTAssertEqual(try existing(keptObjects, registry), keptObjects.count)
         try assertVacuumloFindsNothing()
