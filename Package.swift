@@ -8,6 +8,11 @@ var kernelSettings: [SwiftSetting] = [.unsafeFlags(["-O"], .when(configuration: 
 kernelSettings.append(.unsafeFlags(["-target-cpu", "haswell"]))
 #endif
 
+// The integration test targets (servers, Python, a browser) are part of the package only with
+// ATTUNE_INTEGRATION_TESTS=1, as deploy/test.sh sets it: a plain `swift test` builds and runs the unit tests
+// and needs nothing but the toolchain and the C libraries.
+let integrationTests = Context.environment["ATTUNE_INTEGRATION_TESTS"] == "1"
+
 let package = Package(
     name: "Attune",
     // macOS 15: the `Synchronization` module (Atomic, Mutex) of the training threads.
@@ -81,12 +86,12 @@ let package = Package(
             .product(name: "NIOPosix", package: "swift-nio"),
         ]),
 
+        // Unit tests: nothing but the code under test (a plain `swift test` on a fresh machine runs these).
         .testTarget(name: "AttuneSpecTests", dependencies: ["AttuneSpec"]),
-        .testTarget(name: "AttuneTrainingTests", dependencies: ["AttuneTraining", "AttuneKernels", "AttuneImage", "AttuneSpec"]),
+        .testTarget(name: "AttuneTrainingTests", dependencies: ["AttuneTraining", "AttuneKernels", "AttuneImage", "AttuneSpec",
+                                                                "TrainingTestSupport"]),
         .testTarget(name: "AttuneImageTests", dependencies: ["AttuneImage", "AttuneSpec"]),
-        .testTarget(name: "AttuneStoreTests", dependencies: ["AttuneStore", "AttuneSpec",
-                                                             .product(name: "Crypto", package: "swift-crypto")]),
-        .testTarget(name: "AttuneQueueTests", dependencies: ["AttuneQueue", "AttuneSpec"]),
+        .testTarget(name: "AttuneQueueTests", dependencies: ["AttuneQueue", "AttuneSpec", "QueueTestSupport"]),
         // Server-free tests of the delivery server's decisions: tokens, the event loop's answers, operators.
         .testTarget(name: "AttuneHTTPTests", dependencies: ["AttuneHTTP", "AttuneStore",
                                                            .product(name: "Crypto", package: "swift-crypto"),
@@ -94,10 +99,25 @@ let package = Package(
                                                            .product(name: "NIOCore", package: "swift-nio"),
                                                            .product(name: "NIOEmbedded", package: "swift-nio"),
                                                            .product(name: "NIOHTTPTypes", package: "swift-nio-extras")]),
-        .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore",
-                                                              "AttuneQueue", "AttuneSpec",
-                                                              .product(name: "Crypto", package: "swift-crypto"),
-                                                              .product(name: "Logging", package: "swift-log")]),
-    ],
+        // The worker's decisions against in-memory fakes of its store.
+        .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore", "AttuneSpec",
+                                                              "WorkerTestSupport"]),
+        // Helpers the unit and integration tests of one module share.
+        .target(name: "TrainingTestSupport", dependencies: ["AttuneTraining", "AttuneSpec"], path: "Tests/Support/TrainingTestSupport"),
+        .target(name: "QueueTestSupport", dependencies: ["AttuneSpec"], path: "Tests/Support/QueueTestSupport"),
+        .target(name: "WorkerTestSupport", dependencies: ["AttuneSpec"], path: "Tests/Support/WorkerTestSupport"),
+    ] + (integrationTests ? [
+        // Integration tests: real PostgreSQL and RabbitMQ, Python with NumPy and coremltools, a browser.
+        .testTarget(name: "AttuneTrainingIntegrationTests", dependencies: ["AttuneTraining", "AttuneKernels", "AttuneImage",
+                                                                           "AttuneSpec", "TrainingTestSupport"]),
+        .testTarget(name: "AttuneImageIntegrationTests", dependencies: ["AttuneImage", "AttuneSpec"]),
+        .testTarget(name: "AttuneQueueIntegrationTests", dependencies: ["AttuneQueue", "AttuneSpec", "QueueTestSupport"]),
+        .testTarget(name: "AttuneStoreIntegrationTests", dependencies: ["AttuneStore", "AttuneSpec",
+                                                                        .product(name: "Crypto", package: "swift-crypto")]),
+        .testTarget(name: "AttuneWorkerIntegrationTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore",
+                                                                         "AttuneQueue", "AttuneSpec", "WorkerTestSupport",
+                                                                         .product(name: "Crypto", package: "swift-crypto"),
+                                                                         .product(name: "Logging", package: "swift-log")]),
+    ] : []),
     swiftLanguageModes: [.v5]
 )

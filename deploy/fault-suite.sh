@@ -102,7 +102,7 @@ export ATTUNE_PG_CRASH_SAFE=${ATTUNE_PG_CRASH_SAFE:-1}
 [ -n "$repartition" ] && partitions=${partitions:-16}
 
 if [ "$build" = release ]; then
-  swift build -c release 2>&1 | tail -n 1
+  swift build -c release --product attune 2>&1 | tail -n 1
 fi
 attune=$PWD/.build/$build/attune
 [ -x "$attune" ] || { echo "fault-suite.sh: no $attune; run swift build first" >&2; exit 1; }

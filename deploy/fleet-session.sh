@@ -6,7 +6,7 @@ deploy/install-deps.sh
 # the workers take the Haswell kernel there unless the machine chose one (see deploy/test.sh).
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512_bf16 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
 echo "== building (release)"
-swift build -c release 2>&1 | tail -n 1
+swift build -c release --product attune 2>&1 | tail -n 1
 attune=$PWD/.build/release/attune
 work=$(mktemp -d "/tmp/attune-${1:-session}.XXXXXX")
 chmod 755 "$work"

@@ -17,6 +17,9 @@ trap 'deploy/services.sh stop "$work" >/dev/null 2>&1 || true; rm -rf "$work"' E
 services=$(ATTUNE_TLS=1 deploy/services.sh start "$work")
 eval "$services"
 export ATTUNE_REQUIRE_SERVICES=1 ATTUNE_REQUIRE_TLS=1 ATTUNE_REQUIRE_BROWSER=1
+# The integration test targets are part of the package only with this set (see Package.swift): a plain
+# `swift test` runs the unit tests alone.
+export ATTUNE_INTEGRATION_TESTS=1
 # The dashboard test's screenshot (and any other artefact) stays here after the run.
 export ATTUNE_TEST_ARTIFACTS=${ATTUNE_TEST_ARTIFACTS:-$PWD/.artifacts}
 export ATTUNE_TEST_FIXTURES="$work/fixtures"

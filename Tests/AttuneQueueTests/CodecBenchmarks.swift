@@ -4,6 +4,7 @@ import SwiftProtobuf
 import XCTest
 
 @testable import AttuneQueue
+@testable import QueueTestSupport
 
 /// Benchmarks, not tests: time per call of the job digest and the event JSON, SwiftProtobuf's generic
 /// path against the hand-written one. They print and assert nothing about time. Run in a release build:

@@ -3,6 +3,7 @@ import AttuneSpec
 import Foundation
 import SwiftProtobuf
 import XCTest
+@testable import QueueTestSupport
 
 final class CodecTests: XCTestCase {
     func testJobRoundTripInBothEncodings() throws {

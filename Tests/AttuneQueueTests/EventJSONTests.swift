@@ -4,6 +4,7 @@ import SwiftProtobuf
 import XCTest
 
 @testable import AttuneQueue
+@testable import QueueTestSupport
 
 /// Event bodies must be the bytes SwiftProtobuf's `jsonUTF8Data()` writes, so consumers and recorded
 /// fixtures see no difference from the hand-written encoder, except that `completed` always says

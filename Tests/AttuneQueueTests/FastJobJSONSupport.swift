@@ -3,6 +3,7 @@ import AttuneSpec
 import Foundation
 import SwiftProtobuf
 import XCTest
+@testable import QueueTestSupport
 
 /// The oracle: SwiftProtobuf with the options JobCodec uses.
 func protobufDecode(_ body: Data) -> Attune_V1_TrainingJob? {

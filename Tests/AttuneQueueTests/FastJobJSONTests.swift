@@ -3,6 +3,7 @@ import AttuneSpec
 import Foundation
 import SwiftProtobuf
 import XCTest
+@testable import QueueTestSupport
 
 /// FastJobJSON may decline anything, but what it returns must be exactly SwiftProtobuf's job.
 final class FastJobJSONTests: XCTestCase {

@@ -2,6 +2,7 @@ import AttuneQueue
 import AttuneSpec
 import Foundation
 import XCTest
+@testable import QueueTestSupport
 
 /// Bodies written to hurt the decoder: each must come back as a `JobDecodingError` naming the encoding,
 /// never as a crash, a hang or a job.

@@ -4,6 +4,7 @@ import SwiftProtobuf
 import XCTest
 
 @testable import AttuneQueue
+@testable import QueueTestSupport
 
 /// Digests are stored and compared across releases, so the hand-written encoder must produce exactly the
 /// bytes SwiftProtobuf's deterministic serialization produces, for every job.

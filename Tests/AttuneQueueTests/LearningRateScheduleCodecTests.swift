@@ -3,6 +3,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneQueue
+@testable import QueueTestSupport
 
 /// A version records the digest of its job, so a learning-rate schedule must reach the digest whichever
 /// encoding carried it (the fast paths leave schedules to SwiftProtobuf).

@@ -4,6 +4,7 @@ import SwiftProtobuf
 import XCTest
 
 @testable import AttuneQueue
+@testable import QueueTestSupport
 
 /// A job's validationSamples and the validation metrics of events on every path: the fast JSON reader and
 /// binary encoder take them (they are no rare field), they are part of the job's digest, and an event says

@@ -2,6 +2,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
+@testable import TrainingTestSupport
 
 /// The fused softmax + cross-entropy gradient of a confident, correct prediction (p_t within 1e-6 of 1),
 /// against the same gradient in float64: the target's component keeps its relative accuracy, where the

@@ -3,6 +3,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
+@testable import TrainingTestSupport
 
 /// The coremltools-built fixture, trained on real digits rows with its own defaults.
 final class DigitsTests: XCTestCase {

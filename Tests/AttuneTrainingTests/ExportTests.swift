@@ -4,6 +4,7 @@ import SwiftProtobuf
 import XCTest
 
 @testable import AttuneTraining
+@testable import TrainingTestSupport
 
 /// Writing update states into specs: `applying` must change the updatable weights and nothing else.
 final class ExportTests: XCTestCase {

@@ -3,6 +3,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
+@testable import TrainingTestSupport
 
 // Each layer's float32 backward pass against central finite differences of a float64 twin of its
 // forward pass. The scalar checked is L = Σ c ⊙ y for fixed random c (so dy = c), or the mean

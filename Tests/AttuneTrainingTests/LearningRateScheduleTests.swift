@@ -3,6 +3,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
+@testable import TrainingTestSupport
 
 /// Every way a learning-rate schedule is refused, and what a valid one does to a task's bits.
 final class LearningRateScheduleTests: XCTestCase {

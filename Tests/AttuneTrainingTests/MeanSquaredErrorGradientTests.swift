@@ -3,6 +3,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
+@testable import TrainingTestSupport
 
 // The mean squared error loss and a whole regression network's gradients against central finite
 // differences of float64 twins (same step and tolerance as the other gradient checks).

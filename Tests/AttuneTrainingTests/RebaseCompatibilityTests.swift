@@ -2,6 +2,7 @@ import AttuneSpec
 @testable import AttuneTraining
 import Foundation
 import XCTest
+@testable import TrainingTestSupport
 
 /// What `attune model rebase` refuses before it starts: a new base that cannot take the samples kept for the
 /// old one. Pure: models decoded from the repository's fixtures, changed in memory.

@@ -3,6 +3,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
+@testable import TrainingTestSupport
 
 /// The refusals that come with mean squared error and Adam: bad regression targets in jobs, optimizer
 /// overrides that do not fit the model's optimizer, and models the engine cannot train.

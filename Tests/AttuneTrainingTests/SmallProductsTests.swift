@@ -1,6 +1,7 @@
 import AttuneKernels
 import Foundation
 import XCTest
+@testable import TrainingTestSupport
 
 /// The small layers' products, against sums taken in Double (an independent reference), on shapes that
 /// reach every edge of the kernels' blocks: odd rows, outputs not a multiple of four, inputs with a part

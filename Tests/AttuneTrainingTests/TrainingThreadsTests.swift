@@ -4,6 +4,7 @@ import Synchronization
 import XCTest
 
 @testable import AttuneTraining
+@testable import TrainingTestSupport
 
 /// Big dense products are cut into parts fixed by their shapes and run on `PartPool`'s threads: the trained
 /// bits must be the same on one thread as on two, alone or beside another task.

@@ -3,6 +3,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
+@testable import TrainingTestSupport
 
 /// Core ML's rules for updatable models beyond a network's layers: the specification version (Model.cpp),
 /// the declared update parameters (ParameterValidator.cpp, UpdatableNeuralNetworkValidator.cpp), a k-NN's

@@ -3,6 +3,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
+@testable import TrainingTestSupport
 
 final class UpdateTaskTests: XCTestCase {
     func smallModel() throws -> (TestNetwork, UpdatableModel) {

@@ -3,6 +3,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
+@testable import TrainingTestSupport
 
 /// Every way a job's samples or parameter overrides can be wrong, and every model the engine refuses.
 final class ValidationTests: XCTestCase {

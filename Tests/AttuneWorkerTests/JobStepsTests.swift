@@ -6,6 +6,7 @@ import Logging
 import XCTest
 
 @testable import AttuneWorker
+@testable import WorkerTestSupport
 
 /// The steps of a batch against an in-memory store: no servers, only the worker's decisions.
 final class JobStepsTests: XCTestCase {

@@ -4,6 +4,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneWorker
+@testable import WorkerTestSupport
 
 /// The settlement of each outcome, without servers: which broker action and which event.
 final class SettlementTests: XCTestCase {

@@ -1,0 +1,91 @@
+import AttuneSpec
+import Foundation
+import XCTest
+
+@testable import AttuneTraining
+@testable import TrainingTestSupport
+
+/// The whole update task (epochs, mini-batches with a partial last one, momentum, seeded shuffle, frozen
+/// layers between updatable ones) against the independent float64 NumPy implementation in
+/// Tests/python/reference_sgd.py. Fails, never skips, when Python or NumPy is missing: set ATTUNE_PYTHON to
+/// an interpreter with NumPy.
+final class ReferenceTests: XCTestCase {
+    func testUpdateTaskMatchesNumPyReference() throws {
+        let net = TestNetwork(layers: [
+            .dense("frozen0", inputs: 6, outputs: 8, updatable: false),
+            .leakyReLU("act0", alpha: 0.1),
+            .dense("dense1", inputs: 8, outputs: 7, updatable: true),
+            .relu("act1"),
+            .dense("frozen2", inputs: 7, outputs: 6, updatable: false),
+            .sigmoid("act2"),
+            .dense("dense3", inputs: 6, outputs: 4, updatable: true),
+            .softmax("probs"),
+        ], inputShape: [6], labels: ["a", "b", "c", "d"], learningRate: 0.2, miniBatchSize: 5, momentum: 0.7,
+           epochs: 3, shuffle: true)
+        let model = try NeuralNetworkModel(spec: net.spec)
+        let samples = randomSamples(23, width: 6, labels: net.labels, seed: 5)  // 23 = 4·5 + 3: a partial batch
+        let batch = try model.prepareBatch(samples, maxSamples: 100)
+        var overrides = Attune_V1_UpdateParameters()
+        overrides.seed = 987_654_321
+        let parameters = try model.resolveParameters(overrides)
+        XCTAssertEqual(parameters, ResolvedParameters(epochs: 3, learningRate: 0.2, miniBatchSize: 5, momentum: 0.7,
+                                                      shuffle: true, seed: 987_654_321))
+        var epochLosses: [Double] = []
+        let result = try UpdateTask(model: .neuralNetwork(model), state: nil, batch: batch, parameters: parameters).run { event in
+            if case .epochEnd(_, let loss, _) = event { epochLosses.append(loss) }
+        }
+
+        let problem: [String: Any] = [
+            "layers": net.referenceLayers(),
+            "inputs": (0..<batch.count).map { r in batch.inputs[(r * 6)..<((r + 1) * 6)].map(Double.init) },
+            "targets": batch.targets,
+            "epochs": parameters.epochs, "learning_rate": parameters.learningRate,
+            "mini_batch_size": parameters.miniBatchSize, "momentum": parameters.momentum,
+            "shuffle": parameters.shuffle, "seed": parameters.seed,
+        ]
+        let reference = try runReference(problem)
+        let tensors = try XCTUnwrap(reference["tensors"] as? [String: [Double]])
+        let losses = try XCTUnwrap(reference["epoch_losses"] as? [Double])
+
+        XCTAssertEqual(Set(tensors.keys), Set(model.tensorNames))
+        for tensor in result.state.tensors {
+            let expected = try XCTUnwrap(tensors[tensor.name], tensor.name)
+            let d = relativeDifference(tensor.values.map(Double.init), expected)
+            print("reference \(tensor.name): relative difference \(d)")
+            XCTAssertLessThanOrEqual(d, 1e-4, tensor.name)
+            // The update must actually have moved the weights for the comparison to mean anything.
+            let initial = model.initialState().tensors.first { $0.name == tensor.name }!.values.map(Double.init)
+            XCTAssertGreaterThan(relativeDifference(initial, expected), 1e-3, "\(tensor.name) barely changed")
+        }
+        XCTAssertEqual(epochLosses.count, 3)
+        for (swift, numpy) in zip(epochLosses, losses) {
+            print("reference epoch loss: swift \(swift) numpy \(numpy)")
+            XCTAssertEqual(swift, numpy, accuracy: 1e-4 * abs(numpy))
+        }
+        XCTAssertEqual(result.finalLoss, epochLosses.last)
+    }
+
+    /// The shuffle rule written in Shuffle.swift, checked against the Python re-implementation directly.
+    func testShuffleMatchesPython() throws {
+        var generator = SplitMix64(seed: -42)
+        var order = Array(0..<10)
+        order.fisherYatesShuffle(using: &generator)
+        order.fisherYatesShuffle(using: &generator)
+        let script = """
+        import importlib.util, json, sys
+        spec = importlib.util.spec_from_file_location("ref", sys.argv[1])
+        ref = importlib.util.module_from_spec(spec); spec.loader.exec_module(ref)
+        rng = ref.SplitMix64(-42); order = list(range(10))
+        ref.shuffle_in_place(order, rng); ref.shuffle_in_place(order, rng)
+        print(json.dumps(order))
+        """
+        let out = try python(["-c", script, Self.referenceScript])
+        XCTAssertEqual(out.trimmingCharacters(in: .whitespacesAndNewlines), "[" + order.map(String.init).joined(separator: ", ") + "]")
+    }
+
+    static let referenceScript = NumPyReference.script
+
+    func runReference(_ problem: [String: Any]) throws -> [String: Any] { try NumPyReference.run(problem) }
+
+    func python(_ arguments: [String]) throws -> String { try NumPyReference.python(arguments) }
+}

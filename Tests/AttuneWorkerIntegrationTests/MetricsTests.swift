@@ -1,0 +1,128 @@
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import XCTest
+@testable import WorkerTestSupport
+
+/// `attune worker --metrics-port`: Prometheus metrics scraped from a real worker while it trains and after,
+/// and the health and readiness endpoints a Kubernetes probe reads.
+final class MetricsTests: XCTestCase {
+    private func startWorker(_ fleet: FleetHarness, databaseURL: String, extra: [String] = []) throws -> (Process, port: Int) {
+        let process = Process()
+        process.executableURL = Paths.attuneExecutable
+        process.arguments = ["worker", "--name", "metrics-" + UUID().uuidString.prefix(6), "--metrics-port", "0",
+                             "--metrics-host", "127.0.0.1"] + extra
+        var environment = ProcessInfo.processInfo.environment
+        environment["ATTUNE_DATABASE_URL"] = databaseURL
+        environment["ATTUNE_AMQP_URL"] = fleet.amqpURL
+        environment["ATTUNE_MIGRATIONS_DIR"] = Paths.repository.appendingPathComponent("migrations").path
+        process.environment = environment
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        // The port it bound is in its log line "serving … on http://127.0.0.1:PORT".
+        var text = ""
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline {
+            let chunk = output.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            text += String(decoding: chunk, as: UTF8.self)
+            if let range = text.range(of: #"on http://127\.0\.0\.1:[0-9]+"#, options: .regularExpression),
+               let port = Int(text[range].split(separator: ":").last ?? "") {
+                // Keep draining its output so the worker never blocks on a full pipe.
+                Thread { while !output.fileHandleForReading.availableData.isEmpty {} }.start()
+                return (process, port)
+            }
+        }
+        process.terminate()
+        throw Unreachable("the worker never said which port it serves: \(text)")
+    }
+
+    private func get(_ port: Int, _ path: String) throws -> (status: Int, body: String) {
+        final class Answer: @unchecked Sendable {
+            var result: Result<(Int, String), Error>?
+        }
+        let done = DispatchSemaphore(value: 0), answer = Answer()
+        URLSession.shared.dataTask(with: URL(string: "http://127.0.0.1:\(port)\(path)")!) { data, response, error in
+            answer.result = error.map { .failure($0) } ?? .success(((response as? HTTPURLResponse)?.statusCode ?? 0,
+                                                                   String(decoding: data ?? Data(), as: UTF8.self)))
+            done.signal()
+        }.resume()
+        guard done.wait(timeout: .now() + 20) == .success else { throw Unreachable("no answer from \(path) within 20 s") }
+        let (status, body) = try XCTUnwrap(answer.result).get()
+        return (status, body)
+    }
+
+    /// The value of one sample line, e.g. `attune_jobs_total{outcome="committed"}`.
+    private func value(_ metrics: String, _ sample: String) -> Double? {
+        for line in metrics.split(separator: "\n") where line.hasPrefix(sample + " ") {
+            return Double(line.dropFirst(sample.count + 1))
+        }
+        return nil
+    }
+
+    func testAWorkersMetricsWhileItTrainsAndAfter() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let (worker, port) = try startWorker(fleet, databaseURL: fleet.databaseURL)
+        defer { if worker.isRunning { worker.terminate(); worker.waitUntilExit() } }
+        XCTAssertEqual(try get(port, "/healthz").status, 200)
+
+        let model = try ShutdownTests.longTrainingModel(fleet)
+        let job = ShutdownTests.job(user: "scraped", model: model, epochs: 300)
+        try fleet.publish(job)
+        _ = try ShutdownTests.events(fleet, timeout: 60) { $0.kind == .epochEnd && $0.jobID == job.jobID }
+        let during = try get(port, "/metrics")
+        XCTAssertEqual(during.status, 200)
+        XCTAssertEqual(value(during.body, #"attune_slot_state{slot="0",state="training"}"#), 1, during.body)
+        XCTAssertEqual(value(during.body, #"attune_slot_state{slot="0",state="idle"}"#), 0)
+        XCTAssertEqual(value(during.body, #"attune_connection_up{server="rabbitmq"}"#), 1)
+        XCTAssertEqual(value(during.body, #"attune_connection_up{server="postgresql",slot="0"}"#), 1)
+        XCTAssertEqual(value(during.body, #"attune_jobs_total{outcome="committed"}"#) ?? 0, 0)
+        let ready = try get(port, "/readyz")
+        XCTAssertEqual(ready.status, 200, ready.body)
+
+        _ = try ShutdownTests.events(fleet, timeout: 120) { $0.kind == .completed && $0.jobID == job.jobID }
+        Thread.sleep(forTimeInterval: 0.3)  // the slot counts right after it settles
+        let after = try get(port, "/metrics").body
+        XCTAssertEqual(value(after, #"attune_jobs_total{outcome="committed"}"#), 1, after)
+        XCTAssertEqual(value(after, "attune_samples_trained_total"), Double(job.samples.count))
+        XCTAssertEqual(value(after, "attune_training_duration_seconds_count"), 1)
+        XCTAssertGreaterThan(value(after, "attune_training_duration_seconds_sum") ?? 0, 0)
+        XCTAssertEqual(value(after, "attune_job_duration_seconds_count"), 1)
+        XCTAssertEqual(value(after, #"attune_slot_state{slot="0",state="idle"}"#), 1)
+        XCTAssertEqual(value(after, "attune_dead_letters_total"), 0)
+
+        // A job that can never succeed counts as rejected and dead-lettered.
+        try fleet.publish(body: Data("not json".utf8), contentType: "application/json", messageId: "scrape-bad")
+        _ = try ShutdownTests.events(fleet, timeout: 30) { $0.kind == .failed && $0.jobID == "scrape-bad" }
+        Thread.sleep(forTimeInterval: 0.3)
+        let rejected = try get(port, "/metrics").body
+        XCTAssertEqual(value(rejected, #"attune_jobs_total{outcome="rejected"}"#), 1, rejected)
+        XCTAssertEqual(value(rejected, "attune_dead_letters_total"), 1)
+    }
+
+    func testReadinessSaysWhichServerIsMissing() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        // A database nobody listens on: the worker runs (its slots connect when a job comes), but is not ready.
+        let (worker, port) = try startWorker(fleet, databaseURL: "postgresql://attune:attune@127.0.0.1:1/attune",
+                                             extra: ["--no-migrate"])
+        defer { if worker.isRunning { worker.terminate(); worker.waitUntilExit() } }
+        XCTAssertEqual(try get(port, "/healthz").status, 200)
+        var ready = try get(port, "/readyz")
+        let deadline = Date().addingTimeInterval(10)
+        while ready.body.contains("no connection to RabbitMQ") && Date() < deadline {  // still connecting
+            Thread.sleep(forTimeInterval: 0.2)
+            ready = try get(port, "/readyz")
+        }
+        XCTAssertEqual(ready.status, 503, ready.body)
+        XCTAssertTrue(ready.body.contains("PostgreSQL does not answer"), ready.body)
+        XCTAssertFalse(ready.body.contains("no connection to RabbitMQ"), ready.body)
+    }
+}
