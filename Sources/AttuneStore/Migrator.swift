@@ -1,7 +1,10 @@
+import Crypto
 import Foundation
 import Logging
 
-/// Applies `NNNN_name.sql` files in order, once each, recording them in `attune_schema_migrations`.
+/// Applies `NNNN_name.sql` files in order, once each, recording them in `attune_schema_migrations`; then
+/// each `functions/NAME.sql` (a function's one home, `CREATE OR REPLACE`) whose text changed since it was
+/// last applied, recording its SHA-256 in `attune_schema_functions`, as Flyway's repeatable migrations.
 /// Every worker may run it at start: a session advisory lock makes concurrent runs wait for each
 /// other, and the second one finds nothing left to do.
 public struct Migrator: Sendable {
@@ -87,6 +90,15 @@ public struct Migrator: Sendable {
         }
     }
 
+    /// The function definitions (`functions/*.sql`), by name.
+    public func functionDefinitions() throws -> [Migration] {
+        let folder = directory.appendingPathComponent("functions", isDirectory: true)
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder.path) else { return [] }
+        return names.filter { $0.hasSuffix(".sql") }.sorted().map {
+            Migration(name: String($0.dropLast(4)), url: folder.appendingPathComponent($0))
+        }
+    }
+
     /// Applies what is missing, each migration in its own transaction; returns the names applied now.
     @discardableResult
     public func migrate(_ conn: PostgresConnection) throws -> [String] {
@@ -120,6 +132,44 @@ public struct Migrator: Sendable {
             }
             logger.info("applied migration", metadata: ["migration": "\(migration.name)"])
             appliedNow.append(migration.name)
+        }
+        return appliedNow + (try applyFunctions(conn))
+    }
+
+    /// Runs each function definition whose text is not the one last applied; returns their names.
+    private func applyFunctions(_ conn: PostgresConnection) throws -> [String] {
+        try conn.query("""
+            CREATE TABLE IF NOT EXISTS attune_schema_functions (
+                name       text PRIMARY KEY,
+                sha256     text NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now()
+            )
+            """)
+        var appliedNow = [String]()
+        for definition in try functionDefinitions() {
+            let sql: String
+            do {
+                sql = try String(contentsOf: definition.url, encoding: .utf8)
+            } catch {
+                throw MigratorError.unreadableDirectory(definition.url, "\(error)")
+            }
+            let digest = SHA256.hash(data: Data(sql.utf8)).map { String(format: "%02x", $0) }.joined()
+            let recorded = try conn.query("SELECT sha256 FROM attune_schema_functions WHERE name = $1", [definition.name])
+                .rows.first.map { try $0.string("sha256") }
+            if recorded == digest { continue }
+            do {
+                try conn.transaction {
+                    try conn.executeScript(sql, operation: "function \(definition.name)")
+                    try conn.query("""
+                        INSERT INTO attune_schema_functions (name, sha256) VALUES ($1, $2)
+                        ON CONFLICT (name) DO UPDATE SET sha256 = excluded.sha256, applied_at = now()
+                        """, [definition.name, digest])
+                }
+            } catch let error as DatabaseError {
+                throw MigratorError.failed(migration: "functions/\(definition.name)", error)
+            }
+            logger.info("applied function definition", metadata: ["function": "\(definition.name)"])
+            appliedNow.append("functions/\(definition.name)")
         }
         return appliedNow
     }

@@ -216,91 +216,11 @@ public final class ModelRegistry {
             }
     }
 
-    /// Stores a new version and moves the head to it, all in one transaction: lock the head row,
-    /// check the job id and the head, write the state, insert the version, move the head. A crash
-    /// anywhere leaves the whole version or nothing.
+    /// Commits one version through the batch commit (`commitVersions`, the commit function in
+    /// `migrations/functions/attune_commit_versions.sql`: the rules' one home), throwing where that
+    /// reports a failure. For tools and tests; workers commit batches.
     public func commitVersion(_ v: NewPersonalVersion) throws -> CommitOutcome {
-        guard v.parentVersion >= 0 else {
-            throw RegistryError.invalidArgument("parentVersion \(v.parentVersion) is negative")
-        }
-        let conn = connection
-        // The user's data key before the transaction, so that a key made for it is never one a rollback undoes.
-        if try prepareUserKeys([v.user]).contains(v.user) { throw RegistryError.userForgotten }
-        do {
-            return try conn.transaction {
-                // A user's first commit has no head row to lock yet; create one at version 0. If two
-                // first commits race, one inserts and the other waits on the row lock below.
-                try conn.query("""
-                    INSERT INTO attune_personal_heads (user_id, model, base_version, version)
-                    VALUES ($1, $2, $3, 0) ON CONFLICT (user_id, model) DO NOTHING
-                    """, [v.user, v.model, v.baseVersion])
-                let head = try conn.query("""
-                    SELECT version, base_version FROM attune_personal_heads
-                    WHERE user_id = $1 AND model = $2 FOR UPDATE
-                    """, [v.user, v.model])[0]
-                let headVersion = try head.int("version")
-                let headBase = try head.int("base_version")
-
-                // Checked after taking the lock: a concurrent commit of the same job is visible now.
-                if let existing = try versionApplied(jobId: v.jobId) {
-                    throw EarlyExit(outcome: .duplicate(existing: existing))
-                }
-                // The lock a cancel of this id takes too (migration 0004).
-                try conn.query("SELECT pg_advisory_xact_lock(417003, hashtext($1))", [v.jobId])
-                if try !conn.query("SELECT 1 FROM attune_cancelled_jobs WHERE job_id = $1", [v.jobId]).rows.isEmpty {
-                    throw EarlyExit(outcome: .cancelled)
-                }
-                if headBase != v.baseVersion {
-                    guard headVersion == 0 else {
-                        throw RegistryError.baseVersionMismatch(user: v.user, model: v.model,
-                                                                headBaseVersion: headBase, requested: v.baseVersion)
-                    }
-                    // Nothing is stored at version 0, so the user may start from another base.
-                    try conn.query("UPDATE attune_personal_heads SET base_version = $3 WHERE user_id = $1 AND model = $2",
-                                   [v.user, v.model, v.baseVersion])
-                }
-                if headVersion != v.parentVersion {
-                    throw EarlyExit(outcome: .headMoved(current: headVersion))
-                }
-
-                let version = headVersion + 1
-                let sealed = try sealObject(v.state, as: .state(model: v.model, baseVersion: v.baseVersion,
-                                                               user: v.user, version: version))
-                let oid = try conn.createLargeObject(sealed)
-                try conn.query("""
-                    INSERT INTO attune_personal_versions
-                        (user_id, model, version, base_version, parent_version, job_id, state_lo,
-                         state_size_bytes, loss, samples, epochs, duration_seconds, worker, job_digest, parameters,
-                         validation)
-                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::jsonb, $16::jsonb)
-                    """, [v.user, v.model, version, v.baseVersion, v.parentVersion, v.jobId, oid,
-                          Int64(sealed.count), v.loss, v.samples, v.epochs, v.durationSeconds, v.worker,
-                          v.jobDigest, v.parameters, v.validation])
-                try conn.query("""
-                    UPDATE attune_personal_heads SET version = $3, updated_at = now()
-                    WHERE user_id = $1 AND model = $2
-                    """, [v.user, v.model, version])
-                return .committed(version: version)
-            }
-        } catch let exit as EarlyExit {
-            return exit.outcome
-        } catch let error as DatabaseError where error.sqlState == "AT409" {
-            // Migration 0022's trigger refused the version: the user was forgotten.
-            dropCachedUserKey(v.user)
-            throw RegistryError.userForgotten
-        } catch let error as DatabaseError where error.sqlState == "23503" {
-            // The head or version row points at a base model that does not exist.
-            throw RegistryError.unknownModel(v.model, v.baseVersion)
-        } catch let error as DatabaseError where error.sqlState == "23505" && error.constraint?.hasSuffix("job_id_key") == true {
-            // The same job id committed concurrently for another user or model: still applied once.
-            if let existing = try versionApplied(jobId: v.jobId) { return .duplicate(existing: existing) }
-            throw error
-        }
-    }
-
-    /// Leaves the transaction by rollback with an outcome that is not an error for the caller.
-    private struct EarlyExit: Error {
-        let outcome: CommitOutcome
+        try commitVersions([v])[0].get()
     }
 
     static func versionRecord(_ row: QueryResult.Row) throws -> PersonalVersionRecord {

@@ -41,7 +41,8 @@ final class JobDigestStoreTests: XCTestCase {
         let registry = ModelRegistry(connection: try schema.migrated())
         _ = try registry.importBaseModel(name: "digits", kind: "neuralNetworkClassifier", bytes: Data([1]))
         XCTAssertThrowsError(try registry.commitVersion(version(parent: 0, job: "job-x", digest: "'; drop table x; --"))) { error in
-            XCTAssertEqual((error as? DatabaseError)?.sqlState, "23514", "\(error)")
+            guard case .refusedByConstraint(let detail)? = error as? RegistryError else { return XCTFail("\(error)") }
+            XCTAssertTrue(detail.contains("job_digest"), detail)
         }
         XCTAssertNil(try registry.versionApplied(jobId: "job-x"))
     }

@@ -138,8 +138,9 @@ final class ModelRegistryTests: XCTestCase {
         // samples < 0 passes every check up to the INSERT, which the CHECK constraint rejects after
         // the state's large object was written.
         XCTAssertThrowsError(try registry.commitVersion(version(parent: 0, job: "bad", state: Data(count: 50_000), samples: -1))) { error in
-            XCTAssertEqual((error as? DatabaseError)?.sqlState, "23514", "\(error)")
-            XCTAssertEqual((error as? DatabaseError)?.isTransient, false)
+            guard case .refusedByConstraint(let detail)? = error as? RegistryError else { return XCTFail("\(error)") }
+            XCTAssertTrue(detail.contains("samples"), detail)
+            XCTAssertEqual((error as? RegistryError)?.isTransient, false)
         }
         XCTAssertEqual(try largeObjectCount(registry.connection), before)
         XCTAssertNil(try registry.versionApplied(jobId: "bad"))

@@ -1,0 +1,225 @@
+-- attune_commit_versions: the batch commit every worker runs (ModelRegistry.commitVersions), the one home of
+-- the commit's rules. Edit this file, not a migration: `attune migrate` (and every worker at start) runs it
+-- again whenever its text changed (attune_schema_functions keeps each file's SHA-256), after the numbered
+-- migrations, so the live function is always this text (MigratorTests checks the live body against it).
+-- CREATE OR REPLACE cannot change the arguments or the result columns: a change of those goes in a numbered
+-- migration that drops the function first, and this file is then applied after it.
+--
+-- History of the rules (the migrations that defined earlier versions): 0003 one transaction for a batch,
+-- 0004 cancels, 0005 parameters, 0012 validation metrics, 0017 head rows locked by an update in place (no
+-- multixacts: see that migration's comment).
+CREATE OR REPLACE FUNCTION attune_commit_versions(
+    job_users          text[],
+    job_models         text[],
+    job_base_versions  integer[],
+    job_parents        integer[],
+    job_ids            text[],
+    job_states         bytea,
+    job_state_lengths  integer[],
+    job_losses         double precision[],
+    job_samples        integer[],
+    job_epochs         integer[],
+    job_durations      double precision[],
+    job_workers        text[],
+    job_digests        text[],
+    job_parameters     text[],
+    job_validations    text[])
+RETURNS TABLE (
+    ordinal                    integer,
+    outcome                    text,
+    head_version               integer,
+    head_base                  integer,
+    detail                     text,
+    existing_user_id           text,
+    existing_model             text,
+    existing_version           integer,
+    existing_base_version      integer,
+    existing_parent_version    integer,
+    existing_job_id            text,
+    existing_state_size_bytes  bigint,
+    existing_loss              double precision,
+    existing_samples           integer,
+    existing_epochs            integer,
+    existing_duration_seconds  double precision,
+    existing_worker            text,
+    existing_job_digest        text,
+    existing_created_at        double precision)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    n          integer := coalesce(array_length(job_users, 1), 0);
+    line       record;
+    -- The head rows this call inserted, as parallel arrays of user ids and models.
+    created_users  text[] := '{}';
+    created_models text[] := '{}';
+    -- Elements that did not commit, as parallel arrays of their line and the version they would have
+    -- made: a later element of the line whose parent is that version was trained from them.
+    broken_users    text[] := '{}';
+    broken_models   text[] := '{}';
+    broken_versions integer[] := '{}';
+    state_from integer := 1;     -- where element i's state starts in job_states
+    hv         integer;
+    hb         integer;
+    new_oid    oid;
+    existing   attune_personal_versions%ROWTYPE;
+    constraint_name text;
+BEGIN
+    IF coalesce(array_length(job_models, 1), 0) <> n OR coalesce(array_length(job_base_versions, 1), 0) <> n
+       OR coalesce(array_length(job_parents, 1), 0) <> n OR coalesce(array_length(job_ids, 1), 0) <> n
+       OR coalesce(array_length(job_state_lengths, 1), 0) <> n OR coalesce(array_length(job_losses, 1), 0) <> n
+       OR coalesce(array_length(job_samples, 1), 0) <> n OR coalesce(array_length(job_epochs, 1), 0) <> n
+       OR coalesce(array_length(job_durations, 1), 0) <> n OR coalesce(array_length(job_workers, 1), 0) <> n
+       OR coalesce(array_length(job_digests, 1), 0) <> n OR coalesce(array_length(job_parameters, 1), 0) <> n
+       OR coalesce(array_length(job_validations, 1), 0) <> n THEN
+        RAISE EXCEPTION 'attune_commit_versions: the argument arrays differ in length' USING ERRCODE = '22023';
+    END IF;
+    IF (SELECT coalesce(sum(l), 0) FROM unnest(job_state_lengths) l) <> coalesce(octet_length(job_states), 0) THEN
+        RAISE EXCEPTION 'attune_commit_versions: the state lengths do not add up to the states sent' USING ERRCODE = '22023';
+    END IF;
+
+    -- Lock every head row of the batch first, one line after another in one fixed order, so two
+    -- batches sharing users wait for each other instead of deadlocking. The lock is an update in place
+    -- (see the top of this file: FOR UPDATE here made a multixact at each element's own update). A line without a head row
+    -- gets one here, at version 0, in the same order: an inserted row holds off other inserters
+    -- like a lock. Its base is the first of the line's elements naming an existing base model, as
+    -- if that element had come first; elements before it fail on the model anyway.
+    FOR line IN
+        SELECT e.u, e.m,
+               (array_agg(e.b ORDER BY e.ord) FILTER (WHERE EXISTS (
+                    SELECT 1 FROM attune_base_models b WHERE b.name = e.m AND b.version = e.b)))[1] AS base
+        FROM unnest(job_users, job_models, job_base_versions) WITH ORDINALITY AS e(u, m, b, ord)
+        GROUP BY e.u, e.m
+        ORDER BY e.u COLLATE "C", e.m COLLATE "C"
+    LOOP
+        UPDATE attune_personal_heads h SET updated_at = h.updated_at WHERE h.user_id = line.u AND h.model = line.m;
+        IF NOT FOUND AND line.base IS NOT NULL THEN
+            BEGIN
+                INSERT INTO attune_personal_heads (user_id, model, base_version, version)
+                VALUES (line.u, line.m, line.base, 0) ON CONFLICT (user_id, model) DO NOTHING;
+                IF FOUND THEN
+                    created_users := created_users || line.u;
+                    created_models := created_models || line.m;
+                END IF;
+            EXCEPTION WHEN integrity_constraint_violation THEN
+                -- A value the table refuses (say, the user id); the element reports it below.
+                NULL;
+            END;
+            UPDATE attune_personal_heads h SET updated_at = h.updated_at WHERE h.user_id = line.u AND h.model = line.m;
+        END IF;
+    END LOOP;
+
+    FOR i IN 1 .. n LOOP
+        outcome := NULL; head_version := NULL; head_base := NULL; detail := NULL; existing := NULL;
+        -- Each element is a subtransaction: its failure undoes its own work and nothing else's.
+        BEGIN
+            -- A cancel and a commit of one job id take turns (attune_cancel_job takes the same lock), so
+            -- a job is either cancelled or committed, never both.
+            PERFORM pg_advisory_xact_lock(417003, hashtext(job_ids[i]));
+            IF EXISTS (SELECT 1 FROM attune_cancelled_jobs c WHERE c.job_id = job_ids[i]) THEN
+                RAISE EXCEPTION 'job cancelled' USING ERRCODE = 'AT410';
+            END IF;
+            SELECT h.version, h.base_version INTO hv, hb
+            FROM attune_personal_heads h WHERE h.user_id = job_users[i] AND h.model = job_models[i];
+            IF NOT FOUND THEN
+                -- No element of this line names an existing base model: this fails on the foreign
+                -- key, unless the model was imported since the lines were locked.
+                INSERT INTO attune_personal_heads (user_id, model, base_version, version)
+                VALUES (job_users[i], job_models[i], job_base_versions[i], 0) ON CONFLICT (user_id, model) DO NOTHING;
+                IF FOUND THEN
+                    created_users := created_users || job_users[i];
+                    created_models := created_models || job_models[i];
+                END IF;
+                SELECT h.version, h.base_version INTO hv, hb
+                FROM attune_personal_heads h WHERE h.user_id = job_users[i] AND h.model = job_models[i] FOR UPDATE;
+            END IF;
+
+            -- A user's later job in a batch was trained from the earlier one's result. If the earlier one
+            -- did not commit, the later one must not land on whatever head is there now, even one with the
+            -- version number it expects: the worker trains it again from the real head.
+            IF EXISTS (SELECT 1 FROM unnest(broken_users, broken_models, broken_versions) AS b(u, m, v)
+                       WHERE b.u = job_users[i] AND b.m = job_models[i] AND b.v = job_parents[i]) THEN
+                RAISE EXCEPTION 'an earlier element of this line did not commit' USING ERRCODE = 'AT409';
+            END IF;
+            SELECT * INTO existing FROM attune_personal_versions v WHERE v.job_id = job_ids[i];
+            IF FOUND THEN
+                outcome := 'duplicate';
+            ELSIF hb <> job_base_versions[i] AND hv <> 0 THEN
+                outcome := 'base_mismatch';
+                head_base := hb;
+            ELSE
+                IF hb <> job_base_versions[i] THEN
+                    -- Nothing is stored at version 0, so the user may start from another base.
+                    UPDATE attune_personal_heads h SET base_version = job_base_versions[i]
+                    WHERE h.user_id = job_users[i] AND h.model = job_models[i];
+                END IF;
+                IF hv <> job_parents[i] THEN
+                    -- Undo the base switch too: a refused element leaves nothing behind.
+                    RAISE EXCEPTION 'head moved' USING ERRCODE = 'AT409';
+                END IF;
+                new_oid := lo_from_bytea(0, substring(job_states FROM state_from FOR job_state_lengths[i]));
+                INSERT INTO attune_personal_versions
+                    (user_id, model, version, base_version, parent_version, job_id, state_lo,
+                     state_size_bytes, loss, samples, epochs, duration_seconds, worker, job_digest, parameters,
+                     validation)
+                VALUES (job_users[i], job_models[i], hv + 1, job_base_versions[i], job_parents[i], job_ids[i],
+                        new_oid, job_state_lengths[i], job_losses[i], job_samples[i], job_epochs[i],
+                        job_durations[i], job_workers[i], job_digests[i], nullif(job_parameters[i], '')::jsonb,
+                        nullif(job_validations[i], '')::jsonb);
+                UPDATE attune_personal_heads h SET version = hv + 1, updated_at = now()
+                WHERE h.user_id = job_users[i] AND h.model = job_models[i];
+                outcome := 'committed';
+                head_version := hv + 1;
+            END IF;
+        EXCEPTION
+            WHEN SQLSTATE 'AT410' THEN
+                outcome := 'cancelled';
+            WHEN SQLSTATE 'AT409' THEN
+                outcome := 'head_moved';
+                head_version := hv;
+            WHEN foreign_key_violation THEN
+                outcome := 'unknown_model';
+            WHEN unique_violation THEN
+                GET STACKED DIAGNOSTICS constraint_name = CONSTRAINT_NAME;
+                IF constraint_name NOT LIKE '%job_id_key' THEN
+                    RAISE;
+                END IF;
+                -- Another transaction committed the same job id (for another user or model) while
+                -- this one waited on it: the job is still applied once.
+                SELECT * INTO existing FROM attune_personal_versions v WHERE v.job_id = job_ids[i];
+                outcome := 'duplicate';
+            WHEN integrity_constraint_violation THEN
+                outcome := 'invalid';
+                detail := SQLERRM;
+        END;
+        IF outcome IS DISTINCT FROM 'committed' THEN
+            broken_users := broken_users || job_users[i];
+            broken_models := broken_models || job_models[i];
+            broken_versions := broken_versions || (job_parents[i] + 1);
+        END IF;
+        state_from := state_from + job_state_lengths[i];
+
+        ordinal := i;
+        existing_user_id := existing.user_id;
+        existing_model := existing.model;
+        existing_version := existing.version;
+        existing_base_version := existing.base_version;
+        existing_parent_version := existing.parent_version;
+        existing_job_id := existing.job_id;
+        existing_state_size_bytes := existing.state_size_bytes;
+        existing_loss := existing.loss;
+        existing_samples := existing.samples;
+        existing_epochs := existing.epochs;
+        existing_duration_seconds := existing.duration_seconds;
+        existing_worker := existing.worker;
+        existing_job_digest := existing.job_digest;
+        existing_created_at := extract(epoch FROM existing.created_at);
+        RETURN NEXT;
+    END LOOP;
+
+    -- A line whose elements were all refused keeps no head row, as a refused single commit rolls
+    -- its row back: version 0 is the base itself, with or without a row.
+    DELETE FROM attune_personal_heads h
+    USING unnest(created_users, created_models) AS c(user_id, model)
+    WHERE h.user_id = c.user_id AND h.model = c.model AND h.version = 0;
+END
+$$;
