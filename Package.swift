@@ -12,6 +12,7 @@ kernelSettings.append(.unsafeFlags(["-target-cpu", "haswell"]))
 // ATTUNE_INTEGRATION_TESTS=1, as deploy/test.sh sets it: a plain `swift test` builds and runs the unit tests
 // and needs nothing but the toolchain and the C libraries.
 let integrationTests = Context.environment["ATTUNE_INTEGRATION_TESTS"] == "1"
+let swift5: [SwiftSetting] = [.swiftLanguageMode(.v5)]
 
 let package = Package(
     name: "Attune",
@@ -107,17 +108,18 @@ let package = Package(
         .target(name: "QueueTestSupport", dependencies: ["AttuneSpec"], path: "Tests/Support/QueueTestSupport"),
         .target(name: "WorkerTestSupport", dependencies: ["AttuneSpec"], path: "Tests/Support/WorkerTestSupport"),
     ] + (integrationTests ? [
-        // Integration tests: real PostgreSQL and RabbitMQ, Python with NumPy and coremltools, a browser.
+        // Integration tests: real PostgreSQL and RabbitMQ, Python with NumPy and coremltools, a browser. Swift 5
+        // mode: their threads share registries, connections and fixtures that each test guards by hand.
         .testTarget(name: "AttuneTrainingIntegrationTests", dependencies: ["AttuneTraining", "AttuneKernels", "AttuneImage",
-                                                                           "AttuneSpec", "TrainingTestSupport"]),
-        .testTarget(name: "AttuneImageIntegrationTests", dependencies: ["AttuneImage", "AttuneSpec"]),
-        .testTarget(name: "AttuneQueueIntegrationTests", dependencies: ["AttuneQueue", "AttuneSpec", "QueueTestSupport"]),
+                                                                           "AttuneSpec", "TrainingTestSupport"], swiftSettings: swift5),
+        .testTarget(name: "AttuneImageIntegrationTests", dependencies: ["AttuneImage", "AttuneSpec"], swiftSettings: swift5),
+        .testTarget(name: "AttuneQueueIntegrationTests", dependencies: ["AttuneQueue", "AttuneSpec", "QueueTestSupport"], swiftSettings: swift5),
         .testTarget(name: "AttuneStoreIntegrationTests", dependencies: ["AttuneStore", "AttuneSpec",
-                                                                        .product(name: "Crypto", package: "swift-crypto")]),
+                                                                        .product(name: "Crypto", package: "swift-crypto")], swiftSettings: swift5),
         .testTarget(name: "AttuneWorkerIntegrationTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore",
                                                                          "AttuneQueue", "AttuneSpec", "WorkerTestSupport",
                                                                          .product(name: "Crypto", package: "swift-crypto"),
-                                                                         .product(name: "Logging", package: "swift-log")]),
+                                                                         .product(name: "Logging", package: "swift-log")], swiftSettings: swift5),
     ] : []),
-    swiftLanguageModes: [.v5]
+    swiftLanguageModes: [.v6]
 )

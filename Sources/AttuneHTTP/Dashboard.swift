@@ -65,8 +65,8 @@ enum Dashboard {
         router.get("api/history") { request, _ -> Response in
             guard let model = request.uri.queryParameters.get("model"), let user = request.uri.queryParameters.get("user")
             else { return Response(status: .badRequest, body: .init(byteBuffer: ByteBuffer(string: "model and user, please\n"))) }
-            let versions: [[String: Any]] = try await delivery.withRegistry { registry in
-                try registry.history(user: user, model: model).map { v in
+            let versions: Data = try await delivery.withRegistry { registry in
+                jsonData(try registry.history(user: user, model: model).map { v in
                     var row: [String: Any] = ["version": v.version, "baseVersion": v.baseVersion, "jobId": v.jobId,
                                               "samples": v.samples, "epochs": v.epochs, "worker": v.worker,
                                               "createdAt": ISO8601DateFormatter().string(from: v.createdAt)]
@@ -75,27 +75,33 @@ enum Dashboard {
                     if let restored = v.restoredFrom { row["restoredFrom"] = restored }
                     if let rebased = v.rebasedFrom { row["rebasedFrom"] = rebased }
                     return row
-                }
+                })
             }
             return json(versions)
         }
         router.get("api/rebases") { _, _ -> Response in
-            let rebases: [[String: Any]] = try await delivery.withRegistry { registry in
-                try registry.recentRebases(limit: 20).map { r in
+            let rebases: Data = try await delivery.withRegistry { registry in
+                jsonData(try registry.recentRebases(limit: 20).map { r in
                     var row: [String: Any] = ["id": r.id, "model": r.model, "baseVersion": r.baseVersion, "state": r.state.rawValue,
                                               "users": r.users, "outcomes": r.outcomes,
                                               "startedAt": ISO8601DateFormatter().string(from: r.startedAt)]
                     if let reason = r.reason { row["reason"] = reason }
                     return row
-                }
+                })
             }
             return json(rebases)
         }
     }
 
-    static func json(_ rows: [[String: Any]]) -> Response {
-        let data = (try? JSONSerialization.data(withJSONObject: rows, options: [.sortedKeys])) ?? Data("[]".utf8)
-        return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+    static func json(_ rows: [[String: Any]]) -> Response { json(jsonData(rows)) }
+
+    /// Rows as JSON, made where they are read (a registry's thread hands back bytes, which are Sendable).
+    static func jsonData(_ rows: [[String: Any]]) -> Data {
+        (try? JSONSerialization.data(withJSONObject: rows, options: [.sortedKeys])) ?? Data("[]".utf8)
+    }
+
+    static func json(_ data: Data) -> Response {
+        Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
     }
 
     /// rabbitmq-c blocks: the dead-letter listing runs on a thread of its own.

@@ -17,7 +17,7 @@ import Foundation
 enum JSONFieldAudit {
     /// The fields of one message, by every name SwiftProtobuf accepts (JSON and proto), with the message
     /// a field holds (`.message`), a list or map of them, or a plain value.
-    indirect enum Shape {
+    indirect enum Shape: Sendable {
         case message(String, [String: Shape])
         case list(Shape)
         case map(Shape)

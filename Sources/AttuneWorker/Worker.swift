@@ -35,8 +35,10 @@ public final class Worker: @unchecked Sendable {
         }
         for (index, slot) in slots.enumerated() {
             group.enter()
+            // The slot is its thread's alone until `group.wait()` below, after which only this thread reads it.
+            nonisolated(unsafe) let owned = slot
             let thread = Thread {
-                slot.run()
+                owned.run()
                 group.leave()
             }
             thread.name = "attune-slot-\(index)"

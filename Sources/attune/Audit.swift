@@ -134,7 +134,7 @@ extension Audit {
                     let accounted = published.intersection(progress.ended).count
                     if Date().timeIntervalSince(lastLine) >= 5 {
                         print("accounted \(accounted)/\(published.count), waiting in queues \(progress.waiting)")
-                        fflush(stdout)
+                        fflush(nil)  // every output stream: `stdout` is a C global Swift 6 will not touch
                         lastLine = Date()
                     }
                     if accounted == published.count && progress.waiting == 0 {

@@ -84,7 +84,7 @@ struct Keys: ParsableCommand {
             print("re-encrypting under key \(current.id)")
             let progress = try registry.rotateKeys(batchSize: batchSize, pause: pause) { progress in
                 print("batch \(progress.batches): \(progress.reencrypted) re-encrypted, \(progress.scanned) examined")
-                fflush(stdout)
+                fflush(nil)  // every output stream: `stdout` is a C global Swift 6 will not touch
                 return true
             }
             print("done: \(progress.reencrypted) object(s) re-encrypted under \(current.id), \(progress.scanned) examined, "

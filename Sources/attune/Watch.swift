@@ -44,7 +44,7 @@ struct Watch: ParsableCommand {
             } else {
                 print(EventLine.text(event))
             }
-            fflush(stdout)
+            fflush(nil)  // every output stream: `stdout` is a C global Swift 6 will not touch
         }
     }
 }

@@ -24,8 +24,9 @@ final class ReferenceTests: XCTestCase {
         var errors: [Refusal]
     }
 
-    static var directory: URL!
-    static var reference: Reference!
+    // Written by the class's setUp before its first test and read by its tests, all on XCTest's one thread.
+    nonisolated(unsafe) static var directory: URL!
+    nonisolated(unsafe) static var reference: Reference!
 
     override class func setUp() {
         super.setUp()

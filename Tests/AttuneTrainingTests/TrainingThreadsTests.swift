@@ -33,7 +33,7 @@ final class TrainingThreadsTests: XCTestCase {
                            optimizer: optimizer)
     }
 
-    func bits(_ state: Attune_V1_UpdateState) -> [String: [UInt32]] {
+    static func bits(_ state: Attune_V1_UpdateState) -> [String: [UInt32]] {
         Dictionary(uniqueKeysWithValues: state.tensors.map { ($0.name, $0.values.map(\.bitPattern)) })
     }
 
@@ -47,7 +47,7 @@ final class TrainingThreadsTests: XCTestCase {
         let result = try UpdateTask(model: model, state: nil, batch: batch, parameters: model.defaults).run { _ in }
         let after = PartPool.shared.counts
         XCTAssertTrue(result.finalLoss.isFinite)
-        return (bits(result.state), after.jobs - before.jobs, after.helperParts - before.helperParts)
+        return (Self.bits(result.state), after.jobs - before.jobs, after.helperParts - before.helperParts)
     }
 
     func testSplitDependsOnTheShapeAlone() {
@@ -127,7 +127,7 @@ final class TrainingThreadsTests: XCTestCase {
         DispatchQueue.concurrentPerform(iterations: 3) { _ in
             guard let result = try? UpdateTask(model: model, state: nil, batch: batch, parameters: model.defaults)
                 .run(progress: { _ in }) else { return }
-            let state = bits(result.state)
+            let state = Self.bits(result.state)
             results.withLock { $0.append(state) }
         }
         let states = results.withLock { $0 }
