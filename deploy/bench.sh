@@ -8,7 +8,7 @@
 # A full run takes under ~10 minutes, --quick under ~3 (plus the release build the first time).
 # --ha: only Attune through PostgreSQL under pg_auto_failover (deploy/postgres-ha.sh, durable, a synchronous
 # standby) beside the single durable server, the same jobs in turn, three pairs (about 5 minutes).
-# The driver is deploy/bench/fleet_bench.py; the peer deploy/bench/python_worker.py; see the README's "Benchmark".
+# The driver is deploy/bench/fleet_bench.py; the peer deploy/bench/python_worker.py; see docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=() ha=0

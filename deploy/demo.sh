@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/fleet-session.sh demo
 data=examples/data/digits.csv.gz
-# Models and states are stored encrypted (see the README's "Encryption at rest"): a throwaway key unless
+# Models and states are stored encrypted (see docs/encryption.md): a throwaway key unless
 # ATTUNE_KEYS or ATTUNE_KEYS_FILE is set. Every command below takes it from the environment.
 if [ -z "${ATTUNE_KEYS:-}${ATTUNE_KEYS_FILE:-}" ]; then
   ATTUNE_KEYS=$("$attune" keys generate --id demo)

@@ -440,7 +440,7 @@ chaos() {
         # Wait until the fleet has committed more versions, or 30 s, then bring the node back. Not a check:
         # a partition whose single active consumer was attached through the lost node waits until the node
         # returns (RabbitMQ 3.10 keeps that consumer active while its node is unreachable), so when one worker
-        # on that node held every partition, nothing moves meanwhile (README: A RabbitMQ cluster).
+        # on that node held every partition, nothing moves meanwhile (docs/operations.md: A RabbitMQ cluster).
         before=$(versions)
         local until=$(( $(date +%s) + 30 ))
         while (( $(versions) < before + good / 20 && $(date +%s) < until )); do sleep 0.1; done

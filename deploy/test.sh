@@ -8,7 +8,7 @@ export ATTUNE_PYTHON=${ATTUNE_VENV:-$PWD/.venv}/bin/python
 # Debian's OpenBLAS 0.3.21 takes its Cooperlake kernel on processors with AVX-512 BF16 (AMD Zen 4 among them),
 # and that kernel's small sgemm returns wrong sums once they overflow (PipelineTests.testNonFiniteEmbeddingsAreRefused
 # catches it: 0 where the product is -inf). Machines that know this set OPENBLAS_CORETYPE; where none is set,
-# the tests use the Haswell kernel, as a worker on such a host should (see the README's "Running in production").
+# the tests use the Haswell kernel, as a worker on such a host should (see docs/operations.md).
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512_bf16 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
 work=$(mktemp -d /tmp/attune-test.XXXXXX)
 chmod 755 "$work"
@@ -30,7 +30,7 @@ start=$(date +%s)
 swift build --build-tests 2>&1 | tail -n 3
 echo "build took $(( $(date +%s) - start )) s" >&2
 # Every test stores base models and states encrypted (a throwaway key; the store's own tests also cover
-# clear text), and the fault suite below inherits it. See the README's "Encryption at rest".
+# clear text), and the fault suite below inherits it. See docs/encryption.md.
 ATTUNE_KEYS="ci:$(head -c 32 /dev/urandom | base64)"
 export ATTUNE_KEYS
 # XCTest only: a Swift Testing summary of "0 tests" would close the output and misreport the run.

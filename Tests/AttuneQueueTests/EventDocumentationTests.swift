@@ -5,14 +5,14 @@ import XCTest
 
 @testable import AttuneQueue
 
-/// The README's "Event JSON" section is the contract consumers in other languages code against: its
+/// The "Event JSON" section of docs/events.md is the contract consumers in other languages code against: its
 /// examples must be what a worker writes, and its table must name exactly the proto's fields.
 final class EventDocumentationTests: XCTestCase {
     private func section() throws -> [Substring] {
-        let readme = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .deletingLastPathComponent().appendingPathComponent("README.md")
-        let lines = try String(contentsOf: readme, encoding: .utf8).split(separator: "\n", omittingEmptySubsequences: false)
-        let start = try XCTUnwrap(lines.firstIndex(of: "### Event JSON"), "README lacks ### Event JSON")
+        let events = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("docs").appendingPathComponent("events.md")
+        let lines = try String(contentsOf: events, encoding: .utf8).split(separator: "\n", omittingEmptySubsequences: false)
+        let start = try XCTUnwrap(lines.firstIndex(of: "### Event JSON"), "docs/events.md lacks ### Event JSON")
         let end = lines[(start + 1)...].firstIndex { $0.hasPrefix("## ") || $0.hasPrefix("### ") } ?? lines.endIndex
         return Array(lines[start..<end])
     }
@@ -53,7 +53,7 @@ final class EventDocumentationTests: XCTestCase {
         let fields = try NSRegularExpression(pattern: #""([A-Za-z0-9]+)":"#)
             .matches(in: text, range: NSRange(text.startIndex..., in: text))
             .map { String(text[Range($0.range(at: 1), in: text)!]) }
-        XCTAssertEqual(documented, fields, "the README's table, in field-number order")
+        XCTAssertEqual(documented, fields, "the table of docs/events.md, in field-number order")
         // And the proto itself: every field of `message Event` in Protos/attune.proto, in number order.
         let proto = try String(contentsOf: URL(fileURLWithPath: #filePath).deletingLastPathComponent()
             .deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("Protos/attune.proto"),
@@ -67,6 +67,6 @@ final class EventDocumentationTests: XCTestCase {
                 let parts = snake.split(separator: "_")
                 return String(parts[0]) + parts.dropFirst().map { $0.prefix(1).uppercased() + $0.dropFirst() }.joined()
             }
-        XCTAssertEqual(documented, declared, "the README's table against Protos/attune.proto")
+        XCTAssertEqual(documented, declared, "the table of docs/events.md against Protos/attune.proto")
     }
 }
