@@ -9,7 +9,7 @@ kernelSettings.append(.unsafeFlags(["-target-cpu", "haswell"]))
 #endif
 
 // The integration test targets (servers, Python, a browser) are part of the package only with
-// ATTUNE_INTEGRATION_TESTS=1, as deploy/test.sh sets it: a plain `swift test` builds and runs the unit tests
+// ATTUNE_INTEGRATION_TESTS=1, as scripts/test.sh sets it: a plain `swift test` builds and runs the unit tests
 // and needs nothing but the toolchain and the C libraries.
 let integrationTests = Context.environment["ATTUNE_INTEGRATION_TESTS"] == "1"
 let swift5: [SwiftSetting] = [.swiftLanguageMode(.v5)]

@@ -1,6 +1,6 @@
 // swift-tools-version:6.0
 // The job decoder and validator under libFuzzer, kept out of the main package so its build is unaffected.
-// Build and run it with deploy/fuzz.sh.
+// Build and run it with scripts/fuzz.sh.
 import PackageDescription
 
 let package = Package(

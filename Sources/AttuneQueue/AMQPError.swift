@@ -105,7 +105,7 @@ public struct AMQPError: Error, CustomStringConvertible, Sendable {
         case .invalidURL:
             return "write it as amqp://user:password@host:port/vhost (percent-encode '/' in the vhost as %2f)"
         case .connectFailed:
-            return "is RabbitMQ running and listening there? (deploy/rabbitmq.sh start DIR starts a local one)"
+            return "is RabbitMQ running and listening there? (scripts/rabbitmq.sh start DIR starts a local one)"
         case .tlsFailed:
             switch libraryStatus.map(Int32.init) {
             case Self.hostnameMismatch:

@@ -23,7 +23,7 @@ public struct WorkerConfiguration: Sendable {
     /// AMQP heartbeat; the slot keeps servicing it while a task trains on another thread.
     public var heartbeatSeconds: Int
     /// Longest an update task may train before it is cancelled and its job dead-lettered; nil: no limit.
-    /// Keep it below RabbitMQ's `consumer_timeout` (30 min in deploy/rabbitmq.sh, the broker's own
+    /// Keep it below RabbitMQ's `consumer_timeout` (30 min in scripts/rabbitmq.sh, the broker's own
     /// default too): a delivery left unacked longer makes the broker close the slot's channel, and the
     /// job would be redelivered and time out again until its delivery limit dead-letters it without a reason.
     public var maxTaskSeconds: TimeInterval?

@@ -9,7 +9,7 @@ func requireBrokerURL(file: StaticString = #filePath, line: UInt = #line) throws
     let environment = ProcessInfo.processInfo.environment
     if let url = environment["ATTUNE_TEST_AMQP_URL"], !url.isEmpty { return url }
     let why = "ATTUNE_TEST_AMQP_URL is not set; start a broker with "
-        + "`eval \"$(deploy/rabbitmq.sh start /tmp/rmq)\"`"
+        + "`eval \"$(scripts/rabbitmq.sh start /tmp/rmq)\"`"
     if environment["ATTUNE_REQUIRE_SERVICES"] == "1" {
         XCTFail(why, file: file, line: line)
         throw XCTSkip("failed: " + why)

@@ -5,7 +5,7 @@ import XCTest
 struct MissingServiceError: Error, CustomStringConvertible {
     let variable: String
     var description: String {
-        "\(variable) is not set but ATTUNE_REQUIRE_SERVICES=1; start the server with deploy/postgres.sh and export it"
+        "\(variable) is not set but ATTUNE_REQUIRE_SERVICES=1; start the server with scripts/postgres.sh and export it"
     }
 }
 
@@ -18,7 +18,7 @@ func testDatabaseURL(file: StaticString = #filePath, line: UInt = #line) throws 
         XCTFail("ATTUNE_TEST_DATABASE_URL is not set and ATTUNE_REQUIRE_SERVICES=1", file: file, line: line)
         throw MissingServiceError(variable: "ATTUNE_TEST_DATABASE_URL")
     }
-    throw XCTSkip("ATTUNE_TEST_DATABASE_URL is not set; run `eval \"$(deploy/postgres.sh start /tmp/attune-pg)\"` first")
+    throw XCTSkip("ATTUNE_TEST_DATABASE_URL is not set; run `eval \"$(scripts/postgres.sh start /tmp/attune-pg)\"` first")
 }
 
 /// A schema of its own for one test, so tests never see each other's rows. Connections from

@@ -6,12 +6,12 @@ import XCTest
 @testable import TrainingTestSupport
 
 /// Models that coremltools 9 built in this run (Tests/python/coreml_fixtures.py, into
-/// ATTUNE_TEST_FIXTURES by deploy/test.sh), trained by the engine and checked against the NumPy reference
+/// ATTUNE_TEST_FIXTURES by scripts/test.sh), trained by the engine and checked against the NumPy reference
 /// that reads the same file with coremltools (spec_to_problem.py → reference_sgd.py).
 enum CoremlFixtures {
     static func directory() throws -> URL {
         guard let path = ProcessInfo.processInfo.environment["ATTUNE_TEST_FIXTURES"] else {
-            let message = "ATTUNE_TEST_FIXTURES is not set: run deploy/test.sh, or build the models with "
+            let message = "ATTUNE_TEST_FIXTURES is not set: run scripts/test.sh, or build the models with "
                 + "`python Tests/python/coreml_fixtures.py DIR` and export ATTUNE_TEST_FIXTURES=DIR"
             XCTFail(message)
             throw CocoaError(.fileNoSuchFile, userInfo: [NSLocalizedDescriptionKey: message])

@@ -6,12 +6,12 @@ import XCTest
 @testable import TrainingTestSupport
 
 /// Benchmarks, not tests: samples per second of update tasks for each model kind. They print figures and
-/// assert nothing about time (that depends on the machine); deploy/bench-training.sh runs them in a release
-/// build with ATTUNE_BENCHMARK=1, and deploy/test.sh leaves them out.
+/// assert nothing about time (that depends on the machine); Benchmarks/training.sh runs them in a release
+/// build with ATTUNE_BENCHMARK=1, and scripts/test.sh leaves them out.
 final class ThroughputBenchmarks: XCTestCase {
     override func setUpWithError() throws {
         guard ProcessInfo.processInfo.environment["ATTUNE_BENCHMARK"] == "1" else {
-            throw XCTSkip("set ATTUNE_BENCHMARK=1 to measure throughput (deploy/bench-training.sh)")
+            throw XCTSkip("set ATTUNE_BENCHMARK=1 to measure throughput (Benchmarks/training.sh)")
         }
     }
 
@@ -50,7 +50,7 @@ final class ThroughputBenchmarks: XCTestCase {
         }
     }
 
-    /// The two dense nets deploy/bench-training.sh races against NumPy and PyTorch (deploy/bench/training_peers.py
+    /// The two dense nets Benchmarks/training.sh races against NumPy and PyTorch (Benchmarks/python/training_peers.py
     /// trains the same files on the same rows): each net of ATTUNE_BENCH_NETS ("file:epochs file:epochs") at
     /// mini-batch 8, 32 and 256, no shuffle, best of three tasks. The rows are the peers' formula:
     /// x[i][j] = ((7919·i + 104729·j) mod 1009) / 1009, label i mod 10, for i < ATTUNE_BENCH_SAMPLES.

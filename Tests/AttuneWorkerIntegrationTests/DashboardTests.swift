@@ -12,7 +12,7 @@ final class DashboardTests: XCTestCase {
         let environment = ProcessInfo.processInfo.environment
         guard FileManager.default.isExecutableFile(atPath: "/usr/bin/chromium"),
               FileManager.default.isExecutableFile(atPath: "/usr/bin/chromedriver") else {
-            let message = "no chromium and chromium-driver (deploy/test.sh installs them)"
+            let message = "no chromium and chromium-driver (scripts/test.sh installs them)"
             if environment["ATTUNE_REQUIRE_BROWSER"] == "1" { XCTFail(message) }
             throw XCTSkip(message)
         }

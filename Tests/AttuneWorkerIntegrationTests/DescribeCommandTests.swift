@@ -8,7 +8,7 @@ import XCTest
 final class DescribeCommandTests: XCTestCase {
     private func importFixture(_ file: String, into fleet: FleetHarness) throws -> String {
         let dir = try XCTUnwrap(ProcessInfo.processInfo.environment["ATTUNE_TEST_FIXTURES"],
-                                "ATTUNE_TEST_FIXTURES is not set: run deploy/test.sh")
+                                "ATTUNE_TEST_FIXTURES is not set: run scripts/test.sh")
         let name = "described_" + UUID().uuidString.prefix(8).lowercased()
         let result = try ChildProcess.run(Paths.attuneExecutable, ["model", "import", "\(dir)/\(file)", "--name", name],
                                           environment: ["ATTUNE_DATABASE_URL": fleet.databaseURL])

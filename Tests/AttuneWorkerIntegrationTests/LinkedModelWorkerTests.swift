@@ -30,7 +30,7 @@ final class LinkedModelWorkerTests: XCTestCase {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
         let fixtures = URL(fileURLWithPath: try XCTUnwrap(ProcessInfo.processInfo.environment["ATTUNE_TEST_FIXTURES"],
-                                                          "ATTUNE_TEST_FIXTURES is not set: run deploy/test.sh"))
+                                                          "ATTUNE_TEST_FIXTURES is not set: run scripts/test.sh"))
         let pipelineFile = fixtures.appendingPathComponent("LinkedDrawingClassifier.mlmodel").path
         let embeddingFile = fixtures.appendingPathComponent("DrawingEmbedding.mlmodel").path
         let suffix = UUID().uuidString.prefix(8).lowercased()

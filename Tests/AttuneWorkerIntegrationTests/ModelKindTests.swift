@@ -9,10 +9,10 @@ import XCTest
 /// Every kind of updatable model through a real worker: a published job becomes a committed version whose
 /// export, read back, carries the user's update.
 final class ModelKindTests: XCTestCase {
-    /// A coremltools-built fixture from this run (deploy/test.sh), imported under a fresh name.
+    /// A coremltools-built fixture from this run (scripts/test.sh), imported under a fresh name.
     func importFixture(_ file: String, into fleet: FleetHarness) throws -> (name: String, model: UpdatableModel) {
         let dir = try XCTUnwrap(ProcessInfo.processInfo.environment["ATTUNE_TEST_FIXTURES"],
-                                "ATTUNE_TEST_FIXTURES is not set: run deploy/test.sh")
+                                "ATTUNE_TEST_FIXTURES is not set: run scripts/test.sh")
         let bytes = try Data(contentsOf: URL(fileURLWithPath: dir).appendingPathComponent(file))
         let spec = try ModelFile.decode(bytes)
         let name = "kind_" + UUID().uuidString.prefix(8).lowercased()

@@ -11,7 +11,7 @@ enum TestServices {
     static func urls() throws -> (database: String, amqp: String) {
         let env = ProcessInfo.processInfo.environment
         guard let database = env["ATTUNE_TEST_DATABASE_URL"], let amqp = env["ATTUNE_TEST_AMQP_URL"] else {
-            let message = "ATTUNE_TEST_DATABASE_URL and ATTUNE_TEST_AMQP_URL are not set: start servers with deploy/services.sh"
+            let message = "ATTUNE_TEST_DATABASE_URL and ATTUNE_TEST_AMQP_URL are not set: start servers with scripts/services.sh"
             if env["ATTUNE_REQUIRE_SERVICES"] == "1" {
                 XCTFail(message)
                 throw XCTSkip("failed: \(message)")
@@ -47,7 +47,7 @@ final class FleetHarness {
         model = "digits_" + UUID().uuidString.prefix(8).lowercased()
         let connection = try PostgresConnection(url: databaseURL)
         _ = try Migrator(directory: Paths.repository.appendingPathComponent("migrations")).migrate(connection)
-        // deploy/test.sh sets ATTUNE_KEYS, so the fleet tests store everything encrypted, as a worker
+        // scripts/test.sh sets ATTUNE_KEYS, so the fleet tests store everything encrypted, as a worker
         // process started from the environment does.
         // Every fleet test runs on generation 0 of the default count (a topology or repartition test may
         // have left another layout behind, whose exchange would take the jobs).

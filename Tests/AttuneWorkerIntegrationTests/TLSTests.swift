@@ -6,7 +6,7 @@ import XCTest
 @testable import WorkerTestSupport
 
 /// The fleet over TLS with verification on both servers, each of which asks for a client certificate
-/// (deploy/test.sh starts them with ATTUNE_TLS=1: a throwaway CA from deploy/tls.sh, certificates for the
+/// (scripts/test.sh starts them with ATTUNE_TLS=1: a throwaway CA from scripts/tls.sh, certificates for the
 /// host name localhost only). Wrong CAs, wrong host names and missing client certificates fail with an
 /// error that says which, and nothing falls back to a connection in clear.
 final class TLSTests: XCTestCase {
@@ -20,7 +20,7 @@ final class TLSTests: XCTestCase {
         let env = ProcessInfo.processInfo.environment
         guard let database = env["ATTUNE_TEST_DATABASE_TLS_URL"], let amqp = env["ATTUNE_TEST_AMQPS_URL"],
               let directory = env["ATTUNE_TEST_TLS_DIR"] else {
-            let message = "no TLS servers: start them with ATTUNE_TLS=1 deploy/services.sh start DIR (deploy/test.sh does)"
+            let message = "no TLS servers: start them with ATTUNE_TLS=1 scripts/services.sh start DIR (scripts/test.sh does)"
             if env["ATTUNE_REQUIRE_TLS"] == "1" { XCTFail(message) }
             throw XCTSkip(message)
         }

@@ -27,7 +27,7 @@ final class ValidationSetWorkerTests: XCTestCase {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
         let dir = try XCTUnwrap(ProcessInfo.processInfo.environment["ATTUNE_TEST_FIXTURES"],
-                                "ATTUNE_TEST_FIXTURES is not set: run deploy/test.sh")
+                                "ATTUNE_TEST_FIXTURES is not set: run scripts/test.sh")
         let knnBytes = try Data(contentsOf: URL(fileURLWithPath: dir).appendingPathComponent("digits-knn.mlmodel"))
         let knnName = "knn_" + UUID().uuidString.prefix(8).lowercased()
         _ = try fleet.registry.importBaseModel(name: knnName, kind: "kNearestNeighborsClassifier", bytes: knnBytes)

@@ -108,7 +108,7 @@ def digits_mlp(path, hidden=32, seed=11, int64_labels=False):
 
 def bench_mlp(out, inputs, hidden):
     """inputs -> dense(hidden) -> ReLU -> dense(10) -> softmax, random weights; SGD lr 0.01 momentum 0.9,
-    mini-batch 8, 32 or 256, no shuffle: the nets deploy/bench-training.sh races against NumPy and PyTorch."""
+    mini-batch 8, 32 or 256, no shuffle: the nets Benchmarks/training.sh races against NumPy and PyTorch."""
     rng = np.random.default_rng(inputs + hidden)
     weights = (rng.normal(0, (2 / inputs) ** 0.5, (hidden, inputs)), np.zeros(hidden),
                rng.normal(0, (2 / hidden) ** 0.5, (10, hidden)), np.zeros(10))

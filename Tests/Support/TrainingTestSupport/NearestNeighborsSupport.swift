@@ -84,7 +84,7 @@ func update(_ model: UpdatableModel, _ samples: [Attune_V1_Sample], state: Attun
 
 enum KNNFixtures {
     /// A coremltools-built fixture: the copy Tests/python/coreml_fixtures.py wrote for this run
-    /// (ATTUNE_TEST_FIXTURES, deploy/test.sh) when it is there, else the copy kept in Tests/Fixtures/knn.
+    /// (ATTUNE_TEST_FIXTURES, scripts/test.sh) when it is there, else the copy kept in Tests/Fixtures/knn.
     static func url(_ name: String) -> URL {
         if let dir = ProcessInfo.processInfo.environment["ATTUNE_TEST_FIXTURES"] {
             let fresh = URL(fileURLWithPath: dir).appendingPathComponent(name)

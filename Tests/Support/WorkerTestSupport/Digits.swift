@@ -8,7 +8,7 @@ enum Paths {
     static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
-    /// The model coremltools built for this run (deploy/test.sh), else the copy of it kept in the repository
+    /// The model coremltools built for this run (scripts/test.sh), else the copy of it kept in the repository
     /// (built by Tests/python/coreml_fixtures.py).
     static var digitsModel: URL {
         if let dir = ProcessInfo.processInfo.environment["ATTUNE_TEST_FIXTURES"] {

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Throwaway RabbitMQ for development and tests, run as an unprivileged process on loopback.
 #
-#   deploy/rabbitmq.sh start DIR [PORT]   start a node whose whole state lives in DIR (PORT defaults to 55672)
+#   scripts/rabbitmq.sh start DIR [PORT]   start a node whose whole state lives in DIR (PORT defaults to 55672)
 #                                         and print one line on stdout:
 #                                         export ATTUNE_TEST_AMQP_URL=amqp://attune:attune@127.0.0.1:PORT/%2f
-#   deploy/rabbitmq.sh stop DIR           stop the node started in DIR
+#   scripts/rabbitmq.sh stop DIR           stop the node started in DIR
 #
 # ATTUNE_RABBITMQ_ERL_ARGS, when set, is passed to the Erlang VM (e.g. "+sbwt none" for a host whose cores
 # the broker shares). ATTUNE_RABBITMQ_EXTRA_CONF, when set, is appended to the node's rabbitmq.conf.
-# Progress and errors go to stderr, so `eval "$(deploy/rabbitmq.sh start /tmp/rmq)"` works.
+# Progress and errors go to stderr, so `eval "$(scripts/rabbitmq.sh start /tmp/rmq)"` works.
 set -euo pipefail
 
 AMQP_USER=attune
@@ -116,12 +116,12 @@ consumer_timeout = 1800000
 log.console = false
 log.file.level = info
 CONF
-    # ATTUNE_RABBITMQ_EXTRA_CONF: more rabbitmq.conf lines (deploy/rabbitmq-cluster.sh lists the cluster's
+    # ATTUNE_RABBITMQ_EXTRA_CONF: more rabbitmq.conf lines (scripts/rabbitmq-cluster.sh lists the cluster's
     # nodes there, so a new node joins them on its first boot).
     if [ -n "${ATTUNE_RABBITMQ_EXTRA_CONF:-}" ]; then
         printf '%s\n' "$ATTUNE_RABBITMQ_EXTRA_CONF" >>"$dir/rabbitmq.conf"
     fi
-    # ATTUNE_TLS_DIR and ATTUNE_AMQPS_PORT (deploy/services.sh): a TLS listener beside the plain one that
+    # ATTUNE_TLS_DIR and ATTUNE_AMQPS_PORT (scripts/services.sh): a TLS listener beside the plain one that
     # asks every client for a certificate signed by the test CA.
     if [ -n "${ATTUNE_TLS_DIR:-}" ] && [ -n "${ATTUNE_AMQPS_PORT:-}" ]; then
         mkdir -p "$dir/tls"

@@ -6,7 +6,7 @@
 # model does on them while it trains.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source deploy/fleet-session.sh demo
+source scripts/fleet-session.sh demo
 data=examples/data/digits.csv.gz
 # Models and states are stored encrypted (see docs/encryption.md): a throwaway key unless
 # ATTUNE_KEYS or ATTUNE_KEYS_FILE is set. Every command below takes it from the environment.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Throwaway PostgreSQL and RabbitMQ for the demo and the tests, as unprivileged processes on loopback
 # ports in a temporary folder.
-#   eval "$(deploy/services.sh start DIR)"   prints `export ATTUNE_DATABASE_URL=… ATTUNE_AMQP_URL=…` lines
-#   deploy/services.sh stop DIR
+#   eval "$(scripts/services.sh start DIR)"   prints `export ATTUNE_DATABASE_URL=… ATTUNE_AMQP_URL=…` lines
+#   scripts/services.sh stop DIR
 # Ports: ATTUNE_PG_PORT and ATTUNE_AMQP_PORT, else free ones picked now.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +20,7 @@ case "$cmd" in
     amqp_port=${ATTUNE_AMQP_PORT:-$(free_port)}
     # RabbitMQ's distribution port is derived from its AMQP port and must stay below 65536.
     while ((amqp_port + 20000 > 65535)); do amqp_port=$(free_port); done
-    # ATTUNE_TLS=1: both servers also listen with TLS, certificates from a throwaway CA (deploy/tls.sh),
+    # ATTUNE_TLS=1: both servers also listen with TLS, certificates from a throwaway CA (scripts/tls.sh),
     # and the TLS URLs are printed too (the tests' TLS suite reads them).
     if [ "${ATTUNE_TLS:-0}" = 1 ]; then
       "$here/tls.sh" "$dir/tls"

@@ -5,18 +5,18 @@
 # pg_autoctl's own state under DIR (the servers' sockets are in /var/run/postgresql, named by port). The failover decisions are pg_auto_failover's; this script only sets it
 # up, asks it questions and stops it.
 #
-#   deploy/postgres-ha.sh up DIR          start the three; print on stdout
+#   scripts/postgres-ha.sh up DIR          start the three; print on stdout
 #                                         export ATTUNE_DATABASE_URL='postgresql://attune:attune@127.0.0.1:P1,127.0.0.1:P2/attune?target_session_attrs=read-write'
-#   deploy/postgres-ha.sh status DIR      the monitor's view of the nodes (pg_autoctl show state)
-#   deploy/postgres-ha.sh failover DIR    a planned failover (pg_autoctl perform failover); returns once a
+#   scripts/postgres-ha.sh status DIR      the monitor's view of the nodes (pg_autoctl show state)
+#   scripts/postgres-ha.sh failover DIR    a planned failover (pg_autoctl perform failover); returns once a
 #                                         new primary and a secondary are in place again
-#   deploy/postgres-ha.sh primary DIR     print the number (1 or 2) of the node that is primary now
-#   deploy/postgres-ha.sh wait DIR        wait (up to 3 minutes) until one node is primary and the other secondary
-#   deploy/postgres-ha.sh kill DIR N      SIGKILL node N's postmaster and its pg_autoctl (its machine lost)
-#   deploy/postgres-ha.sh start DIR N     start node N's pg_autoctl again (after kill); it rejoins as secondary
-#   deploy/postgres-ha.sh crash DIR       crash the primary's PostgreSQL (pg_ctl stop -m immediate); its pg_autoctl,
+#   scripts/postgres-ha.sh primary DIR     print the number (1 or 2) of the node that is primary now
+#   scripts/postgres-ha.sh wait DIR        wait (up to 3 minutes) until one node is primary and the other secondary
+#   scripts/postgres-ha.sh kill DIR N      SIGKILL node N's postmaster and its pg_autoctl (its machine lost)
+#   scripts/postgres-ha.sh start DIR N     start node N's pg_autoctl again (after kill); it rejoins as secondary
+#   scripts/postgres-ha.sh crash DIR       crash the primary's PostgreSQL (pg_ctl stop -m immediate); its pg_autoctl,
 #                                         left running, starts it again (crash recovery), no failover
-#   deploy/postgres-ha.sh down DIR        stop everything (DIR stays; delete it to remove every trace)
+#   scripts/postgres-ha.sh down DIR        stop everything (DIR stays; delete it to remove every trace)
 #
 # Ports: free ones picked at `up` (ATTUNE_HA_PORTS="MONITOR P1 P2" to choose). Progress goes to stderr.
 # ATTUNE_HA_FAST=1 at `up`: pg_auto_failover's own detection settings, shortened for a loopback test bed (a
@@ -134,8 +134,8 @@ up() {
             --hostname 127.0.0.1 --listen 127.0.0.1 --name "node$i" --dbname attune --monitor "$uri" --auth trust --no-ssl \
             >>"$DIR/log/create-$i.log" 2>&1 \
             || { tail -20 "$DIR/log/create-$i.log" >&2; die "node$i was not created"; }
-        # Throwaway: no fsync, as deploy/postgres.sh (a killed server loses nothing; a crashed machine could);
-        # ATTUNE_PG_DURABLE=1 (the bench) keeps fsync and the shared buffers deploy/postgres.sh gives a durable
+        # Throwaway: no fsync, as scripts/postgres.sh (a killed server loses nothing; a crashed machine could);
+        # ATTUNE_PG_DURABLE=1 (the bench) keeps fsync and the shared buffers scripts/postgres.sh gives a durable
         # server, so the two compare like for like. Commits stay synchronous, to the standby too.
         # full_page_writes stays on: pg_rewind needs it to turn a failed primary into a standby; without it
         # pg_auto_failover falls back to a full pg_basebackup. (node2's copy of node1's data has the lines already.)
@@ -143,7 +143,7 @@ up() {
         [ "${ATTUNE_PG_DURABLE:-0}" = 1 ] && fsync=on buffers=${ATTUNE_PG_SHARED_BUFFERS:-256MB}
         grep -q '^# throwaway cluster' "$DIR/node$i/postgresql.conf" || cat >>"$DIR/node$i/postgresql.conf" <<EOF
 
-# throwaway cluster written by deploy/postgres-ha.sh
+# throwaway cluster written by scripts/postgres-ha.sh
 fsync = $fsync
 shared_buffers = $buffers
 max_connections = 300  # room for a fleet of 48 workers and more, each with a lease session and its slots

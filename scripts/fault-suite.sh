@@ -10,13 +10,13 @@
 # large object is encrypted under the current key (ATTUNE_KEYS, a throwaway one by default).
 # Prints the counts; exits non-zero on any violation.
 #
-# --cluster N runs RabbitMQ as a cluster of N nodes on loopback (deploy/rabbitmq-cluster.sh) instead of
+# --cluster N runs RabbitMQ as a cluster of N nodes on loopback (scripts/rabbitmq-cluster.sh) instead of
 # one node: each worker gets every node's URL, in an order of its own so they start on different nodes,
 # and the broker fault becomes stopping the node that leads the partition queues in the middle of the run
 # and starting it again once the others have gone on without it; --node-kills more times (1 by default)
 # the leading node's Erlang VM is SIGKILLed instead, and started again the same way.
 #
-#   deploy/fault-suite.sh [--jobs N] [--users U] [--hot H] [--workers W] [--concurrency C] [--kills K] [--sigterms T]
+#   scripts/fault-suite.sh [--jobs N] [--users U] [--hot H] [--workers W] [--concurrency C] [--kills K] [--sigterms T]
 #                         [--bad B] [--republish R] [--scheduled L] [--samples S] [--epochs E] [--timeout SECONDS]
 #                         [--pg-terminates N] [--pg-restarts N] [--pg-crashes N] [--pg-kills N]
 #                         [--cluster N] [--node-kills N] [--ha] [--ha-kills N] [--ha-failovers N] [--debug] [--keep]
@@ -40,7 +40,7 @@
 # The server commits synchronously (ATTUNE_PG_CRASH_SAFE=1): with synchronous_commit off a crash loses commits
 # a worker has already acked, which the checks below catch (run with ATTUNE_PG_CRASH_SAFE=0 to see them fail).
 #
-# --ha runs PostgreSQL as a primary and a synchronous secondary under pg_auto_failover (deploy/postgres-ha.sh),
+# --ha runs PostgreSQL as a primary and a synchronous secondary under pg_auto_failover (scripts/postgres-ha.sh),
 # every process reaching it through the multi-host URL. The database faults become: --ha-kills (1) times the
 # primary's postmaster and pg_autoctl SIGKILLed (its machine lost), pg_auto_failover promoting the secondary,
 # the killed node started again to rejoin as secondary; --ha-failovers (1) planned failovers after that, which
@@ -48,7 +48,7 @@
 # crashes the primary's PostgreSQL (pg_ctl stop -m immediate) and its pg_autoctl starts it again; restarts and
 # postmaster kills do not apply. Each failover's stall (from the primary's death, or the planned failover's
 # start, to the next committed version) is printed, with min/median/max.
-# ATTUNE_HA_FAST=1 shortens pg_auto_failover's detection (deploy/postgres-ha.sh): about 16 s instead of 50.
+# ATTUNE_HA_FAST=1 shortens pg_auto_failover's detection (scripts/postgres-ha.sh): about 16 s instead of 50.
 #
 # --scheduled jobs (a tenth of them by default) carry a learning-rate schedule (step or exponential decay), so
 # the replay checks schedules too.
@@ -123,14 +123,14 @@ cleanup() {
   for p in "${pid[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   stop_watcher
   if ((cluster > 0)); then
-    deploy/rabbitmq-cluster.sh stop "$work/rabbitmq" >/dev/null 2>&1 || true
+    scripts/rabbitmq-cluster.sh stop "$work/rabbitmq" >/dev/null 2>&1 || true
   else
-    deploy/rabbitmq.sh stop "$work/rabbitmq" >/dev/null 2>&1 || true
+    scripts/rabbitmq.sh stop "$work/rabbitmq" >/dev/null 2>&1 || true
   fi
   if ((ha)); then
-    deploy/postgres-ha.sh down "$work/postgres-ha" >/dev/null 2>&1 || true
+    scripts/postgres-ha.sh down "$work/postgres-ha" >/dev/null 2>&1 || true
   else
-    deploy/postgres.sh stop "$work/postgres" >/dev/null 2>&1 || true
+    scripts/postgres.sh stop "$work/postgres" >/dev/null 2>&1 || true
   fi
   if [ "$keep" = 1 ]; then echo "kept $work"; else rm -rf "$work"; fi
 }
@@ -155,17 +155,17 @@ say() { echo "[$(date +%T)] $*"; }
 start_servers() {
   local pg amqp
   if ((ha)); then
-    pg=$(deploy/postgres-ha.sh up "$work/postgres-ha" 2>>"$work/servers.log")
+    pg=$(scripts/postgres-ha.sh up "$work/postgres-ha" 2>>"$work/servers.log")
     pg=${pg//\'/}
   else
-    pg=$(deploy/postgres.sh start "$work/postgres" "$pg_port" 2>>"$work/servers.log")
+    pg=$(scripts/postgres.sh start "$work/postgres" "$pg_port" 2>>"$work/servers.log")
   fi
   if ((cluster > 0)); then
-    amqp=$(deploy/rabbitmq-cluster.sh start "$work/rabbitmq" "$cluster" 2>>"$work/servers.log")
+    amqp=$(scripts/rabbitmq-cluster.sh start "$work/rabbitmq" "$cluster" 2>>"$work/servers.log")
     amqp=${amqp#*=}
     amqp=${amqp//\'/}
   else
-    amqp=$(deploy/rabbitmq.sh start "$work/rabbitmq" "$amqp_port" 2>>"$work/servers.log")
+    amqp=$(scripts/rabbitmq.sh start "$work/rabbitmq" "$amqp_port" 2>>"$work/servers.log")
     amqp=${amqp#*=}
   fi
   if [ -z "$amqp" ] || [ -z "$pg" ]; then
@@ -278,7 +278,7 @@ pg_terminate_rounds=0 backends_in_commit=0 backends_busy=0 backends_idle=0 last_
 ha_kills=0 ha_failovers=0 ha_writable_after=() ha_rejoined_after=() ha_failover_took=()
 ha_outages=()  # each failover as "BEGIN END" (epoch seconds): the kill or the planned failover's start, and when writes resumed
 start_postgres() {
-  deploy/postgres.sh start "$work/postgres" "$pg_port" >/dev/null 2>>"$work/servers.log"
+  scripts/postgres.sh start "$work/postgres" "$pg_port" >/dev/null 2>>"$work/servers.log"
 }
 # One round of pg_terminate_backend on every backend of the workers (application_name fault-*, from
 # PGAPPNAME), in one statement on the server: it waits up to 5 s, looking every millisecond, for a worker's commit
@@ -341,7 +341,7 @@ chaos() {
       sleep "0.$((RANDOM % 10))"
       say "crashing the primary's PostgreSQL (pg_ctl stop -m immediate); its pg_autoctl starts it again"
       local t0; t0=$(date +%s)
-      deploy/postgres-ha.sh crash "$work/postgres-ha" 2>>"$work/servers.log"
+      scripts/postgres-ha.sh crash "$work/postgres-ha" 2>>"$work/servers.log"
       until psql "$ATTUNE_DATABASE_URL" -XAtqc "SELECT 1" >/dev/null 2>&1; do
         (( $(date +%s) - t0 < 240 )) || { echo "FAIL: no writable PostgreSQL 240 s after the crash" >&2; exit 1; }
         sleep 0.2
@@ -360,7 +360,7 @@ chaos() {
       ((gap <= 0)) || sleep "$gap"
       sleep "0.$((RANDOM % 10))"
       say "$verb PostgreSQL"
-      deploy/postgres.sh "$how" "$work/postgres" 2>>"$work/servers.log"
+      scripts/postgres.sh "$how" "$work/postgres" 2>>"$work/servers.log"
       sleep "$((1 + RANDOM % 2))"
       start_postgres
       case "$1" in
@@ -374,12 +374,12 @@ chaos() {
       local gap=$(( last_pg_outage + 12 - $(date +%s) ))
       ((gap <= 0)) || sleep "$gap"
       local was t0 waited
-      was=$(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") \
+      was=$(scripts/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") \
         || { echo "FAIL: pg_auto_failover names no primary" >&2; exit 1; }
       sleep "0.$((RANDOM % 10))"
       say "SIGKILLing PostgreSQL node $was, the primary (its postmaster and pg_autoctl)"
       t0=$(date +%s.%N)
-      deploy/postgres-ha.sh kill "$work/postgres-ha" "$was" 2>>"$work/servers.log"
+      scripts/postgres-ha.sh kill "$work/postgres-ha" "$was" 2>>"$work/servers.log"
       # Writable again once pg_auto_failover has promoted the secondary; the URL finds it.
       until psql "$ATTUNE_DATABASE_URL" -XAtqc "SELECT 1" >/dev/null 2>&1; do
         (( $(date +%s) - ${t0%.*} < 240 )) || { echo "FAIL: no writable PostgreSQL 240 s after the primary was killed" >&2; exit 1; }
@@ -388,10 +388,10 @@ chaos() {
       waited=$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")
       ha_writable_after+=("$waited")
       ha_outages+=("$t0 $(date +%s.%N)")
-      say "node $(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") took writes $waited s after the kill; starting node $was again"
+      say "node $(scripts/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") took writes $waited s after the kill; starting node $was again"
       t0=$(date +%s.%N)
-      deploy/postgres-ha.sh start "$work/postgres-ha" "$was" 2>>"$work/servers.log"
-      deploy/postgres-ha.sh wait "$work/postgres-ha" 2>>"$work/servers.log" \
+      scripts/postgres-ha.sh start "$work/postgres-ha" "$was" 2>>"$work/servers.log"
+      scripts/postgres-ha.sh wait "$work/postgres-ha" 2>>"$work/servers.log" \
         || { echo "FAIL: node $was did not rejoin as secondary" >&2; exit 1; }
       ha_rejoined_after+=("$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")")
       ha_kills=$((ha_kills + 1))
@@ -401,17 +401,17 @@ chaos() {
       local gap=$(( last_pg_outage + 12 - $(date +%s) ))
       ((gap <= 0)) || sleep "$gap"
       local was t0
-      was=$(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") \
+      was=$(scripts/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") \
         || { echo "FAIL: pg_auto_failover names no primary" >&2; exit 1; }
       say "planned failover away from PostgreSQL node $was"
       t0=$(date +%s.%N)
-      deploy/postgres-ha.sh failover "$work/postgres-ha" 2>>"$work/servers.log" \
+      scripts/postgres-ha.sh failover "$work/postgres-ha" 2>>"$work/servers.log" \
         || { echo "FAIL: the planned failover did not complete" >&2; exit 1; }
       ha_failover_took+=("$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")")
       ha_outages+=("$t0 $(date +%s.%N)")
       ha_failovers=$((ha_failovers + 1))
       last_pg_outage=$(date +%s)
-      say "node $(deploy/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") is primary after ${ha_failover_took[-1]} s" ;;
+      say "node $(scripts/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") is primary after ${ha_failover_took[-1]} s" ;;
     repartition)
       say "repartitioning from $partitions to $repartition partitions while the other half of the jobs is published"
       "$attune" topology repartition --partitions "$repartition" --timeout "$timeout" >"$work/repartition.log" 2>&1 &
@@ -434,9 +434,9 @@ chaos() {
         local first_queue=attune.jobs.p00
         (( $(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT generation FROM attune_topology") > 0 )) \
           && first_queue=attune.jobs.g$(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT generation FROM attune_topology").p00
-        leader=$(deploy/rabbitmq-cluster.sh leader "$work/rabbitmq" "$first_queue" 2>>"$work/servers.log")
+        leader=$(scripts/rabbitmq-cluster.sh leader "$work/rabbitmq" "$first_queue" 2>>"$work/servers.log")
         say "$verb RabbitMQ node $leader of $cluster, the leader of $first_queue"
-        deploy/rabbitmq-cluster.sh "$how" "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
+        scripts/rabbitmq-cluster.sh "$how" "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
         # Wait until the fleet has committed more versions, or 30 s, then bring the node back. Not a check:
         # a partition whose single active consumer was attached through the lost node waits until the node
         # returns (RabbitMQ 3.10 keeps that consumer active while its node is unreachable), so when one worker
@@ -445,15 +445,15 @@ chaos() {
         local until=$(( $(date +%s) + 30 ))
         while (( $(versions) < before + good / 20 && $(date +%s) < until )); do sleep 0.1; done
         say "committed $(( $(versions) - before )) versions with node $leader down"
-        deploy/rabbitmq-cluster.sh start-node "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
+        scripts/rabbitmq-cluster.sh start-node "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
         after_node_loss+=("$(( $(versions) - before ))")
         if [ "$1" = node-kill ]; then node_kills=$((node_kills + 1)); else amqp_restarts=$((amqp_restarts + 1)); fi
         say "RabbitMQ node $leader is back in the cluster"
         return
       fi
       say "restarting RabbitMQ"
-      deploy/rabbitmq.sh stop "$work/rabbitmq" 2>>"$work/servers.log"
-      deploy/rabbitmq.sh start "$work/rabbitmq" "$amqp_port" >/dev/null 2>>"$work/servers.log"
+      scripts/rabbitmq.sh stop "$work/rabbitmq" 2>>"$work/servers.log"
+      scripts/rabbitmq.sh start "$work/rabbitmq" "$amqp_port" >/dev/null 2>>"$work/servers.log"
       amqp_restarts=$((amqp_restarts + 1))
       say "RabbitMQ is back" ;;
   esac

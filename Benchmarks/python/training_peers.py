@@ -1,4 +1,4 @@
-"""The peers deploy/bench-training.sh races Attune's update tasks against: the same dense nets, rows and
+"""The peers Benchmarks/training.sh races Attune's update tasks against: the same dense nets, rows and
 update rule written the way a Python developer would, in NumPy (float32, vectorized per mini-batch, NumPy's
 own OpenBLAS) and in PyTorch on the CPU.
 

@@ -5,7 +5,7 @@
 # a newer model?" costs), full GETs of alice's personal model (base + her update state, built once and then
 # cached by ETag), and 401s (no token, a forged token). Prints one table; nothing is asserted.
 #
-#   deploy/bench-delivery.sh [--seconds S] [--connections C] [--rounds R]
+#   Benchmarks/delivery.sh [--seconds S] [--connections C] [--rounds R]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=8 connections=64 rounds=2
@@ -14,7 +14,7 @@ while (($#)); do
     --seconds) seconds=$2; shift ;;
     --connections) connections=$2; shift ;;
     --rounds) rounds=$2; shift ;;
-    *) echo "bench-delivery.sh: unknown argument $1" >&2; exit 2 ;;
+    *) echo "delivery.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
@@ -25,7 +25,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
     { apt-get update -qq >&2; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; }
 fi
-source deploy/fleet-session.sh delivery-bench
+source scripts/fleet-session.sh delivery-bench
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 
 echo "== alice's personal model: one job through a worker"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Attune needs on a Debian bookworm machine (idempotent; quiet when all is there).
-#   deploy/install-deps.sh            servers (PostgreSQL with pg_auto_failover for the HA set), C libraries for the build
-#   deploy/install-deps.sh --python   also a virtual environment with numpy, Pillow, coremltools and pika (for the tests)
-#   deploy/install-deps.sh --browser  also chromium, its driver and selenium (the dashboard's browser test)
+#   scripts/install-deps.sh            servers (PostgreSQL with pg_auto_failover for the HA set), C libraries for the build
+#   scripts/install-deps.sh --python   also a virtual environment with numpy, Pillow, coremltools and pika (for the tests)
+#   scripts/install-deps.sh --browser  also chromium, its driver and selenium (the dashboard's browser test)
 # Needs root for apt-get (CI and the dev machines run as root). The Swift 6 toolchain itself is not a
 # Debian package: it must already be on PATH (swift.org's Linux tarball, or the machine image).
 set -euo pipefail

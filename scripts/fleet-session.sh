@@ -1,9 +1,9 @@
-# Sourced by demo.sh and bench.sh (from the repository root): installs what is missing, builds the
+# Sourced by scripts/demo.sh and Benchmarks/fleet.sh (from the repository root): installs what is missing, builds the
 # release binary into $attune, starts throwaway servers in the temporary folder $work, and on exit
 # sends SIGTERM to every process listed in $pids, stops the servers and removes the folder.
-deploy/install-deps.sh
+scripts/install-deps.sh
 # Debian's OpenBLAS 0.3.21 miscomputes overflowing sums with its Cooperlake kernel (AVX-512 BF16 processors):
-# the workers take the Haswell kernel there unless the machine chose one (see deploy/test.sh).
+# the workers take the Haswell kernel there unless the machine chose one (see scripts/test.sh).
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512_bf16 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
 echo "== building (release)"
 swift build -c release --product attune 2>&1 | tail -n 1
@@ -14,11 +14,11 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  deploy/services.sh stop "$work" >/dev/null 2>&1 || true
+  scripts/services.sh stop "$work" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 echo "== starting throwaway PostgreSQL and RabbitMQ in $work"
-services=$(deploy/services.sh start "$work" 2>"$work/services.log") || { cat "$work/services.log" >&2; exit 1; }
+services=$(scripts/services.sh start "$work" 2>"$work/services.log") || { cat "$work/services.log" >&2; exit 1; }
 eval "$services"
 "$attune" migrate >/dev/null

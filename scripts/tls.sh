@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A throwaway certificate authority for the test servers' TLS listeners, made with openssl:
-#   deploy/tls.sh DIR
+#   scripts/tls.sh DIR
 # writes, if missing: ca.pem/ca.key (the CA), server.pem/server.key (for the host name localhost only, so
 # that 127.0.0.1 is a wrong host name), client.pem/client.key (CN attune, the database role it logs in as)
 # and other-ca.pem (a CA that signed none of them: the "wrong CA" of the tests). Keys are 0600.

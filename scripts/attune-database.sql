@@ -1,4 +1,4 @@
--- The application's role and database, on a server deploy/postgres.sh or deploy/postgres-ha.sh set up
+-- The application's role and database, on a server scripts/postgres.sh or scripts/postgres-ha.sh set up
 -- (run as a superuser through psql; safe to run again). The role owns its database, which is all
 -- CREATE EXTENSION lo needs: lo is a trusted extension since PostgreSQL 13, so no superuser rights are
 -- required. CREATEDB: a test that runs vacuumlo (which judges a whole database) makes a database of its own.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The fleet bench's driver: Attune against a Python worker on the same servers, in one invocation.
 
-deploy/bench.sh builds Attune, starts throwaway PostgreSQL and RabbitMQ (deploy/fleet-session.sh) and runs
+Benchmarks/fleet.sh builds Attune, starts throwaway PostgreSQL and RabbitMQ (scripts/fleet-session.sh) and runs
 this with their URLs in ATTUNE_DATABASE_URL / ATTUNE_AMQP_URL and the session folder in --work.
 
 Every job is the same: the digits MLP 64-32-10 (Tests/Fixtures/digits-mlp-updatable.mlmodel), 20 samples,
@@ -63,7 +63,7 @@ def parse_args():
     p.add_argument("--out", help="also write the report (markdown) to this file")
     p.add_argument("--timelines", help="keep each latency run's job timeline (the workers' moments, and the "
                                        "driver's publish and receive times as `published`/`ended` lines) in this folder")
-    p.add_argument("--ha-url", help="the URL of PostgreSQL under pg_auto_failover (deploy/postgres-ha.sh up, with "
+    p.add_argument("--ha-url", help="the URL of PostgreSQL under pg_auto_failover (scripts/postgres-ha.sh up, with "
                                     "ATTUNE_PG_DURABLE=1): run only the HA comparison, the same jobs through the "
                                     "single server and through the HA set in turn, --ha-pairs pairs")
     p.add_argument("--ha-pairs", type=int, default=3, help="with --ha-url: how many pairs (default 3)")

@@ -2,13 +2,13 @@
 # Throwaway PostgreSQL 15 for development and CI: an unprivileged server on loopback whose
 # data, socket and log all live under one folder, so deleting the folder removes every trace.
 #
-#   deploy/postgres.sh start DIR [PORT]   # prints: export ATTUNE_TEST_DATABASE_URL=...
-#   deploy/postgres.sh stop DIR
-#   deploy/postgres.sh crash DIR    # pg_ctl stop -m immediate: no checkpoint, crash recovery at the next start
-#   deploy/postgres.sh kill DIR     # SIGKILL the postmaster, then wait until its orphaned children have gone
+#   scripts/postgres.sh start DIR [PORT]   # prints: export ATTUNE_TEST_DATABASE_URL=...
+#   scripts/postgres.sh stop DIR
+#   scripts/postgres.sh crash DIR    # pg_ctl stop -m immediate: no checkpoint, crash recovery at the next start
+#   scripts/postgres.sh kill DIR     # SIGKILL the postmaster, then wait until its orphaned children have gone
 #
 # After crash or kill, `start DIR PORT` starts the server again on the same data and port.
-# Only the export line goes to stdout, so `eval "$(deploy/postgres.sh start /tmp/pg)"` works.
+# Only the export line goes to stdout, so `eval "$(scripts/postgres.sh start /tmp/pg)"` works.
 # Not for production: fsync is off and the local socket trusts everyone who can reach DIR.
 set -euo pipefail
 
@@ -78,7 +78,7 @@ start)
         [ "${ATTUNE_PG_DURABLE:-0}" = 1 ] || [ "${ATTUNE_PG_CRASH_SAFE:-0}" = 1 ] && commits=on
         cat >>"$DATA/postgresql.conf" <<EOF
 
-# throwaway server written by deploy/postgres.sh: speed over durability (ATTUNE_PG_DURABLE=1: durable)
+# throwaway server written by scripts/postgres.sh: speed over durability (ATTUNE_PG_DURABLE=1: durable)
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$SOCK'
 fsync = $durability
@@ -87,7 +87,7 @@ full_page_writes = $durability
 shared_buffers = $buffers
 max_connections = 300  # room for a fleet of 48 workers and more, each with a lease session and its slots
 EOF
-        # ATTUNE_TLS_DIR (deploy/tls.sh): TLS beside the plain listener, and over TLS a client certificate
+        # ATTUNE_TLS_DIR (scripts/tls.sh): TLS beside the plain listener, and over TLS a client certificate
         # whose CN is the role it logs in as (the hostssl lines come first: `host` lines match TLS too).
         if [ -n "${ATTUNE_TLS_DIR:-}" ]; then
             cp "$ATTUNE_TLS_DIR/server.pem" "$ATTUNE_TLS_DIR/server.key" "$ATTUNE_TLS_DIR/ca.pem" "$DATA/"

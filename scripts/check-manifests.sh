@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Validates the deployment files: deploy/kubernetes/ against Kubernetes' own schemas (kubernetes-validate,
 # strict: unknown fields fail), the KEDA objects (CRDs, which it has no schema for) by cross-checks, and
-# docker-compose.yml with Debian's docker-compose. Installs what it needs; called by deploy/test.sh.
+# docker-compose.yml with Debian's docker-compose. Installs what it needs; called by scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${ATTUNE_VENV:-$PWD/.venv}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the job decoder and validator (the package in Fuzz/) with libFuzzer for SECONDS (default 60).
-# Usage: deploy/fuzz.sh [SECONDS] [extra libFuzzer flags...]
+# Usage: scripts/fuzz.sh [SECONDS] [extra libFuzzer flags...]
 # New interesting inputs go to a throwaway corpus; a crashing input is kept in Fuzz/findings/ and the
 # script exits non-zero. Rerun one with: Fuzz/.build/release/FuzzJobDecoder Fuzz/findings/crash-...
 set -euo pipefail

@@ -3,7 +3,7 @@
 # against them (integration tests fail rather than skip when a server is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-deploy/install-deps.sh --python --browser
+scripts/install-deps.sh --python --browser
 export ATTUNE_PYTHON=${ATTUNE_VENV:-$PWD/.venv}/bin/python
 # Debian's OpenBLAS 0.3.21 takes its Cooperlake kernel on processors with AVX-512 BF16 (AMD Zen 4 among them),
 # and that kernel's small sgemm returns wrong sums once they overflow (PipelineTests.testNonFiniteEmbeddingsAreRefused
@@ -12,9 +12,9 @@ export ATTUNE_PYTHON=${ATTUNE_VENV:-$PWD/.venv}/bin/python
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512_bf16 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
 work=$(mktemp -d /tmp/attune-test.XXXXXX)
 chmod 755 "$work"
-trap 'deploy/services.sh stop "$work" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+trap 'scripts/services.sh stop "$work" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 # Both servers also listen with TLS (a throwaway CA; the TLS suite runs a worker, enqueue and watch there).
-services=$(ATTUNE_TLS=1 deploy/services.sh start "$work")
+services=$(ATTUNE_TLS=1 scripts/services.sh start "$work")
 eval "$services"
 export ATTUNE_REQUIRE_SERVICES=1 ATTUNE_REQUIRE_TLS=1 ATTUNE_REQUIRE_BROWSER=1
 # The integration test targets are part of the package only with this set (see Package.swift): a plain
@@ -25,7 +25,7 @@ export ATTUNE_TEST_ARTIFACTS=${ATTUNE_TEST_ARTIFACTS:-$PWD/.artifacts}
 export ATTUNE_TEST_FIXTURES="$work/fixtures"
 "$ATTUNE_PYTHON" Tests/python/coreml_fixtures.py "$ATTUNE_TEST_FIXTURES" 2>&1 | grep -v "Failed to load" >&2
 # The Kubernetes manifests against Kubernetes' schemas, and docker-compose.yml.
-deploy/check-manifests.sh
+scripts/check-manifests.sh
 start=$(date +%s)
 swift build --build-tests 2>&1 | tail -n 3
 echo "build took $(( $(date +%s) - start )) s" >&2
@@ -34,7 +34,7 @@ echo "build took $(( $(date +%s) - start )) s" >&2
 ATTUNE_KEYS="ci:$(head -c 32 /dev/urandom | base64)"
 export ATTUNE_KEYS
 # XCTest only: a Swift Testing summary of "0 tests" would close the output and misreport the run.
-# The throughput benchmarks print figures only; deploy/bench-training.sh runs them in a release build.
+# The throughput benchmarks print figures only; Benchmarks/training.sh runs them in a release build.
 swift test --skip-build --disable-swift-testing --skip ThroughputBenchmarks "$@"
 # The fault suite, bounded (about a minute and a half): workers SIGKILLed and SIGTERMed; the workers' PostgreSQL
 # backends terminated 8 times (most while a commit runs); PostgreSQL restarted, crashed (immediate stop) and its
@@ -42,30 +42,30 @@ swift test --skip-build --disable-swift-testing --skip ThroughputBenchmarks "$@"
 # completed found in the database. Then once more on a RabbitMQ cluster. Skipped when arguments narrow the run
 # to some tests.
 if [ $# -eq 0 ]; then
-  deploy/fault-suite.sh --debug --jobs 300 --users 20 --hot 2 --workers 3 --kills 3 --sigterms 2 --bad 5 \
+  scripts/fault-suite.sh --debug --jobs 300 --users 20 --hot 2 --workers 3 --kills 3 --sigterms 2 --bad 5 \
     --republish 10 --samples 40 --pg-terminates 8 --timeout 240
   # The same against a three-node RabbitMQ cluster, bounded: workers spread over the nodes, the node leading
   # the partition queues stopped mid-run and started again, then SIGKILLed and started again; PostgreSQL
   # restarted once and its backends terminated 4 times (its crashes are the run above's; the full run:
-  # deploy/fault-suite.sh --cluster 3).
-  deploy/fault-suite.sh --debug --cluster 3 --jobs 240 --users 16 --hot 2 --workers 3 --kills 2 --sigterms 1 \
+  # scripts/fault-suite.sh --cluster 3).
+  scripts/fault-suite.sh --debug --cluster 3 --jobs 240 --users 16 --hot 2 --workers 3 --kills 2 --sigterms 1 \
     --bad 4 --republish 8 --samples 40 --pg-terminates 4 --pg-crashes 0 --pg-kills 0 --node-kills 1 --timeout 300
-  # PostgreSQL as a primary and a synchronous standby under pg_auto_failover (deploy/postgres-ha.sh, its detection
+  # PostgreSQL as a primary and a synchronous standby under pg_auto_failover (scripts/postgres-ha.sh, its detection
   # shortened for loopback), every process on the multi-host URL: the primary SIGKILLed with its pg_autoctl while
   # jobs flow, the standby promoted by pg_auto_failover, the old primary rejoining as standby, then a planned
   # failover back; backends terminated 4 times. About a minute and a half.
-  ATTUNE_HA_FAST=1 deploy/fault-suite.sh --debug --ha --jobs 300 --users 20 --hot 2 --workers 3 --kills 2 --sigterms 1 \
+  ATTUNE_HA_FAST=1 scripts/fault-suite.sh --debug --ha --jobs 300 --users 20 --hot 2 --workers 3 --kills 2 --sigterms 1 \
     --bad 4 --republish 8 --samples 40 --pg-terminates 4 --timeout 300
   # A fleet past the old cap of 16: 48 worker processes of one slot on the 64 partitions, 600 users so that every
   # partition gets jobs, a RabbitMQ restart and 2 termination rounds; fails unless every worker commits.
-  deploy/fault-suite.sh --debug --workers 48 --partitions 64 --every-worker-commits --jobs 2000 --users 600 --hot 0 \
+  scripts/fault-suite.sh --debug --workers 48 --partitions 64 --every-worker-commits --jobs 2000 --users 600 --hot 0 \
     --kills 0 --sigterms 0 --bad 4 --republish 8 --samples 20 --pg-terminates 2 --pg-restarts 0 --pg-crashes 0 \
     --pg-kills 0 --timeout 300
   # A repartition from 16 to 64 partitions under load (`attune topology repartition`): half the jobs queued,
   # the other half published while it runs, workers SIGKILLed and SIGTERMed and RabbitMQ restarted meanwhile;
   # fails unless every job ended once, every user's model is a replay of its jobs in publish order, and the
   # fleet ends on the new generation alone. About a minute.
-  deploy/fault-suite.sh --debug --partitions 16 --repartition 64 --workers 4 --jobs 600 --users 40 --hot 2 --kills 3 \
+  scripts/fault-suite.sh --debug --partitions 16 --repartition 64 --workers 4 --jobs 600 --users 40 --hot 2 --kills 3 \
     --sigterms 1 --bad 6 --republish 10 --samples 40 --pg-terminates 4 --pg-restarts 0 --pg-crashes 0 --pg-kills 0 \
     --timeout 300
 fi

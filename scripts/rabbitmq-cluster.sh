@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # A throwaway RabbitMQ cluster on loopback: N nodes (default 3), each an unprivileged process with its
-# state in DIR/node-I, started one after another by deploy/rabbitmq.sh with one Erlang cookie and the
+# state in DIR/node-I, started one after another by scripts/rabbitmq.sh with one Erlang cookie and the
 # same node list (classic peer discovery), so the second and third join the first on their first boot.
 #
-#   deploy/rabbitmq-cluster.sh start DIR [N]       start the nodes; print on stdout
+#   scripts/rabbitmq-cluster.sh start DIR [N]       start the nodes; print on stdout
 #                                                  export ATTUNE_AMQP_URL='amqp://…:P1/%2f;amqp://…:P2/%2f;…'
-#   deploy/rabbitmq-cluster.sh stop DIR            stop every node
-#   deploy/rabbitmq-cluster.sh stop-node DIR I     stop node I (1-based); the others go on without it
-#   deploy/rabbitmq-cluster.sh kill-node DIR I     SIGKILL node I's Erlang VM (no orderly stop); start-node brings it back
-#   deploy/rabbitmq-cluster.sh start-node DIR I    start node I again; it rejoins the cluster
-#   deploy/rabbitmq-cluster.sh leader DIR QUEUE    print I of the node leading quorum queue QUEUE
-#   deploy/rabbitmq-cluster.sh running DIR         print how many nodes the cluster sees running
-#   deploy/rabbitmq-cluster.sh url DIR I           print node I's AMQP URL
+#   scripts/rabbitmq-cluster.sh stop DIR            stop every node
+#   scripts/rabbitmq-cluster.sh stop-node DIR I     stop node I (1-based); the others go on without it
+#   scripts/rabbitmq-cluster.sh kill-node DIR I     SIGKILL node I's Erlang VM (no orderly stop); start-node brings it back
+#   scripts/rabbitmq-cluster.sh start-node DIR I    start node I again; it rejoins the cluster
+#   scripts/rabbitmq-cluster.sh leader DIR QUEUE    print I of the node leading quorum queue QUEUE
+#   scripts/rabbitmq-cluster.sh running DIR         print how many nodes the cluster sees running
+#   scripts/rabbitmq-cluster.sh url DIR I           print node I's AMQP URL
 #
 # Ports are free ones picked at start (ATTUNE_CLUSTER_PORTS="P1 P2 P3" to choose). Progress goes to stderr.
 set -euo pipefail
@@ -61,7 +61,7 @@ start_node() {
   if [ ! -f "$d/home/.erlang.cookie" ]; then
     cp "$dir/cookie" "$d/home/.erlang.cookie"
   fi
-  # TLS listeners are the single node's business (deploy/services.sh); the cluster listens in clear.
+  # TLS listeners are the single node's business (scripts/services.sh); the cluster listens in clear.
   out=$(env -u ATTUNE_TLS_DIR -u ATTUNE_AMQPS_PORT ATTUNE_RABBITMQ_EXTRA_CONF="$(cluster_conf "$dir")" \
     "$here/rabbitmq.sh" start "$d" "$port")
   echo "${out#*=}" >"$dir/url-$i"
