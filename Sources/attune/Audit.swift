@@ -57,7 +57,7 @@ extension Audit {
                 throw ValidationError("the sample file has \(all.count) rows, fewer than --samples-per-job \(samplesPerJob)")
             }
             if !append || !FileManager.default.fileExists(atPath: jobsFile) {
-                FileManager.default.createFile(atPath: jobsFile, contents: nil)
+                _ = FileManager.default.createFile(atPath: jobsFile, contents: nil)
             }
             guard let file = FileHandle(forWritingAtPath: jobsFile) else {
                 throw CommandFailure(description: "cannot write \(jobsFile)")

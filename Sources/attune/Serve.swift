@@ -77,7 +77,7 @@ struct Operator: ParsableCommand {
             let existing = (try? String(contentsOfFile: file, encoding: .utf8)) ?? ""
             var lines = existing.split(separator: "\n").map(String.init).filter { !$0.hasPrefix(name + ":") }
             lines.append(OperatorCredentials.line(name: name, password: password))
-            FileManager.default.createFile(atPath: file, contents: Data((lines.joined(separator: "\n") + "\n").utf8),
+            _ = FileManager.default.createFile(atPath: file, contents: Data((lines.joined(separator: "\n") + "\n").utf8),
                                            attributes: [.posixPermissions: 0o600])
             FileHandle.standardError.write(Data("operator \(name) in \(file)\n".utf8))
         }

@@ -202,170 +202,84 @@ public struct NeuralNetworkModel: Sendable {
         }
     }
 
+    /// Reads the layer chain from the input to `end` into a plan: each layer checked against the shape
+    /// reaching it and turned into a step, its weights appended to the plan's parameters, the updatable
+    /// layers' tensors recorded as slots; then the chain's end checked against the loss.
     static func compile(layers: [CoreML_Specification_NeuralNetworkLayer], inputName: String,
                         inputShape: [Int], end: ChainEnd) throws(UnsupportedModel) -> NetworkPlan {
         guard !layers.isEmpty else { throw .brokenChain("the network has no layers") }
-        // The blob the chain ends at (the loss input, or a frozen network's output).
-        let lossInput = end.blob
         // One sample's shape at the current boundary; a [C] input is C channels of 1×1.
-        // innerProduct and softmax need a 1×1 plane.
-        var shape = BlobShape(channels: inputShape[0], plane: inputShape.count == 3
-            ? SpatialSize(height: inputShape[1], width: inputShape[2]) : SpatialSize(height: 1, width: 1))
-        var channels: Int {
-            get { shape.channels }
-            set { shape.channels = newValue }
-        }
-        var spatial: Int { shape.plane.count }
+        var plan = PlanBuilder(shape: BlobShape(channels: inputShape[0], plane: inputShape.count == 3
+            ? SpatialSize(height: inputShape[1], width: inputShape[2]) : SpatialSize(height: 1, width: 1)))
         var blob = inputName
-        var steps: [NetworkStep] = []
-        var widths = [shape.count]
-        var parameters: [Float] = []
-        var slots: [TensorSlot] = []
-        var firstTrainable: Int?
-
         for (i, layer) in layers.enumerated() {
-            let type = layer.layer.map { "\($0)".components(separatedBy: "(").first ?? "?" } ?? "unset"
-            guard layer.input.count == 1, layer.output.count == 1 else {
-                throw .brokenChain("layer '\(layer.name)' has \(layer.input.count) inputs and "
-                    + "\(layer.output.count) outputs; each layer needs exactly one of each")
-            }
-            guard layer.input[0] == blob else {
-                throw .brokenChain("layer '\(layer.name)' reads '\(layer.input[0])' but the previous "
-                    + "output is '\(blob)'; layers must be listed in order, each reading its predecessor")
-            }
-            if blob == lossInput {
-                throw .brokenChain("layer '\(layer.name)' follows the loss input '\(lossInput)'")
-            }
-            if layer.isUpdatable, !Self.isTrainable(layer) {
-                throw .layer(name: layer.name, type: type, reason: "only innerProduct and convolution layers can be "
-                    + "updatable; other layers (batchnorm included, which uses its stored statistics) must be frozen")
-            }
-            switch layer.layer {
-            case .innerProduct(let ip)?:
-                guard spatial == 1 else {
-                    throw .layer(name: layer.name, type: type,
-                                 reason: "its input has spatial size \(spatial); add a flatten layer before it")
-                }
-                guard ip.inputChannels == UInt64(channels), ip.outputChannels > 0 else {
-                    throw .layer(name: layer.name, type: type, reason: "inputChannels \(ip.inputChannels) does "
-                        + "not match the \(channels) values reaching it (or outputChannels is 0)")
-                }
-                guard !ip.int8DynamicQuantize else {
-                    throw .layer(name: layer.name, type: type, reason: "int8DynamicQuantize is not supported")
-                }
-                let outputs = Int(ip.outputChannels)
-                let weights = try WeightReader.floats(ip.weights, count: outputs * channels, layer: layer.name, what: "weights")
-                let weightOffset = parameters.count
-                parameters += weights
-                let biasOffset = parameters.count
-                if ip.hasBias_p {
-                    parameters += try WeightReader.floats(ip.bias, count: outputs, layer: layer.name, what: "bias")
-                }
-                if layer.isUpdatable {
-                    firstTrainable = firstTrainable ?? steps.count
-                    slots.append(TensorSlot(name: "\(layer.name).weights", shape: [outputs, channels],
-                                            offset: weightOffset, count: outputs * channels, specIndex: i, isBias: false))
-                    if ip.hasBias_p {
-                        slots.append(TensorSlot(name: "\(layer.name).bias", shape: [outputs], offset: biasOffset,
-                                                count: outputs, specIndex: i, isBias: true))
-                    }
-                }
-                steps.append(.dense(DenseLayer(name: layer.name, specIndex: i, inputs: channels, outputs: outputs,
-                                               hasBias: ip.hasBias_p, weightOffset: weightOffset,
-                                               biasOffset: biasOffset, trainable: layer.isUpdatable)))
-                channels = outputs
-            case .activation(let activation)?:
-                let kind: ActivationLayer.Kind
-                switch activation.nonlinearityType {
-                case .reLu?: kind = .relu
-                case .leakyReLu(let p)?: kind = .leakyReLU(alpha: p.alpha)
-                case .sigmoid?: kind = .sigmoid
-                case .tanh?: kind = .tanh
-                case .linear(let p)?: kind = .linear(alpha: p.alpha, beta: p.beta)
-                case nil:
-                    throw .layer(name: layer.name, type: type,
-                                 reason: "its nonlinearity is not one of ReLU, leakyReLU, sigmoid, tanh, linear")
-                }
-                steps.append(.activation(ActivationLayer(name: layer.name, kind: kind)))
-            case .softmax?:
-                guard spatial == 1 else {
-                    throw .layer(name: layer.name, type: type,
-                                 reason: "softmax over channels at each of \(spatial) positions is not supported; flatten first")
-                }
-                steps.append(.softmax(name: layer.name))
-            case .flatten(let flatten)?:
-                guard flatten.mode == .channelFirst || spatial == 1 else {
-                    throw .layer(name: layer.name, type: type, reason: "CHANNEL_LAST flattening of a spatial input is not supported")
-                }
-                steps.append(.flatten(name: layer.name))
-                shape = BlobShape(channels: shape.count, plane: SpatialSize(height: 1, width: 1))
-            case .convolution(let params)?:
-                let conv = try Self.readConvolution(params, layer: layer, specIndex: i, input: shape,
-                                                    parameters: &parameters)
-                if layer.isUpdatable {
-                    firstTrainable = firstTrainable ?? steps.count
-                    let kernel = [conv.outputChannels, conv.inputChannels, conv.kernelHeight, conv.kernelWidth]
-                    slots.append(TensorSlot(name: "\(layer.name).weights", shape: kernel, offset: conv.weightOffset,
-                                            count: kernel.reduce(1, *), specIndex: i, isBias: false))
-                    if conv.hasBias {
-                        slots.append(TensorSlot(name: "\(layer.name).bias", shape: [conv.outputChannels],
-                                                offset: conv.biasOffset, count: conv.outputChannels, specIndex: i,
-                                                isBias: true))
-                    }
-                }
-                steps.append(.convolution(conv))
-                shape = BlobShape(channels: conv.outputChannels, plane: conv.output)
-            case .pooling(let params)?:
-                let pool = try Self.readPooling(params, layer: layer, input: shape)
-                steps.append(.pooling(pool))
-                shape.plane = pool.output
-            case .batchnorm(let params)?:
-                steps.append(.batchNorm(try Self.readBatchNorm(params, layer: layer, input: shape)))
-            case .reshape(let params)?:
-                shape = try Self.readReshape(params, layer: layer, input: shape)
-                steps.append(.reshape(name: layer.name))
-            default:
-                throw .layer(name: layer.name, type: type, reason: "this engine does not train through it yet")
-            }
-            widths.append(shape.count)
+            try Self.checkLink(layer, reading: blob, lossInput: end.blob)
+            try plan.add(layer, specIndex: i)
             blob = layer.output[0]
         }
-        let loss: NetworkLoss?
+        let loss = try Self.loss(of: end, endingAt: blob, plan: plan, lastLayer: layers[layers.count - 1].name)
+        let firstTrainableStep: Int
+        if loss == nil {
+            firstTrainableStep = plan.steps.count
+        } else {
+            guard let firstTrainable = plan.firstTrainable else { throw .notUpdatable }
+            firstTrainableStep = firstTrainable
+        }
+        return NetworkPlan(steps: plan.steps, loss: loss, widths: plan.widths, baseParameters: plan.parameters,
+                           slots: plan.slots, firstTrainableStep: firstTrainableStep)
+    }
+
+    /// A layer of the chain reads exactly its predecessor's one output, never past the loss input, and only a
+    /// layer with weights the engine trains may be updatable.
+    private static func checkLink(_ layer: CoreML_Specification_NeuralNetworkLayer, reading blob: String,
+                                  lossInput: String) throws(UnsupportedModel) {
+        guard layer.input.count == 1, layer.output.count == 1 else {
+            throw .brokenChain("layer '\(layer.name)' has \(layer.input.count) inputs and "
+                + "\(layer.output.count) outputs; each layer needs exactly one of each")
+        }
+        guard layer.input[0] == blob else {
+            throw .brokenChain("layer '\(layer.name)' reads '\(layer.input[0])' but the previous "
+                + "output is '\(blob)'; layers must be listed in order, each reading its predecessor")
+        }
+        if blob == lossInput {
+            throw .brokenChain("layer '\(layer.name)' follows the loss input '\(lossInput)'")
+        }
+        if layer.isUpdatable, !Self.isTrainable(layer) {
+            throw .layer(name: layer.name, type: PlanBuilder.typeName(layer), reason: "only innerProduct and convolution layers can be "
+                + "updatable; other layers (batchnorm included, which uses its stored statistics) must be frozen")
+        }
+    }
+
+    /// The loss the chain ends in, checked against the blob the last layer writes; nil for a frozen network.
+    private static func loss(of end: ChainEnd, endingAt blob: String, plan: PlanBuilder,
+                             lastLayer: String) throws(UnsupportedModel) -> NetworkLoss? {
+        let lossInput = end.blob
         switch end {
         case .crossEntropy(_, let classCount):
             guard blob == lossInput else {
-                throw .brokenChain("the last layer '\(layers[layers.count - 1].name)' outputs '\(blob)' but the loss "
+                throw .brokenChain("the last layer '\(lastLayer)' outputs '\(blob)' but the loss "
                     + "reads '\(lossInput)'")
             }
-            guard case .softmax? = steps.last else {
-                throw .loss("the categorical cross-entropy input '\(lossInput)' comes from layer '\(layers[layers.count - 1].name)'; "
+            guard case .softmax? = plan.steps.last else {
+                throw .loss("the categorical cross-entropy input '\(lossInput)' comes from layer '\(lastLayer)'; "
                     + "it must be the output of a softmax layer")
             }
-            guard widths[widths.count - 1] == classCount else {
-                throw .loss("the softmax has \(widths[widths.count - 1]) outputs but the model has \(classCount) class labels")
+            guard plan.widths[plan.widths.count - 1] == classCount else {
+                throw .loss("the softmax has \(plan.widths[plan.widths.count - 1]) outputs but the model has \(classCount) class labels")
             }
-            loss = .crossEntropy
+            return .crossEntropy
         case .meanSquaredError:
             guard blob == lossInput else {
-                throw .brokenChain("the last layer '\(layers[layers.count - 1].name)' outputs '\(blob)' but the mean "
+                throw .brokenChain("the last layer '\(lastLayer)' outputs '\(blob)' but the mean "
                     + "squared error loss reads '\(lossInput)'; the loss must read the network's final output")
             }
-            loss = .meanSquaredError
+            return .meanSquaredError
         case .output:
             guard blob == lossInput else {
                 throw .brokenChain("the last layer outputs '\(blob)' but the model output is '\(lossInput)'")
             }
-            loss = nil
+            return nil
         }
-        let firstTrainableStep: Int
-        if loss == nil {
-            firstTrainableStep = steps.count
-        } else {
-            guard let firstTrainable else { throw .notUpdatable }
-            firstTrainableStep = firstTrainable
-        }
-        return NetworkPlan(steps: steps, loss: loss, widths: widths, baseParameters: parameters, slots: slots,
-                           firstTrainableStep: firstTrainableStep)
     }
 
     private static func isTrainable(_ layer: CoreML_Specification_NeuralNetworkLayer) -> Bool {

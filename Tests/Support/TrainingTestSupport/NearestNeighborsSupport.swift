@@ -3,7 +3,6 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
-@testable import TrainingTestSupport
 
 /// A small updatable k-NN classifier spec built in Swift, as coremltools' KNearestNeighborsClassifierBuilder
 /// lays one out (input "x", label "label").
