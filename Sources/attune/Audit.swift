@@ -8,7 +8,7 @@ import Foundation
 /// The fault suite's two ends: publish a recorded set of jobs, then check what became of them.
 struct Audit: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Publish recorded jobs and check that each one ended exactly once (the fault suite's tools).",
+        abstract: "Publish recorded jobs and check that each one ended exactly once: a deployment's acceptance check, and the fault suite's tools.",
         subcommands: [Record.self, Wait.self, Check.self])
 }
 
@@ -183,7 +183,8 @@ extension Audit {
             let registry = try database.registry()
             defer { registry.connection.close() }
             let report = try FleetAudit(registry: registry, model: model)
-                .check(jobs: jobs, deadLetters: DeadLetterQueue(url: broker.resolved()).list())
+                // Only the model's own: on a shared deployment the queue holds other models' dead letters too.
+                .check(jobs: jobs, deadLetters: DeadLetterQueue(url: broker.resolved()).list().filter { $0.model == model })
             report.lines.forEach { print($0) }
             if !report.violations.isEmpty { throw ExitCode(1) }
         }
