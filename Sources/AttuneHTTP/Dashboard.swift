@@ -8,6 +8,7 @@ import ServiceLifecycle
 /// from `attune.events` over server-sent events, each job's loss per epoch drawn with Chart.js (Debian's
 /// libjs-chart.js, served beside the page), throughput over time, the dead-letter queue with its reasons,
 /// the rebases' progress, and a user's version history.
+/// Unchecked: written once by the worker thread before it resumes the continuation, read only after.
 final class ResultBox<T>: @unchecked Sendable {
     var value: T?
 }

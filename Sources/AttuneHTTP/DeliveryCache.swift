@@ -11,6 +11,7 @@ import Logging
 /// entry is dropped when the notification arrives. While the listening connection is down nothing is
 /// read from or written to these two caches, and they are emptied when it comes back, so a device never
 /// sees a head older than the newest notification delivered to this server.
+/// Unchecked: both caches and the connection state are behind `lock`, taken by every method.
 final class DeliveryCache: @unchecked Sendable {
     private let lock = NSLock()
     private var listening = false
@@ -106,6 +107,7 @@ final class DeliveryCache: @unchecked Sendable {
 
 /// A thread of its own holding one PostgreSQL connection that LISTENs to `attune_delivery` and hands each
 /// notification to the cache (and key changes to the token verifier); it reconnects with backoff.
+/// Unchecked: the listening connection is its thread's alone; `stopped` is behind `lock`.
 final class DeliveryNotifications: @unchecked Sendable {
     static let channel = "attune_delivery"
     private let databaseURL: String

@@ -1,13 +1,13 @@
+import Synchronization
 import Foundation
 import Metrics
 
 /// What the device port answered, for the admin listener's `/metrics`: requests by route, status and
 /// whether the event loop answered them from memory (`DevicePortHandler`) or the router did. Routes are
 /// named by kind, never by model or user, so the series stay few.
-final class DeliveryMetrics: @unchecked Sendable {
+final class DeliveryMetrics: Sendable {
     static let shared = DeliveryMetrics()
-    private let lock = NSLock()
-    private var counters: [String: Counter] = [:]
+    private let counters = Mutex<[String: Counter]>([:])
 
     enum Route: String {
         case personal, base, collection, health, other
@@ -26,7 +26,7 @@ final class DeliveryMetrics: @unchecked Sendable {
 
     func count(_ route: Route, status: Int, fromMemory: Bool) {
         let key = "\(route.rawValue) \(status) \(fromMemory)"
-        let counter = lock.withLock {
+        let counter = counters.withLock { counters in
             if let counter = counters[key] { return counter }
             let counter = Counter(label: "attune_delivery_requests_total",
                                   dimensions: [("route", route.rawValue), ("status", "\(status)"),

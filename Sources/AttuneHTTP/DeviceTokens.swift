@@ -70,6 +70,7 @@ public enum DeviceCaller: Sendable, Equatable {
 /// Checks device tokens in memory: the keys and each application's models are loaded from PostgreSQL at
 /// start and again when the database says they changed (`DeliveryNotifications`), or when a token names a
 /// key not seen yet (at most once a second), so a request never waits for the database.
+/// Unchecked: the key set and the reload clock are behind `lock`, taken by every method; the rest is `let`.
 public final class DeviceTokenVerifier: @unchecked Sendable {
     private let load: @Sendable () async throws -> DeviceKeySet
     private let lock = NSLock()

@@ -6,6 +6,7 @@ import Logging
 /// Every event on `attune.events`, for the dashboard: one consumer thread on an exclusive queue of its own
 /// (rabbitmq-c blocks and is not thread-safe) hands each event to every open stream, and keeps the last
 /// few thousand so that a page opened late still draws the jobs under way.
+/// Unchecked: the streams and the recent events are behind `lock`, taken by every method; the rest is `let`.
 public final class EventHub: @unchecked Sendable {
     private let amqpURL: String
     private let logger: Logger

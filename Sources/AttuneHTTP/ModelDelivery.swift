@@ -16,6 +16,9 @@ public struct DeliveredModel: Sendable, Equatable {
 
 /// Reads heads and builds `.mlmodel` files for `attune serve`, on a few PostgreSQL connections of its own
 /// (libpq blocks, so each call runs on a thread, never on the server's event loops).
+/// Unchecked: the idle registries (libpq connections, not Sendable) and the decoded bases are behind `lock`, a
+/// registry used by one thread between taking and returning it; `tokens` and `notifications` are set once at
+/// start, before the first request.
 public final class ModelDelivery: @unchecked Sendable {
     let databaseURL: String
     private let keys: StorageKeys

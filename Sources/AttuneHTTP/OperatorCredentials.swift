@@ -1,3 +1,4 @@
+import Synchronization
 import Crypto
 import Foundation
 import HummingbirdBcrypt
@@ -67,16 +68,15 @@ public struct OperatorCredentials: Sendable {
     private static let decoy = Bcrypt.hash("not an operator", cost: 11)
 }
 
-private final class VerifiedCredentials: @unchecked Sendable {
-    private let lock = NSLock()
-    private var until: [Data: Date] = [:]
+private final class VerifiedCredentials: Sendable {
+    private let until = Mutex<[Data: Date]>([:])
 
     func contains(_ digest: Data) -> Bool {
-        lock.withLock { (until[digest] ?? .distantPast) > Date() }
+        until.withLock { ($0[digest] ?? .distantPast) > Date() }
     }
 
     func insert(_ digest: Data) {
-        lock.withLock {
+        until.withLock { until in
             if until.count > 1000 { until = until.filter { $0.value > Date() } }
             until[digest] = Date().addingTimeInterval(300)
         }

@@ -1,4 +1,4 @@
-import CTurboJPEG
+internal import CTurboJPEG
 
 /// Decodes a baseline or progressive JPEG with TurboJPEG: gray files to 1 channel, YCbCr/RGB files to
 /// R, G, B. The IDCT is the accurate integer one and chroma upsampling the smooth ("fancy") one, which

@@ -1,4 +1,4 @@
-import CPNG
+internal import CPNG
 
 /// Decodes a PNG with libpng's simplified API into 8-bit samples, keeping the file's own gray/colour and
 /// alpha: palettes are expanded (tRNS becomes alpha), 1-, 2- and 4-bit gray is widened to 8 bits, and

@@ -1,4 +1,4 @@
-import CPNG
+internal import CPNG
 import Foundation
 
 /// Writes 8-bit gray pixels as a PNG with libpng's simplified API: how the command line turns a CSV row into

@@ -1,4 +1,4 @@
-import CPUFeatures
+internal import CPUFeatures
 
 // The three products of a small fully connected layer, written out for the sizes where a BLAS call costs
 // more than its arithmetic.

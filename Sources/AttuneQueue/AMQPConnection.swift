@@ -1,4 +1,4 @@
-import CRabbitMQ
+internal import CRabbitMQ
 import Foundation
 
 /// One AMQP 0-9-1 connection to RabbitMQ, through rabbitmq-c.

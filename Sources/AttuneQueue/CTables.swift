@@ -1,4 +1,4 @@
-import CRabbitMQ
+internal import CRabbitMQ
 import Foundation
 
 /// A value in an AMQP field table (message headers, queue arguments, client properties).

@@ -1,4 +1,4 @@
-import CLibPQ
+internal import CLibPQ
 import Foundation
 
 /// One libpq connection. Not thread-safe: libpq allows one thread at a time per connection, so each

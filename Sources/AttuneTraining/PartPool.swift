@@ -24,6 +24,8 @@ import Synchronization
 // Whose: one caller owns the helpers at a time, and none does while the process trains as many tasks as
 // it has threads (a worker's slots, each on its own thread, already keep the cores busy). A caller
 // without them runs its parts itself, in the same order as ever: the same bits.
+/// Unchecked: the helpers' shared state is behind `lock` and its conditions (see above); a part's buffers are
+/// the caller's, and the caller waits for its parts before it reads them.
 final class PartPool: @unchecked Sendable {
     static let shared = PartPool(threads: TrainingThreads.configured)
 

@@ -8,6 +8,7 @@ import Glibc
 /// broker. Off unless `ATTUNE_JOB_TIMELINE` names a file; then each moment is one line `STAGE JOB_ID
 /// SECONDS` appended to it, in CLOCK_MONOTONIC seconds, so a load generator on the same host can set its
 /// own publish and receive times beside them (Python's `time.monotonic()` reads the same clock).
+/// Unchecked: the file handle is written only behind `lock`.
 final class JobTimeline: @unchecked Sendable {
     enum Stage: String {
         case arrived, started, committing, committed, settled

@@ -14,6 +14,8 @@ import Synchronization
 /// without waiting for their confirms; a copy's original is acked, and its event published, when the
 /// broker confirms the copy. Acks go out as soon as a slot settles, several at once where the delivery
 /// tags allow. The thread sleeps in poll(2) on its socket and an eventfd the slots signal.
+/// Unchecked: the connection and the delivery bookkeeping belong to the broker thread alone; what the slots
+/// hand over (taken and settled jobs, progress) crosses behind `lock`.
 final class RabbitJobSource: JobSource, @unchecked Sendable {
     private let configuration: WorkerConfiguration
     private let logger: Logger

@@ -5,7 +5,7 @@ import Glibc
 
 /// Lets other threads wake the broker thread out of poll(2), where it waits on its socket: a
 /// non-blocking pipe that is readable once `signal()` was called and until `reset()`.
-final class Wakeup: @unchecked Sendable {
+final class Wakeup: Sendable {
     private let readEnd: Int32
     private let writeEnd: Int32
 

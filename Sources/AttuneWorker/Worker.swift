@@ -9,7 +9,7 @@ import Logging
 /// deadline): `requestStop()` stops taking deliveries and lets the jobs in hand finish (every job already
 /// delivered is trained, committed and acked); `abandonJobsInHand()` then cancels the update tasks still
 /// running and puts their jobs back on the queues uncommitted, for another worker to take.
-public final class Worker: @unchecked Sendable {
+public final class Worker: Sendable {
     private let configuration: WorkerConfiguration
     private let logger: Logger
     private let source: RabbitJobSource

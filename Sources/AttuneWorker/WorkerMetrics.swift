@@ -4,7 +4,7 @@ import Metrics
 /// What a worker counts, through swift-metrics: `attune worker --metrics-port` bootstraps swift-prometheus
 /// and serves them; without a bootstrap every handle does nothing. Made per worker, after any bootstrap:
 /// swift-metrics binds a handle to the factory there is when the handle is made.
-final class WorkerMetrics: @unchecked Sendable {
+final class WorkerMetrics: Sendable {
     /// Jobs settled, by how they ended (`JobResult`'s words).
     private let jobs: [String: Counter]
     let deadLetters = Counter(label: "attune_dead_letters_total")
@@ -50,7 +50,7 @@ final class WorkerMetrics: @unchecked Sendable {
 
     /// A slot's state as one gauge per state, 1 for the current one (Prometheus' way to show an enum), and
     /// whether its PostgreSQL connection is up.
-    final class SlotGauges: @unchecked Sendable {
+    final class SlotGauges: Sendable {
         enum State: String, CaseIterable { case idle, training, committing }
         private let states: [State: Gauge]
         let databaseConnected: Gauge

@@ -1,4 +1,4 @@
-import CBLAS
+internal import CBLAS
 
 // 2-D convolution (Core ML `convolution`; dilation 1, one group), one sample at a time through im2col.
 //

@@ -1,5 +1,5 @@
 import AttuneKernels
-import CBLAS
+internal import CBLAS
 import Foundation
 
 // Fully connected layer (Core ML `innerProduct`).
