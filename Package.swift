@@ -93,13 +93,18 @@ let package = Package(
                                                                 "TrainingTestSupport"]),
         .testTarget(name: "AttuneImageTests", dependencies: ["AttuneImage", "AttuneSpec"]),
         .testTarget(name: "AttuneQueueTests", dependencies: ["AttuneQueue", "AttuneSpec", "QueueTestSupport"]),
-        // Server-free tests of the delivery server's decisions: tokens, the event loop's answers, operators.
+        // Server-free tests of the delivery server's decisions: tokens, the event loop's answers, operators, and both
+        // listeners' routes in process (HummingbirdTesting).
         .testTarget(name: "AttuneHTTPTests", dependencies: ["AttuneHTTP", "AttuneStore",
                                                            .product(name: "Crypto", package: "swift-crypto"),
                                                            .product(name: "HTTPTypes", package: "swift-http-types"),
                                                            .product(name: "NIOCore", package: "swift-nio"),
                                                            .product(name: "NIOEmbedded", package: "swift-nio"),
-                                                           .product(name: "NIOHTTPTypes", package: "swift-nio-extras")]),
+                                                           .product(name: "NIOHTTPTypes", package: "swift-nio-extras"),
+                                                           .product(name: "HummingbirdTesting", package: "hummingbird"),
+                                                           .product(name: "Hummingbird", package: "hummingbird"),
+                                                           .product(name: "Prometheus", package: "swift-prometheus"),
+                                                           .product(name: "Logging", package: "swift-log")]),
         // The worker's decisions against in-memory fakes of its store.
         .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore", "AttuneSpec",
                                                               "WorkerTestSupport"]),
