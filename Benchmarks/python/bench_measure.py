@@ -1,0 +1,183 @@
+"""The fleet bench's measurements: where a fleet's jobs go, waiting for them, a throughput run, a paced
+latency run and where a job's time went."""
+import math
+import os
+import time
+from pathlib import Path
+
+from bench_common import PEER_QUEUE, fmt, log
+from bench_database import db_connect, reset
+from bench_fleets import AttuneFleet
+from bench_jobs import make_jobs
+
+
+def attune_target(args, user):
+    return "attune.jobs", (user if args.attune_routing_key == "user" else "attune.jobs")
+
+
+def peer_target(args, user):
+    return PEER_QUEUE, PEER_QUEUE
+
+
+def wait_for(listener, count, stall_seconds=60):
+    """Until `count` jobs ended, or nothing ended for stall_seconds."""
+    last, last_change = -1, time.monotonic()
+    while True:
+        done = listener.count()
+        if done >= count:
+            return True
+        if done != last:
+            last, last_change = done, time.monotonic()
+        elif time.monotonic() - last_change > stall_seconds:
+            log(f"no progress for {stall_seconds} s at {done}/{count} jobs; giving up on this scenario")
+            return False
+        time.sleep(0.1)
+
+
+def throughput(ctx, fleet, target, jobs, tag, settled=False):
+    """Queue every job first, then start the fleet; the rate between the 10% and 90% marks. `settled`: start
+    the fleet first and queue the jobs once every worker holds its share of the partitions, so that a large
+    fleet's start-up is not what is measured and every worker can be seen to commit."""
+    args = ctx.args
+    reset(args, ctx.admin)
+    if settled:
+        fleet.start(tag)
+        wait_for_partition_share(args, fleet)
+    t0 = time.monotonic()
+    n = len(jobs)
+    lo, hi = max(1, round(0.1 * n)), round(0.9 * n)
+    snap = lambda: ctx.servers.snapshot(fleet.roots())  # noqa: E731
+    ctx.listener.track([j[0] for j in jobs], {lo: snap, hi: snap})
+    for job_id, user, body in jobs:
+        ctx.publisher.publish(*target(args, user), job_id, body)
+    ctx.publisher.wait_confirmed()
+    log(f"{fleet.label}: queued {len(jobs)} jobs in {time.monotonic() - t0:.1f} s"
+        + ("" if settled else "; starting the workers"))
+    if not settled:
+        fleet.start(tag)
+    finished = wait_for(ctx.listener, n)
+    retrains = fleet.stop()
+    result = {"label": fleet.label, "jobs": n, "done": ctx.listener.count(), "failed": ctx.listener.failed,
+              "retrains": retrains, "rate": None, "cpu": None}
+    marks = ctx.listener.mark_results
+    if lo in marks and hi in marks:
+        (t_lo, cpu_lo), (t_hi, cpu_hi) = marks[lo], marks[hi]
+        result["rate"] = (hi - lo) / (t_hi - t_lo)
+        result["cpu"] = {k: (cpu_hi[k] - cpu_lo[k]) / (hi - lo) for k in cpu_lo}
+        # The noise: CPU the rest of the machine (other builds and tests) used meanwhile, in cores.
+        # (the driver's tree holds the workers it started)
+        ours = sum(cpu_hi[k] - cpu_lo[k] for k in ("driver", "broker", "db"))
+        result["others"] = max(0.0, cpu_hi["machine"] - cpu_lo["machine"] - ours) / (t_hi - t_lo)
+    log(f"{fleet.label}: {fmt(result['rate'], '.1f')} jobs/s ({result['done']}/{n} ended, "
+        f"{result['failed']} failed, retrains {fmt(retrains)}){'' if finished else ' INCOMPLETE'}")
+    return result
+
+
+def wait_for_partition_share(args, fleet):
+    """Until every worker of `fleet` holds its share of the 64 partitions (PostgreSQL's lease locks)."""
+    deadline = time.monotonic() + 180
+    with db_connect(args) as conn:
+        while time.monotonic() < deadline:
+            holders, held, fewest = conn.execute(
+                "SELECT count(*), coalesce(sum(n), 0), coalesce(min(n), 0) FROM (SELECT pid, count(*) AS n "
+                "FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = 417002 "
+                "GROUP BY pid) AS h").fetchone()
+            if holders == fleet.workers and held == 64 and fewest >= 64 // fleet.workers:
+                return
+            time.sleep(0.2)
+    log(f"{fleet.label}: the partitions were not shared out within 180 s ({holders} holders, {held} held)")
+
+
+def latency(ctx, fleet, target, rate, rows, tag, seconds):
+    """Paced publishing at `rate` jobs/s into a running, warm fleet; publish -> completed percentiles."""
+    args = ctx.args
+    reset(args, ctx.admin)
+    count = max(int(rate * seconds), 300 if args.quick else 1000)
+    warm = make_jobs(rows, f"{tag}-warm", 20, "uniform", seed=7)
+    jobs = make_jobs(rows, tag, count, "uniform", seed=8)
+    if isinstance(fleet, AttuneFleet):
+        fleet.timeline = Path(args.work) / f"timeline-{tag}.txt"
+    fleet.start(tag)
+    # Warm-up: every worker has connected and loaded the model before the clock starts.
+    ctx.listener.track([j[0] for j in warm])
+    for job_id, user, body in warm:
+        ctx.publisher.publish(*target(args, user), job_id, body)
+    ctx.publisher.wait_confirmed()
+    wait_for(ctx.listener, len(warm))
+    ctx.listener.track([j[0] for j in jobs])
+    sent = {}
+    before = ctx.servers.snapshot(fleet.roots())
+    start = time.monotonic()
+    for i, (job_id, user, body) in enumerate(jobs):
+        delay = start + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        sent[job_id] = time.monotonic()
+        ctx.publisher.publish(*target(args, user), job_id, body)
+    published_in = time.monotonic() - start
+    ctx.publisher.wait_confirmed()
+    wait_for(ctx.listener, count, stall_seconds=30)
+    after, elapsed = ctx.servers.snapshot(fleet.roots()), time.monotonic() - start
+    retrains = fleet.stop()
+    with ctx.listener.lock:
+        ended = dict(ctx.listener.ended)
+    lat = sorted((ended[j] - sent[j]) * 1000 for j in sent if j in ended)
+    pct = lambda q: lat[min(len(lat) - 1, math.ceil(q * len(lat)) - 1)] if lat else None  # noqa: E731 (nearest rank)
+    result = {"label": f"{fleet.label} at {rate:.0f} jobs/s paced", "rate": count / published_in,
+              "p50": pct(0.50), "p99": pct(0.99), "done": len(lat), "jobs": count, "retrains": retrains,
+              # CPU per job while paced (publishing included: the broker takes each job as it comes, where a
+              # throughput run queued them all before its clock started), and how busy the machine was.
+              "cpu": {k: (after[k] - before[k]) / count for k in before},
+              "busy": (after["machine"] - before["machine"]) / elapsed / (os.cpu_count() or 1)}
+    ours = sum(after[k] - before[k] for k in ("driver", "broker", "db"))
+    result["others"] = max(0.0, after["machine"] - before["machine"] - ours) / elapsed
+    if getattr(fleet, "timeline", None):
+        result["stages"] = stage_breakdown(fleet.timeline, sent, ended)
+        if args.timelines:
+            Path(args.timelines).mkdir(parents=True, exist_ok=True)
+            with open(Path(args.timelines) / fleet.timeline.name, "w") as out:
+                for path in sorted(fleet.timeline.parent.glob(fleet.timeline.name + ".*")):
+                    out.write(path.read_text(errors="replace"))
+                out.writelines(f"published {j} {t:.9f}\n" for j, t in sent.items())
+                out.writelines(f"ended {j} {ended[j]:.9f}\n" for j in sent if j in ended)
+        log(f"{result['label']}: {format_stages(result['stages'])}")
+    cpu = result["cpu"]
+    log(f"{result['label']}: {len(lat)}/{count} completed, p50 {fmt(result['p50'], '.1f')} ms, "
+        f"p99 {fmt(result['p99'], '.1f')} ms; machine {100 * result['busy']:.0f}% busy; CPU ms/job: worker "
+        f"{1000 * cpu['workers']:.2f}, broker {1000 * cpu['broker']:.2f}, db {1000 * cpu['db']:.2f}, "
+        f"driver {1000 * (cpu['driver'] - cpu['workers']):.2f}")
+    return result
+
+
+# A job's way from publish to its `completed` event, cut at the moments the worker's job timeline records.
+STAGES = [("publish", "arrived", "to the worker"), ("arrived", "started", "waiting for its slot"),
+          ("started", "committing", "lookup and training"), ("committing", "committed", "commit"),
+          ("committed", "settled", "ack and event sent"), ("settled", "ended", "event to the driver")]
+
+
+def stage_breakdown(timeline, sent, ended):
+    """Per stage: p50 and p99 over the jobs, and the mean over the slowest 1% of jobs (ms)."""
+    moments = {}
+    for path in sorted(Path(timeline).parent.glob(Path(timeline).name + ".*")):
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                moments.setdefault(parts[1], {})[parts[0]] = float(parts[2])  # the last try of a job counts
+    jobs = [j for j in sent if j in ended and all(k in moments.get(j, {}) for _, k, _ in STAGES[:-1])]
+    if not jobs:
+        return None
+    def at(j, stage):  # noqa: E306
+        return sent[j] if stage == "publish" else ended[j] if stage == "ended" else moments[j][stage]
+    slowest = sorted(jobs, key=lambda j: ended[j] - sent[j])[-max(1, len(jobs) // 100):]
+    out = []
+    for start, end, name in STAGES:
+        spans = sorted((at(j, end) - at(j, start)) * 1000 for j in jobs)
+        worst = sum((at(j, end) - at(j, start)) * 1000 for j in slowest) / len(slowest)
+        out.append((name, spans[len(spans) // 2], spans[min(len(spans) - 1, math.ceil(0.99 * len(spans)) - 1)], worst))
+    return out
+
+
+def format_stages(stages):
+    if not stages:
+        return "no job timeline"
+    return "; ".join(f"{name} {p50:.1f} / {p99:.1f} (slowest 1%: {worst:.1f})" for name, p50, p99, worst in stages)

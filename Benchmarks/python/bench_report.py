@@ -1,0 +1,96 @@
+"""The fleet bench's report: ratios, the full run's markdown report, and printing a mode's table."""
+import os
+import time
+from pathlib import Path
+
+from bench_common import fmt, log
+from bench_jobs import HOT_USERS
+from bench_measure import format_stages
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def render(args, r, best_key, sweep, best_peer, pgbench):
+    py_uniform, py_hot = r["py"]["rate"], r["pyhot"]["rate"]
+    lines = [
+        f"Fleet bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores; Attune: {args.attune_label or args.attune}",
+        f"{args.jobs} jobs per throughput scenario (digits MLP 64-32-10, 20 samples, 10 epochs, mini-batch 8, "
+        f"50 users; hot: {HOT_USERS} users get half the jobs); Attune routing key: {args.attune_routing_key}.",
+        "jobs/s: jobs completed between the 10% and 90% marks of a queue drained from full; CPU s/job: CPU used "
+        "between those marks / jobs completed between them. p50/p99: publish -> `completed` at half the peak rate. "
+        "vs Python: against the peer's row of the same mix. others' load: cores busy outside the bench meanwhile "
+        "(other builds and tests on the machine), the noise each figure carries.",
+        "",
+        "| scenario | jobs/s | vs Python | p50 ms | p99 ms | worker CPU s/job | broker CPU s/job | db CPU s/job | retrains | others' load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for key in ("a11", "a12", "a21", "ahot", "alat", "alat4", "a11t", "a12t", "py", "pyhot", "pylat"):
+        x = r.get(key)
+        if not x:
+            continue
+        peer = py_hot if key == "ahot" else py_uniform
+        cpu = x.get("cpu") or {}
+        vs = ratio(x["rate"], peer) if key in ("a11", "a12", "a21", "ahot") else None
+        lines.append(
+            f"| {x['label']}{' (best)' if key == best_key else ''} | {fmt(x['rate'], '.1f')} | "
+            f"{fmt(vs, '.2f', '')}{'x' if vs else ''} | {fmt(x.get('p50'), '.1f', '')} | {fmt(x.get('p99'), '.1f', '')} | "
+            f"{fmt(cpu.get('workers'), '.5f', '')} | {fmt(cpu.get('broker'), '.5f', '')} | {fmt(cpu.get('db'), '.5f', '')} | "
+            f"{fmt(x['retrains'])} | {fmt(x.get('others'), '.2f', '')} |")
+
+    best = r[best_key]["rate"]
+    pg_best = max((t for t in pgbench.values() if t), default=None)
+    lat_p99 = r["alat"]["p99"] if r.get("alat") else None
+    two_slots = ratio(r["a12t"]["rate"], r["a11t"]["rate"])
+    two_slots_small = ratio(r["a12"]["rate"], r["a11"]["rate"])
+    two_workers = ratio(r["a21"]["rate"], r["a11"]["rate"])
+    same = r["a21"]["rate"]
+    hot_loss = 1 - ratio(r["ahot"]["rate"], same) if ratio(r["ahot"]["rate"], same) else None
+    attune_retrains = [r[k]["retrains"] for k in ("a11", "a12", "a21", "ahot")]
+    counted = all(v is not None for v in attune_retrains)
+    targets = [
+        ("Attune >= 5x the Python worker's jobs/s", f"{fmt(ratio(best, py_uniform), '.2f')}x",
+         (ratio(best, py_uniform) or 0) >= 5),
+        ("Attune >= 60% of pgbench's best rate for the one-job transaction",
+         f"{fmt(100 * ratio(best, pg_best) if ratio(best, pg_best) else None, '.0f')}% ({fmt(best, '.0f')} of {fmt(pg_best, '.0f')} tps)",
+         (ratio(best, pg_best) or 0) >= 0.6),
+        ("p99 publish -> completed < 50 ms at half the peak rate", f"{fmt(lat_p99, '.1f')} ms",
+         lat_p99 is not None and lat_p99 < 50),
+        ("2 slots >= 1.8x one slot where the database is not the limit (training-bound jobs, 1 worker)",
+         f"{fmt(two_slots, '.2f')}x, the median of {len(r['slot_pairs'])} pairs run in turn "
+         f"({', '.join(fmt(v, '.2f') + 'x' for v in r['slot_pairs'])}) (small jobs: 2 slots {fmt(two_slots_small, '.2f')}x, "
+         f"2 workers x 1 slot {fmt(two_workers, '.2f')}x)", (two_slots or 0) >= 1.8),
+        ("hot-user mix loses <= 20% of the uniform rate (2 workers x 1 slot both)",
+         "n/a" if hot_loss is None else f"{100 * hot_loss:.0f}% lost" if hot_loss >= 0 else f"{-100 * hot_loss:.0f}% faster",
+         hot_loss is not None and hot_loss <= 0.2),
+        ("retrains counted and printed", ", ".join(fmt(v) for v in attune_retrains), counted),
+    ]
+    lines += ["", "| target | measured | |", "| --- | --- | --- |"]
+    lines += [f"| {t} | {m} | {'PASS' if ok else 'MISS'} |" for t, m, ok in targets]
+    lines += ["", "pgbench, the same transaction shape on its own tables (" +
+              ", ".join(f"{c} client{'s' if c > 1 else ''}: {fmt(t, '.0f')} tps" for c, t in pgbench.items()) +
+              f"); best {fmt(pg_best, '.0f')} tps."]
+    lines += ["", "The Python peer's configurations tried (" + ", ".join(
+        f"{p} proc x prefetch {q}: {fmt(rate, '.0f')}" for p, q, rate in sweep) +
+        f" jobs/s); best: {best_peer[0]} processes, prefetch {best_peer[1]}."]
+    for key in ("alat", "alat4"):
+        if r.get(key) and r[key].get("stages"):
+            lines += ["", f"Where a job's time went, {r[key]['label']} (ms, p50 / p99 of each stage over the jobs; "
+                      "the stages of one job need not be its slowest together): " + format_stages(r[key]["stages"]) + "."]
+    incomplete = [x["label"] for x in r.values() if isinstance(x, dict) and x.get("done", 0) < x.get("jobs", 0)]
+    failed = [f"{x['label']}: {x['failed']}" for x in r.values() if isinstance(x, dict) and x.get("failed")]
+    if incomplete:
+        lines.append("INCOMPLETE (some jobs never reported completed): " + "; ".join(incomplete))
+    if failed:
+        lines.append("failed events: " + "; ".join(failed))
+    return "\n".join(lines) + "\n"
+
+
+def print_report(args, lines):
+    """A mode's table on stdout, and in --out when given."""
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report + "\n")
+        log(f"report written to {args.out}")
