@@ -21,7 +21,7 @@ let package = Package(
     products: [
         .executable(name: "attune", targets: ["attune"]),
         // For the fuzz package in Fuzz/, which depends on this one by path.
-        .library(name: "AttuneJobs", targets: ["AttuneSpec", "AttuneTraining", "AttuneQueue"]),
+        .library(name: "AttuneJobs", targets: ["AttuneSpec", "AttuneTraining", "AttuneCodecs"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-protobuf", from: "1.39.0"),
@@ -58,7 +58,9 @@ let package = Package(
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
                                                     .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),
-        .target(name: "AttuneQueue", dependencies: ["AttuneSpec", "CRabbitMQ",
+        // What travels on the broker, encoded and decoded, without the AMQP client: the fuzzer links this alone.
+        .target(name: "AttuneCodecs", dependencies: ["AttuneSpec", .product(name: "Crypto", package: "swift-crypto")]),
+        .target(name: "AttuneQueue", dependencies: ["AttuneSpec", "AttuneCodecs", "CRabbitMQ",
                                                     .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),
         .target(name: "AttuneWorker", dependencies: ["AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue",
@@ -92,7 +94,7 @@ let package = Package(
         .testTarget(name: "AttuneTrainingTests", dependencies: ["AttuneTraining", "AttuneKernels", "AttuneImage", "AttuneSpec",
                                                                 "TrainingTestSupport"]),
         .testTarget(name: "AttuneImageTests", dependencies: ["AttuneImage", "AttuneSpec"]),
-        .testTarget(name: "AttuneQueueTests", dependencies: ["AttuneQueue", "AttuneSpec", "QueueTestSupport"]),
+        .testTarget(name: "AttuneQueueTests", dependencies: ["AttuneQueue", "AttuneCodecs", "AttuneSpec", "QueueTestSupport"]),
         // Server-free tests of the delivery server's decisions: tokens, the event loop's answers, operators, and both
         // listeners' routes in process (HummingbirdTesting).
         .testTarget(name: "AttuneHTTPTests", dependencies: ["AttuneHTTP", "AttuneStore",
@@ -118,7 +120,7 @@ let package = Package(
         .testTarget(name: "AttuneTrainingIntegrationTests", dependencies: ["AttuneTraining", "AttuneKernels", "AttuneImage",
                                                                            "AttuneSpec", "TrainingTestSupport"], swiftSettings: swift5),
         .testTarget(name: "AttuneImageIntegrationTests", dependencies: ["AttuneImage", "AttuneSpec"], swiftSettings: swift5),
-        .testTarget(name: "AttuneQueueIntegrationTests", dependencies: ["AttuneQueue", "AttuneSpec", "QueueTestSupport"], swiftSettings: swift5),
+        .testTarget(name: "AttuneQueueIntegrationTests", dependencies: ["AttuneQueue", "AttuneCodecs", "AttuneSpec", "QueueTestSupport"], swiftSettings: swift5),
         .testTarget(name: "AttuneStoreIntegrationTests", dependencies: ["AttuneStore", "AttuneSpec",
                                                                         .product(name: "Crypto", package: "swift-crypto")], swiftSettings: swift5),
         .testTarget(name: "AttuneWorkerIntegrationTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore",

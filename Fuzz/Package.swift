@@ -13,5 +13,5 @@ let package = Package(
             .product(name: "AttuneJobs", package: "Attune"),
         ]),
     ],
-    swiftLanguageModes: [.v5]
+    swiftLanguageModes: [.v6]
 )

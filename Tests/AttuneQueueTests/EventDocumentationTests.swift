@@ -3,6 +3,7 @@ import Foundation
 import SwiftProtobuf
 import XCTest
 
+@testable import AttuneCodecs
 @testable import AttuneQueue
 
 /// The "Event JSON" section of docs/events.md is the contract consumers in other languages code against: its

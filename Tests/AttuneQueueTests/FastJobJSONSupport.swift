@@ -1,3 +1,4 @@
+@testable import AttuneCodecs
 @testable import AttuneQueue
 import AttuneSpec
 import Foundation

@@ -3,6 +3,7 @@ import Foundation
 import SwiftProtobuf
 import XCTest
 
+@testable import AttuneCodecs
 @testable import AttuneQueue
 @testable import QueueTestSupport
 

@@ -2,6 +2,7 @@ import AttuneSpec
 import Foundation
 import XCTest
 
+@testable import AttuneCodecs
 @testable import AttuneQueue
 @testable import QueueTestSupport
 

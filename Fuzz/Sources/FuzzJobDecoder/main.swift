@@ -1,4 +1,4 @@
-import AttuneQueue
+import AttuneCodecs
 import AttuneSpec
 import AttuneTraining
 import Foundation
