@@ -23,9 +23,16 @@ final class TrainingSlot {
     private lazy var progress = ProgressBuffer(source: source)
     private(set) var jobs = 0
     private(set) var retrains = 0
+    /// Opens the slot's store: a PostgreSQL connection of its own (a fake in the unit tests).
+    private let connect: () throws -> JobStore
 
+    /// - Parameter connect: the slot's store; nil: a `ModelRegistry` on `configuration.databaseURL`.
     init(index: Int, source: JobSource, configuration: WorkerConfiguration, logger: Logger,
-         metrics: WorkerMetrics = WorkerMetrics(slotCount: 1), failures: Logger = FailureClassifier.failures) {
+         metrics: WorkerMetrics = WorkerMetrics(slotCount: 1), failures: Logger = FailureClassifier.failures,
+         connect: (() throws -> JobStore)? = nil) {
+        self.connect = connect ?? { [configuration] in
+            try ModelRegistry(connection: PostgresConnection(url: configuration.databaseURL), keys: configuration.storageKeys)
+        }
         self.index = index
         self.failures = failures
         self.source = source
@@ -111,9 +118,6 @@ final class TrainingSlot {
     private func connectedSteps() throws -> JobSteps {
         if let steps { return steps }
         gauges.databaseConnected.record(0)
-        let connect = { [configuration] () throws -> JobStore in
-            try ModelRegistry(connection: PostgresConnection(url: configuration.databaseURL), keys: configuration.storageKeys)
-        }
         let made = JobSteps(store: try connect(), reconnect: connect, configuration: configuration, failures: failures)
         steps = made
         gauges.databaseConnected.record(1)
