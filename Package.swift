@@ -12,7 +12,6 @@ kernelSettings.append(.unsafeFlags(["-target-cpu", "haswell"]))
 // ATTUNE_INTEGRATION_TESTS=1, as scripts/test.sh sets it: a plain `swift test` builds and runs the unit tests
 // and needs nothing but the toolchain and the C libraries.
 let integrationTests = Context.environment["ATTUNE_INTEGRATION_TESTS"] == "1"
-let swift5: [SwiftSetting] = [.swiftLanguageMode(.v5)]
 
 let package = Package(
     name: "Attune",
@@ -115,18 +114,17 @@ let package = Package(
         .target(name: "QueueTestSupport", dependencies: ["AttuneSpec"], path: "Tests/Support/QueueTestSupport"),
         .target(name: "WorkerTestSupport", dependencies: ["AttuneSpec"], path: "Tests/Support/WorkerTestSupport"),
     ] + (integrationTests ? [
-        // Integration tests: real PostgreSQL and RabbitMQ, Python with NumPy and coremltools, a browser. Swift 5
-        // mode: their threads share registries, connections and fixtures that each test guards by hand.
+        // Integration tests: real PostgreSQL and RabbitMQ, Python with NumPy and coremltools, a browser.
         .testTarget(name: "AttuneTrainingIntegrationTests", dependencies: ["AttuneTraining", "AttuneKernels", "AttuneImage",
-                                                                           "AttuneSpec", "TrainingTestSupport"], swiftSettings: swift5),
-        .testTarget(name: "AttuneImageIntegrationTests", dependencies: ["AttuneImage", "AttuneSpec"], swiftSettings: swift5),
-        .testTarget(name: "AttuneQueueIntegrationTests", dependencies: ["AttuneQueue", "AttuneCodecs", "AttuneSpec", "QueueTestSupport"], swiftSettings: swift5),
+                                                                           "AttuneSpec", "TrainingTestSupport"]),
+        .testTarget(name: "AttuneImageIntegrationTests", dependencies: ["AttuneImage", "AttuneSpec"]),
+        .testTarget(name: "AttuneQueueIntegrationTests", dependencies: ["AttuneQueue", "AttuneCodecs", "AttuneSpec", "QueueTestSupport"]),
         .testTarget(name: "AttuneStoreIntegrationTests", dependencies: ["AttuneStore", "AttuneSpec",
-                                                                        .product(name: "Crypto", package: "swift-crypto")], swiftSettings: swift5),
+                                                                        .product(name: "Crypto", package: "swift-crypto")]),
         .testTarget(name: "AttuneWorkerIntegrationTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore",
                                                                          "AttuneQueue", "AttuneSpec", "WorkerTestSupport",
                                                                          .product(name: "Crypto", package: "swift-crypto"),
-                                                                         .product(name: "Logging", package: "swift-log")], swiftSettings: swift5),
+                                                                         .product(name: "Logging", package: "swift-log")]),
     ] : []),
     swiftLanguageModes: [.v6]
 )

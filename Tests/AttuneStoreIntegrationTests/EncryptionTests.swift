@@ -285,13 +285,13 @@ final class EncryptionTests: XCTestCase {
         let writer = ModelRegistry(connection: try schema.connect(), keys: k2.keys)
         let done = DispatchSemaphore(value: 0)
         let failures = Collector<String>()
-        Thread {
+        startThread {
             for version in 1...20 {
                 do { try self.commit(writer, "zed", parent: version - 1, state: Self.weights(200, seed: Float(100 + version))) }
                 catch { failures.append("\(error)") }
             }
             done.signal()
-        }.start()
+        }
         let rest = try k2.rotateKeys(batchSize: 1, pause: 0.005)
         done.wait()
         XCTAssertEqual(failures.all, [])

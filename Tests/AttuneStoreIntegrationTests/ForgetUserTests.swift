@@ -247,7 +247,7 @@ final class ForgetUserTests: XCTestCase {
         let writer = try makeRegistry(try EncryptionTests.keys(Self.k1))
         let outcomes = Collector<String>(), started = DispatchSemaphore(value: 0), done = DispatchSemaphore(value: 0)
         let user = forgotten
-        Thread {
+        startThread {
             var committed = 0
             for round in 0..<60 {
                 do {
@@ -262,7 +262,7 @@ final class ForgetUserTests: XCTestCase {
                 }
             }
             done.signal()
-        }.start()
+        }
         XCTAssertEqual(started.wait(timeout: .now() + 30), .success)
         let report = try registry.forgetUser(user)
         done.wait()

@@ -74,6 +74,8 @@ extension XCTestCase {
 
     /// Runs `body(i)` on `count` threads at once and waits for all of them.
     func onThreads(_ count: Int, _ body: @escaping (Int) -> Void) {
+        // Each thread gets its own connections inside `body`; what they share is the test's to guard.
+        nonisolated(unsafe) let body = body
         let group = DispatchGroup()
         for i in 0..<count {
             group.enter()
@@ -85,6 +87,13 @@ extension XCTestCase {
         }
         group.wait()
     }
+}
+
+/// Starts `body` on a thread of its own: the registry or fixture it uses is that thread's until it signals the
+/// test, so the closure need not be Sendable.
+func startThread(_ body: @escaping () -> Void) {
+    nonisolated(unsafe) let owned = body
+    Thread { owned() }.start()
 }
 
 /// Collects values from several threads.
