@@ -62,6 +62,16 @@ public protocol JobSource: AnyObject, Sendable {
     func cancellation(of jobId: String) -> String?
 }
 
+/// A job source with a life of its own, as a worker drives it: `run()` on the calling thread until it has
+/// stopped and everything taken was settled; `stop()` takes no more; `abandon()` also gives up the jobs in hand.
+/// `RabbitJobSource` is the worker's; the unit tests drive a worker with one in memory.
+protocol DrivenJobSource: JobSource {
+    func run()
+    func stop()
+    func abandon()
+    var isConnected: Bool { get }
+}
+
 extension JobSource {
     public var handovers: Int { 0 }
     public func cancellation(of jobId: String) -> String? { nil }

@@ -16,7 +16,7 @@ import Synchronization
 /// tags allow. The thread sleeps in poll(2) on its socket and an eventfd the slots signal.
 /// Unchecked: the connection and the delivery bookkeeping belong to the broker thread alone; what the slots
 /// hand over (taken and settled jobs, progress) crosses behind `lock`.
-final class RabbitJobSource: JobSource, @unchecked Sendable {
+final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
     private let configuration: WorkerConfiguration
     private let logger: Logger
     private let slotCount: Int

@@ -12,14 +12,27 @@ import Logging
 public final class Worker: Sendable {
     private let configuration: WorkerConfiguration
     private let logger: Logger
-    private let source: RabbitJobSource
+    private let source: any DrivenJobSource
     private let metrics: WorkerMetrics
+    /// Each slot's store; nil: a PostgreSQL registry per slot (`TrainingSlot`).
+    private let connect: (@Sendable () throws -> JobStore)?
 
     public init(configuration: WorkerConfiguration, logger: Logger = Logger(label: "attune.worker")) {
         self.configuration = configuration
         self.logger = logger
         metrics = WorkerMetrics(slotCount: max(1, configuration.concurrency))
         source = RabbitJobSource(configuration: configuration, logger: logger, metrics: metrics)
+        connect = nil
+    }
+
+    /// A worker on another source and store (the unit tests' fakes in memory).
+    init(configuration: WorkerConfiguration, source: any DrivenJobSource, connect: @escaping @Sendable () throws -> JobStore,
+         logger: Logger = Logger(label: "attune.worker")) {
+        self.configuration = configuration
+        self.logger = logger
+        metrics = WorkerMetrics(slotCount: max(1, configuration.concurrency))
+        self.source = source
+        self.connect = connect
     }
 
     /// Whether the worker's broker connection is open (its database connections are the slots' own).
@@ -31,7 +44,8 @@ public final class Worker: Sendable {
         configuration.storageKeys.logSummary(to: logger)
         let group = DispatchGroup()
         let slots = (0..<max(1, configuration.concurrency)).map {
-            TrainingSlot(index: $0, source: source, configuration: configuration, logger: logger, metrics: metrics)
+            TrainingSlot(index: $0, source: source, configuration: configuration, logger: logger, metrics: metrics,
+                         connect: connect)
         }
         for (index, slot) in slots.enumerated() {
             group.enter()
