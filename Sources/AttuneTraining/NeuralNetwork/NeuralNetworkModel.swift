@@ -50,80 +50,16 @@ public struct NeuralNetworkModel: Sendable {
         guard spec.isUpdatable else { throw .notUpdatable }
         self.spec = spec
 
-        // Input.
-        let description = spec.description_p
         let (inputName, shape, image) = try Self.networkInput(of: spec, preprocessing: nn.preprocessing)
         imageInput = image
         self.inputName = inputName
         inputShape = shape
 
-        // Class labels (classifiers only).
-        switch nn.classLabels {
-        case .stringClassLabels(let v)?: classLabels = v.vector.map(ClassLabel.string)
-        case .int64ClassLabels(let v)?: classLabels = v.vector.map(ClassLabel.int64)
-        case nil:
-            if nn.isClassifier { throw .classLabels("the classifier declares no class labels") }
-            classLabels = []
-        }
-        if nn.isClassifier, classLabels.isEmpty { throw .classLabels("the class label list is empty") }
-        var index: [ClassLabel: Int] = [:]
-        for (i, label) in classLabels.enumerated() {
-            guard index.updateValue(i, forKey: label) == nil else {
-                throw .classLabels("label '\(label)' appears twice")
-            }
-        }
-        labelIndex = index
-
-        // Training inputs: the model input plus exactly one feature the loss reads its target from.
-        let others = description.trainingInput.filter { $0.name != inputName }
-        guard description.trainingInput.contains(where: { $0.name == inputName }) else {
-            throw .trainingInputs("trainingInput does not list the model input '\(inputName)'")
-        }
-        guard others.count == 1, let label = others.first else {
-            throw .trainingInputs("expected one label or target feature besides '\(inputName)', found \(others.map(\.name))")
-        }
+        (classLabels, labelIndex) = try Self.classLabels(of: nn)
+        let label = try Self.labelFeature(of: spec.description_p, inputName: inputName)
         labelFeatureName = label.name
-        let labelMatchesClasses: Bool
-        switch (label.type.type, classLabels.first) {
-        case (.stringType?, .string?), (.int64Type?, .int64?): labelMatchesClasses = true
-        default: labelMatchesClasses = false
-        }
-
-        // Loss and optimizer.
         let update = nn.updateParams
-        guard update.lossLayers.count == 1, let loss = update.lossLayers.first else {
-            let names = update.lossLayers.map { "'\($0.name)'" }.joined(separator: ", ")
-            throw .loss("expected one loss layer, found \(update.lossLayers.count)\(names.isEmpty ? "" : " (\(names))")")
-        }
-        let end: ChainEnd
-        var targetShape: [Int]?
-        switch loss.lossLayerType {
-        case .categoricalCrossEntropyLossLayer(let cce)?:
-            guard nn.isClassifier else {
-                throw .loss("loss layer '\(loss.name)' is categoricalCrossEntropy, which needs class labels, which only "
-                    + "a neuralNetworkClassifier declares; train this \(UnsupportedModel.typeName(of: spec)) with "
-                    + "meanSquaredError")
-            }
-            guard labelMatchesClasses else {
-                throw .trainingInputs("label feature '\(label.name)' must be \(Self.labelTypeName(classLabels[0])) "
-                    + "to match the class labels")
-            }
-            end = .crossEntropy(input: cce.input, classCount: classLabels.count)
-        case .meanSquaredErrorLossLayer(let mse)?:
-            if case .multiArrayType(let array)? = label.type.type {
-                guard label.name == mse.target else {
-                    throw .trainingInputs("the target feature '\(label.name)' is not the mean squared error loss's "
-                        + "target '\(mse.target)'")
-                }
-                targetShape = array.shape.map { Int(clamping: $0) }
-            } else if !labelMatchesClasses {
-                let expected = nn.isClassifier ? "a multiArray or \(Self.labelTypeName(classLabels[0]))" : "a multiArray"
-                throw .trainingInputs("the mean squared error target feature '\(label.name)' must be \(expected)")
-            }
-            end = .meanSquaredError(input: mse.input)
-        case nil:
-            throw .loss("loss layer '\(loss.name)' declares no loss function")
-        }
+        let (end, targetShape) = try Self.chainEnd(of: update, network: nn, spec: spec, label: label, classLabels: classLabels)
         declarations = try ParameterDeclarations(update)
         defaults = try declarations.defaults()
 
@@ -142,6 +78,84 @@ public struct NeuralNetworkModel: Sendable {
         }
         if !nn.labelProbabilityLayerName.isEmpty, nn.labelProbabilityLayerName != end.blob {
             throw .loss("labelProbabilityLayerName '\(nn.labelProbabilityLayerName)' differs from the loss input '\(end.blob)'")
+        }
+    }
+
+    /// A classifier's labels, each once, with its index; none for a plain network.
+    private static func classLabels(of nn: NetworkParts) throws(UnsupportedModel) -> ([ClassLabel], [ClassLabel: Int]) {
+        let labels: [ClassLabel]
+        switch nn.classLabels {
+        case .stringClassLabels(let v)?: labels = v.vector.map(ClassLabel.string)
+        case .int64ClassLabels(let v)?: labels = v.vector.map(ClassLabel.int64)
+        case nil:
+            if nn.isClassifier { throw .classLabels("the classifier declares no class labels") }
+            labels = []
+        }
+        if nn.isClassifier, labels.isEmpty { throw .classLabels("the class label list is empty") }
+        var index: [ClassLabel: Int] = [:]
+        for (i, label) in labels.enumerated() {
+            guard index.updateValue(i, forKey: label) == nil else {
+                throw .classLabels("label '\(label)' appears twice")
+            }
+        }
+        return (labels, index)
+    }
+
+    /// The training inputs: the model input plus exactly one feature the loss reads its target from, which
+    /// this returns.
+    private static func labelFeature(of description: CoreML_Specification_ModelDescription,
+                                     inputName: String) throws(UnsupportedModel) -> CoreML_Specification_FeatureDescription {
+        let others = description.trainingInput.filter { $0.name != inputName }
+        guard description.trainingInput.contains(where: { $0.name == inputName }) else {
+            throw .trainingInputs("trainingInput does not list the model input '\(inputName)'")
+        }
+        guard others.count == 1, let label = others.first else {
+            throw .trainingInputs("expected one label or target feature besides '\(inputName)', found \(others.map(\.name))")
+        }
+        return label
+    }
+
+    /// The one loss layer, checked against the model's kind and its label feature: where the layer chain
+    /// must end, and a mean squared error target's declared shape.
+    private static func chainEnd(of update: CoreML_Specification_NetworkUpdateParameters, network nn: NetworkParts,
+                                 spec: CoreML_Specification_Model, label: CoreML_Specification_FeatureDescription,
+                                 classLabels: [ClassLabel]) throws(UnsupportedModel) -> (ChainEnd, [Int]?) {
+        let labelMatchesClasses: Bool
+        switch (label.type.type, classLabels.first) {
+        case (.stringType?, .string?), (.int64Type?, .int64?): labelMatchesClasses = true
+        default: labelMatchesClasses = false
+        }
+        guard update.lossLayers.count == 1, let loss = update.lossLayers.first else {
+            let names = update.lossLayers.map { "'\($0.name)'" }.joined(separator: ", ")
+            throw .loss("expected one loss layer, found \(update.lossLayers.count)\(names.isEmpty ? "" : " (\(names))")")
+        }
+        switch loss.lossLayerType {
+        case .categoricalCrossEntropyLossLayer(let cce)?:
+            guard nn.isClassifier else {
+                throw .loss("loss layer '\(loss.name)' is categoricalCrossEntropy, which needs class labels, which only "
+                    + "a neuralNetworkClassifier declares; train this \(UnsupportedModel.typeName(of: spec)) with "
+                    + "meanSquaredError")
+            }
+            guard labelMatchesClasses else {
+                throw .trainingInputs("label feature '\(label.name)' must be \(Self.labelTypeName(classLabels[0])) "
+                    + "to match the class labels")
+            }
+            return (.crossEntropy(input: cce.input, classCount: classLabels.count), nil)
+        case .meanSquaredErrorLossLayer(let mse)?:
+            var targetShape: [Int]?
+            if case .multiArrayType(let array)? = label.type.type {
+                guard label.name == mse.target else {
+                    throw .trainingInputs("the target feature '\(label.name)' is not the mean squared error loss's "
+                        + "target '\(mse.target)'")
+                }
+                targetShape = array.shape.map { Int(clamping: $0) }
+            } else if !labelMatchesClasses {
+                let expected = nn.isClassifier ? "a multiArray or \(Self.labelTypeName(classLabels[0]))" : "a multiArray"
+                throw .trainingInputs("the mean squared error target feature '\(label.name)' must be \(expected)")
+            }
+            return (.meanSquaredError(input: mse.input), targetShape)
+        case nil:
+            throw .loss("loss layer '\(loss.name)' declares no loss function")
         }
     }
 
