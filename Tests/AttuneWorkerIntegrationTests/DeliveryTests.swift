@@ -13,17 +13,7 @@ import XCTest
 /// new bytes once a version lands, and tokens that see only their own application's models.
 final class DeliveryTests: XCTestCase {
     private func attune(_ fleet: FleetHarness, _ arguments: [String]) throws -> (status: Int32, out: Data) {
-        let process = Process()
-        process.executableURL = Paths.attuneExecutable
-        // `token device` signs offline and takes no database.
-        process.arguments = arguments + (arguments.starts(with: ["token", "device"]) ? [] : ["--database-url", fleet.databaseURL])
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let data = out.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return (process.terminationStatus, data)
+        try fleet.attuneOutput(arguments)
     }
 
     private func token(_ fleet: FleetHarness, app: String, models: [String]) throws -> String {

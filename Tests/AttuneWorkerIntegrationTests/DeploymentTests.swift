@@ -13,17 +13,8 @@ import XCTest
 /// and a collection's manifest lists its models with the ETags a device should hold.
 final class DeploymentTests: XCTestCase {
     private func attune(_ fleet: FleetHarness, _ arguments: [String]) throws -> (status: Int32, out: String) {
-        let process = Process()
-        process.executableURL = Paths.attuneExecutable
-        // `token device` signs offline and takes no database.
-        process.arguments = arguments + (arguments.starts(with: ["token", "device"]) ? [] : ["--database-url", fleet.databaseURL])
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let data = out.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+        let result = try fleet.attuneOutput(arguments)
+        return (result.status, String(decoding: result.out, as: UTF8.self))
     }
 
     private func get(_ port: Int, _ path: String, token: String) throws -> (status: Int, body: Data, etag: String?) {

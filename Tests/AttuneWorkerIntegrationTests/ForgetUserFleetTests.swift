@@ -22,17 +22,9 @@ final class ForgetUserFleetTests: XCTestCase {
 
     /// Standard output alone (a key or a token), as a backend would read it.
     private func printed(_ fleet: FleetHarness, _ arguments: [String]) throws -> String {
-        let process = Process()
-        process.executableURL = Paths.attuneExecutable
-        process.arguments = arguments + (arguments.starts(with: ["token", "device"]) ? [] : ["--database-url", fleet.databaseURL])
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let data = out.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        XCTAssertEqual(process.terminationStatus, 0, "attune \(arguments.prefix(3).joined(separator: " "))")
-        return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        let result = try fleet.attuneOutput(arguments)
+        XCTAssertEqual(result.status, 0, "attune \(arguments.prefix(3).joined(separator: " "))")
+        return String(decoding: result.out, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
     private func succeeded(_ fleet: FleetHarness, _ arguments: [String]) throws -> String {

@@ -240,3 +240,20 @@ func assertDeadLetteredAndWorkerGoesOn(reasonContains expected: [String], file: 
     XCTAssertEqual(letters.first?.headers[Topology.reasonHeader], failed.reason, file: file, line: line)
     XCTAssertEqual(try fleet.registry.history(user: "after_bad", model: fleet.model).count, 1, file: file, line: line)
 }
+
+extension FleetHarness {
+    /// Runs `attune` on this fleet's database (`token device` signs offline and takes none) and returns its
+    /// standard output alone, as a backend reading a printed key or token would.
+    func attuneOutput(_ arguments: [String]) throws -> (status: Int32, out: Data) {
+        let process = Process()
+        process.executableURL = Paths.attuneExecutable
+        process.arguments = arguments + (arguments.starts(with: ["token", "device"]) ? [] : ["--database-url", databaseURL])
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, data)
+    }
+}

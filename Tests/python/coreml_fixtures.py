@@ -454,13 +454,7 @@ def digits_pretrained_v2(out, pixels, digits):
     x_base, t_base = pixels[BASE_ROWS[0]:BASE_ROWS[1]], digits[BASE_ROWS[0]:BASE_ROWS[1]]
     weights = train_mlp(start, x_base, t_base, epochs=4, lr=0.01, batch=32, momentum=0.9,
                         order_source=np.random.default_rng(89).permutation)
-    lr, batch, momentum, epochs, seed = 0.002, 8, 0.9, 10, 79
-    builder = mlp_builder(weights)
-    builder.set_sgd_optimizer(SgdParams(lr=lr, batch=batch, momentum=momentum))
-    builder.set_epochs(epochs, allowed_set=[1, 2, 5, 10, 20])
-    builder.set_shuffle(seed=seed)
-    widen_batch_sizes(builder.spec.neuralNetworkClassifier.updateParams.optimizer.sgdOptimizer)
-    save(builder.spec, out, "digits-pretrained-v2.mlmodel")
+    save(pretrained_builder(weights).spec, out, "digits-pretrained-v2.mlmodel")
     stored = [np.asarray(w, dtype=np.float32).astype(np.float64) for w in weights]
     held = np.concatenate([np.arange(ha, hb) for _, _, (ha, hb) in user_blocks(len(digits))])
     accuracy = float(np.mean(mlp_predict(stored, pixels[held]) == digits[held]))
@@ -558,6 +552,22 @@ def splitmix_orders(seed):
     return next_order
 
 
+# The update defaults of the pretrained digits bases (lr, mini-batch, momentum, epochs, shuffle seed): what a
+# user's job runs with unless it says otherwise.
+PRETRAINED_UPDATE = (0.002, 8, 0.9, 10, 79)
+
+
+def pretrained_builder(weights):
+    """A pretrained digits base as users get it: the MLP with these weights and the update defaults above."""
+    lr, batch, momentum, epochs, seed = PRETRAINED_UPDATE
+    builder = mlp_builder(weights)
+    builder.set_sgd_optimizer(SgdParams(lr=lr, batch=batch, momentum=momentum))
+    builder.set_epochs(epochs, allowed_set=[1, 2, 5, 10, 20])
+    builder.set_shuffle(seed=seed)
+    widen_batch_sizes(builder.spec.neuralNetworkClassifier.updateParams.optimizer.sgdOptimizer)
+    return builder
+
+
 def digits_pretrained(out, pixels, digits):
     """Digits MLP 64-32-10 whose weights were trained on rows 0-1199 ("other writers"); users are the later
     row blocks. Deliberately one short epoch, so the base is decent but leaves room for a personal update."""
@@ -567,13 +577,8 @@ def digits_pretrained(out, pixels, digits):
     base_rng = np.random.default_rng(73)
     weights = train_mlp(start, x_base, t_base, epochs=1, lr=0.01, batch=32, momentum=0.9,
                         order_source=base_rng.permutation)
-    lr, batch, momentum, epochs, seed = 0.002, 8, 0.9, 10, 79
-    builder = mlp_builder(weights)
-    builder.set_sgd_optimizer(SgdParams(lr=lr, batch=batch, momentum=momentum))
-    builder.set_epochs(epochs, allowed_set=[1, 2, 5, 10, 20])
-    builder.set_shuffle(seed=seed)
-    widen_batch_sizes(builder.spec.neuralNetworkClassifier.updateParams.optimizer.sgdOptimizer)
-    save(builder.spec, out, "digits-pretrained.mlmodel")
+    lr, batch, momentum, epochs, seed = PRETRAINED_UPDATE
+    save(pretrained_builder(weights).spec, out, "digits-pretrained.mlmodel")
 
     # What a per-user update should do, simulated in float64 with the model's own defaults and shuffle rule
     # (float32 weights as stored, since that is what the engine starts from).
