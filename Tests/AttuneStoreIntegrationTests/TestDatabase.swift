@@ -66,6 +66,25 @@ final class TestSchema {
 }
 
 extension XCTestCase {
+    /// vacuumlo lists the large objects that no `oid` or `lo` column references: a prune, a rollback or a
+    /// forget that leaves none behind passes.
+    func assertVacuumloFindsNothing(_ databaseURL: String, file: StaticString = #filePath, line: UInt = #line) throws {
+        let vacuumlo = ["/usr/lib/postgresql/15/bin/vacuumlo", "/usr/bin/vacuumlo"]
+            .first { FileManager.default.isExecutableFile(atPath: $0) }
+        let tool = try XCTUnwrap(vacuumlo, "vacuumlo not found (Debian's postgresql-15)", file: file, line: line)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: tool)
+        process.arguments = ["-n", "-v", databaseURL]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        XCTAssertEqual(process.terminationStatus, 0, output, file: file, line: line)
+        XCTAssertTrue(output.contains("Would remove 0 large objects"), output, file: file, line: line)
+    }
+
     func makeSchema() throws -> TestSchema {
         let schema = try TestSchema()
         addTeardownBlock { schema.drop() }
