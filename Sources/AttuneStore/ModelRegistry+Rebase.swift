@@ -1,4 +1,3 @@
-import Crypto
 import Foundation
 
 /// A rebase moves every user of a model onto a new base version: one job per user, published like any
@@ -15,29 +14,28 @@ extension ModelRegistry {
                 let id = try conn.query("""
                     INSERT INTO attune_rebases (model, base_version, without_samples) VALUES ($1, $2, $3) RETURNING id
                     """, [model, baseVersion, withoutSamples.rawValue])[0].int64("id")
-                // The head row is locked so that a user's line cannot change base under us; the version it has
-                // now is only what the rebase reports as where the user came from (the worker replays up to
-                // whatever the head is when the user's job arrives).
-                let users = try conn.query("""
-                    SELECT h.user_id, h.version, h.base_version,
-                           (SELECT count(*) FROM attune_retained_jobs r
-                             WHERE r.user_id = h.user_id AND r.model = h.model)::integer AS kept
-                    FROM attune_personal_heads h
-                    WHERE h.model = $1 AND h.version > 0 AND h.base_version <> $2
-                    ORDER BY h.user_id FOR UPDATE OF h
-                    """, [model, baseVersion])
-                for row in users.rows {
-                    let user = try row.string("user_id")
-                    let kept = try row.int("kept")
-                    let stays = kept == 0 && withoutSamples == .stay
-                    try conn.query("""
-                        INSERT INTO attune_rebase_users
-                            (rebase_id, user_id, from_version, from_base, kept_jobs, job_id, outcome, settled_at, reason)
-                        VALUES ($1, $2, $3, $4, $5, $6, $7, CASE WHEN $7::text IS NULL THEN NULL ELSE now() END, $8)
-                        """, [id, user, try row.int("version"), try row.int("base_version"), kept,
-                              Self.rebaseJobId(rebase: id, user: user), stays ? "stayed" : nil,
-                              stays ? "no kept samples; --without-samples stay" : nil])
-                }
+                // One statement for every user, however many: each user's line on another base, its head row
+                // locked so the line cannot change base under us. The version it has now is only what the
+                // rebase reports as where the user came from (the worker replays up to whatever the head is
+                // when the user's job arrives). The job id is the rebase's and the user's, the user hashed
+                // (SHA-256, 12 bytes in hex) so that it stays within the 128 characters of a job id.
+                try conn.query("""
+                    WITH lines AS (
+                        SELECT h.user_id, h.version, h.base_version,
+                               (SELECT count(*) FROM attune_retained_jobs r
+                                 WHERE r.user_id = h.user_id AND r.model = h.model)::integer AS kept
+                        FROM attune_personal_heads h
+                        WHERE h.model = $2 AND h.version > 0 AND h.base_version <> $3
+                        FOR UPDATE OF h)
+                    INSERT INTO attune_rebase_users
+                        (rebase_id, user_id, from_version, from_base, kept_jobs, job_id, outcome, settled_at, reason)
+                    SELECT $1::bigint, l.user_id, l.version, l.base_version, l.kept,
+                           'rebase-' || $1::bigint || '-' || encode(substring(sha256(convert_to(l.user_id, 'UTF8')) FROM 1 FOR 12), 'hex'),
+                           stays.outcome, CASE WHEN stays.outcome IS NULL THEN NULL ELSE now() END, stays.reason
+                    FROM lines l
+                    CROSS JOIN LATERAL (SELECT CASE WHEN l.kept = 0 AND $4::boolean THEN 'stayed' END AS outcome,
+                                               CASE WHEN l.kept = 0 AND $4::boolean THEN 'no kept samples; --without-samples stay' END AS reason) stays
+                    """, [id, model, baseVersion, withoutSamples == .stay])
                 try conn.query("""
                     UPDATE attune_rebases r SET state = 'done', finished_at = now()
                     WHERE r.id = $1 AND NOT EXISTS (SELECT 1 FROM attune_rebase_users u WHERE u.rebase_id = r.id AND u.outcome IS NULL)
@@ -58,12 +56,6 @@ extension ModelRegistry {
         try connection.query("""
             SELECT DISTINCT base_version FROM attune_personal_heads WHERE model = $1 AND version > 0 ORDER BY 1
             """, [model]).rows.map { try $0.int("base_version") }
-    }
-
-    /// A rebase job's id: the rebase and the user, the user hashed so the id stays within 128 characters.
-    static func rebaseJobId(rebase: Int64, user: String) -> String {
-        let digest = SHA256.hash(data: Data(user.utf8)).prefix(12).map { String(format: "%02x", $0) }.joined()
-        return "rebase-\(rebase)-\(digest)"
     }
 
     public func rebase(id: Int64) throws -> RebaseRecord {
@@ -297,7 +289,6 @@ public enum RebaseError: Error, CustomStringConvertible, Equatable {
     case alreadyRunning(model: String, id: Int64, baseVersion: Int)
     case noneRunning(model: String)
     case unknown(id: Int64)
-    case otherBase(model: String, id: Int64, running: Int, requested: Int)
 
     public var description: String {
         switch self {
@@ -307,8 +298,6 @@ public enum RebaseError: Error, CustomStringConvertible, Equatable {
             return "no rebase of \(model) is running; `attune model rebase-status --name \(model)` shows the last one"
         case let .unknown(id):
             return "no rebase \(id)"
-        case let .otherBase(model, id, running, requested):
-            return "rebase \(id) of \(model) is running onto base \(running), not \(requested); let it finish or cancel it (`attune model rebase-cancel --name \(model)`) first"
         }
     }
 }

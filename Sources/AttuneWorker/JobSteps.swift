@@ -342,26 +342,27 @@ final class JobSteps {
         let kept = try store.retainedJobs(user: job.userID, model: job.model)
             .filter { $0.version <= head.version }
             .map { try Attune_V1_TrainingJob(serializedBytes: $0.job) }
-        let tasks = try kept.enumerated().map { index, keptJob in
-            UpdateTask(model: model, state: nil, batch: try model.prepareBatch(keptJob.samples, maxSamples: configuration.limits.maxSamples),
-                       parameters: try model.resolveParameters(keptJob.parameters),
-                       validation: index == kept.count - 1
-                           ? try model.prepareValidation(keptJob.validationSamples, trainingSamples: keptJob.samples.count,
-                                                         maxSamples: configuration.limits.maxSamples)
-                           : nil)
+        // Every kept job checked against the new base before any of them trains.
+        let steps = try kept.enumerated().map { index, keptJob in
+            (batch: try model.prepareBatch(keptJob.samples, maxSamples: configuration.limits.maxSamples),
+             parameters: try model.resolveParameters(keptJob.parameters),
+             validation: index == kept.count - 1
+                 ? try model.prepareValidation(keptJob.validationSamples, trainingSamples: keptJob.samples.count,
+                                               maxSamples: configuration.limits.maxSamples)
+                 : nil)
         }
         let events = EventFactory(job: job, worker: configuration.workerName)
         report(events.make(.trainingBegin) {
             $0.version = Int64(head.version)
-            $0.samples = Int64(tasks.reduce(0) { $0 + $1.batch.count })
-            $0.epochs = Int64(tasks.reduce(0) { $0 + $1.parameters.epochs })
+            $0.samples = Int64(steps.reduce(0) { $0 + $1.batch.count })
+            $0.epochs = Int64(steps.reduce(0) { $0 + $1.parameters.epochs })
         })
         let started = Date()
         var results: [UpdateResult] = []
-        for task in tasks {
-            let chained = UpdateTask(model: model, state: results.last?.state, batch: task.batch,
-                                     parameters: task.parameters, validation: task.validation)
-            results.append(try run(chained, of: job, started: started, isAbandoning: isAbandoning) { _ in })
+        for step in steps {
+            let task = UpdateTask(model: model, state: results.last?.state, batch: step.batch,
+                                  parameters: step.parameters, validation: step.validation)
+            results.append(try run(task, of: job, started: started, isAbandoning: isAbandoning) { _ in })
         }
         let result = UpdateResult(replaying: results, from: model.initialState(),
                                   durationSeconds: Date().timeIntervalSince(started))
