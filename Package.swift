@@ -79,6 +79,10 @@ let package = Package(
                                                    .product(name: "Prometheus", package: "swift-prometheus"),
                                                    .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                                                    .product(name: "Logging", package: "swift-log")]),
+        // Benchmarks/training.sh's Swift side: built alone in release, without the server modules.
+        .target(name: "BenchProbes", path: "Benchmarks/BenchProbes"),
+        .executableTarget(name: "attune-training-bench", dependencies: ["AttuneSpec", "AttuneTraining", "BenchProbes"],
+                          path: "Benchmarks/TrainingBench"),
         .executableTarget(name: "attune", dependencies: [
             "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue", "AttuneWorker", "AttuneImage", "AttuneHTTP",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),

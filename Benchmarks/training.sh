@@ -1,53 +1,59 @@
 #!/usr/bin/env bash
-# Training speed per model kind, in a release build: samples per second of update tasks on the
-# coremltools-built fixtures and an MNIST-shaped conv net, and k-NN predictions per second; then the two
-# dense nets (64-32-10 and 784-128-10) at mini-batch 8, 32 and 256 against the same loop in NumPy and in
-# PyTorch on the CPU (Benchmarks/python/training_peers.py), all in this one run, printed as a ratio table.
-# The first release build of the tests takes several minutes; PyTorch is installed into the venv on first
-# use (a large download: PyPI's Linux wheel carries the CUDA libraries; ATTUNE_BENCH_TORCH=0 leaves it out).
+# Training speed against NumPy and PyTorch on the CPU, all in one run: the CPU's FMA peak, then five rounds
+# (ATTUNE_BENCH_RUNS) in a row, each training every net at every mini-batch size in Attune
+# (attune-training-bench, a release build of the training modules alone), NumPy (the dense nets) and
+# PyTorch, one after another on the same rows; then one table with each peer's median rate, Attune's ratio
+# to each peer as min / median / max over the rounds, the GFLOP/s of 784-128-10 at mini-batch 256 against
+# the peak, and the targets (docs/benchmarks.md#training-speed).
+#
+#   Benchmarks/training.sh              about five minutes after the first build
+#   ATTUNE_BENCH_TORCH=0                leaves PyTorch out (PyPI's Linux wheel is a large download: it
+#                                       carries the CUDA libraries; PyTorch runs on the CPU here)
+#   ATTUNE_BENCH_NETS, ATTUNE_BENCH_SAMPLES, ATTUNE_BENCH_RUNS   other nets ("file:epochs:batch,batch ..."),
+#                                       rows, rounds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --python
 python=${ATTUNE_VENV:-$PWD/.venv}/bin/python
-nets=${ATTUNE_BENCH_NETS:-"mlp-64-32-10.mlmodel:10 mlp-784-128-10.mlmodel:3"}
+nets=${ATTUNE_BENCH_NETS:-"mlp-64-32-10.mlmodel:10:8,32,256 mlp-784-128-10.mlmodel:3:8,32,256 conv-28-16-32-10.mlmodel:1:8,64"}
 samples=${ATTUNE_BENCH_SAMPLES:-4000}
-# Debian's OpenBLAS 0.3.21 picks its Cooperlake kernel on processors with AVX-512 BF16, and that kernel's small
-# sgemm miscomputes (see scripts/test.sh): Attune's side runs with Haswell there unless a kernel was chosen.
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512_bf16 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
-fixtures=$(mktemp -d /tmp/attune-bench-training.XXXXXX)
-trap 'rm -rf "$fixtures"' EXIT
-"$python" Tests/python/coreml_fixtures.py "$fixtures" >/dev/null 2>&1
+runs=${ATTUNE_BENCH_RUNS:-5}
+work=$(mktemp -d /tmp/attune-bench-training.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+"$python" Tests/python/coreml_fixtures.py "$work" >/dev/null 2>&1
+swift build -c release --product attune-training-bench >"$work/build.txt" 2>&1 ||
+  { cat "$work/build.txt" >&2; exit 1; }
+bench=$(swift build -c release --show-bin-path)/attune-training-bench
 
-ATTUNE_BENCHMARK=1 ATTUNE_TEST_FIXTURES=$fixtures ATTUNE_PYTHON=$python ATTUNE_BENCH_NETS=$nets \
-  ATTUNE_BENCH_SAMPLES=$samples \
-  swift test -c release -Xswiftc -enable-testing --disable-swift-testing --filter ThroughputBenchmarks \
-  >"$fixtures/swift.txt" 2>&1 || true
-grep -E "samples/s|predictions/s|error|failed" "$fixtures/swift.txt" || true
-grep "^peer attune" "$fixtures/swift.txt" >"$fixtures/peers.txt" ||
-  { echo "the Swift benchmark printed no peer lines: see the output above" >&2; exit 1; }
-# PyTorch gets as many threads as Attune splits its big products over (NumPy's OpenBLAS uses every core).
-threads=$(sed -n 's/^peer attune blas: .* \([0-9]*\) training thread(s).*/\1/p' "$fixtures/peers.txt")
-
-# NumPy's wheel brings its own, newer OpenBLAS. OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, set on some machines
-# for older OpenBLAS builds, would force it onto a slower kernel, so this one command runs without them.
-if ! "$python" -c "import threadpoolctl" 2>/dev/null; then
+"$python" -c "import threadpoolctl" 2>/dev/null ||
   "$python" -m pip install -q --disable-pip-version-check threadpoolctl >&2
+torch=${ATTUNE_BENCH_TORCH:-1}
+if [[ "$torch" == "1" ]] && ! "$python" -c "import torch" 2>/dev/null &&
+   ! "$python" -m pip install -q --disable-pip-version-check torch >&2; then
+  echo "peer torch skipped: pip install torch failed" >>"$work/lines.txt"
+  torch=0
 fi
-env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
-  "$python" Benchmarks/python/training_peers.py numpy "$fixtures" --nets "$nets" --samples "$samples" \
-  2>/dev/null | grep "^peer" >>"$fixtures/peers.txt"
+# PyTorch gets as many threads as Attune's training uses (one per core); NumPy's OpenBLAS uses every core.
+threads=$(nproc)
 
-if [[ "${ATTUNE_BENCH_TORCH:-1}" == "0" ]]; then
-  echo "peer torch skipped: ATTUNE_BENCH_TORCH=0" >>"$fixtures/peers.txt"
-elif ! "$python" -c "import torch" 2>/dev/null &&
-     ! "$python" -m pip install -q --disable-pip-version-check torch >&2; then
-  echo "peer torch skipped: pip install torch failed (PyPI's wheel needs its CUDA libraries, several GB)" \
-    >>"$fixtures/peers.txt"
-else
-  "$python" Benchmarks/python/training_peers.py torch "$fixtures" --nets "$nets" --samples "$samples" \
-    --threads "${threads:-1}" 2>/dev/null | grep "^peer" >>"$fixtures/peers.txt"
-fi
+"$bench" peak | tee -a "$work/lines.txt" >&2
+for run in $(seq "$runs"); do
+  for net in $nets; do
+    IFS=: read -r file epochs batches <<<"$net"
+    "$bench" train "$work/$file" --epochs "$epochs" --batches "${batches//,/ }" --samples "$samples" \
+      >>"$work/lines.txt"
+  done
+  # NumPy's wheel brings its own, newer OpenBLAS. OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, set on some machines
+  # for older OpenBLAS builds, would force it onto a slower kernel, so this one command runs without them.
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$python" Benchmarks/python/training_peers.py numpy "$work" \
+    --nets "$nets" --samples "$samples" 2>/dev/null >>"$work/lines.txt"
+  if [[ "$torch" == "1" ]]; then
+    "$python" Benchmarks/python/training_peers.py torch "$work" --nets "$nets" --samples "$samples" \
+      --threads "$threads" 2>/dev/null >>"$work/lines.txt"
+  fi
+  echo "round $run of $runs done" >&2
+done
 
 echo
-echo "dense nets, $samples samples, best of 3 tasks each (samples/s = samples x epochs / task seconds):"
-"$python" Benchmarks/python/training_peers.py table <"$fixtures/peers.txt"
+echo "$samples samples; best of 3 tasks per round (samples/s = samples x epochs / task seconds), $runs rounds:"
+"$python" Benchmarks/python/training_peers.py table <"$work/lines.txt"

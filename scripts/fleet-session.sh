@@ -2,9 +2,6 @@
 # release binary into $attune, starts throwaway servers in the temporary folder $work, and on exit
 # sends SIGTERM to every process listed in $pids, stops the servers and removes the folder.
 scripts/install-deps.sh
-# Debian's OpenBLAS 0.3.21 miscomputes overflowing sums with its Cooperlake kernel (AVX-512 BF16 processors):
-# the workers take the Haswell kernel there unless the machine chose one (see scripts/test.sh).
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512_bf16 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
 echo "== building (release)"
 swift build -c release --product attune 2>&1 | tail -n 1
 attune=$PWD/.build/release/attune

@@ -7,8 +7,8 @@
 # Debian package: it must already be on PATH (swift.org's Linux tarball, or the machine image).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-packages=(postgresql postgresql-contrib postgresql-15-auto-failover pg-auto-failover-cli rabbitmq-server librabbitmq-dev libpq-dev libblas-dev libpng-dev libturbojpeg0-dev
-          libopenblas0-pthread python3-venv gzip openssl libjs-chart.js protobuf-compiler curl)
+packages=(postgresql postgresql-contrib postgresql-15-auto-failover pg-auto-failover-cli rabbitmq-server librabbitmq-dev libpq-dev libblis-pthread-dev libpng-dev libturbojpeg0-dev
+          python3-venv gzip openssl libjs-chart.js protobuf-compiler curl)
 [[ " $* " == *" --browser "* ]] && packages+=(chromium chromium-driver)
 missing=()
 for p in "${packages[@]}"; do

@@ -5,11 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --python --browser
 export ATTUNE_PYTHON=${ATTUNE_VENV:-$PWD/.venv}/bin/python
-# Debian's OpenBLAS 0.3.21 takes its Cooperlake kernel on processors with AVX-512 BF16 (AMD Zen 4 among them),
-# and that kernel's small sgemm returns wrong sums once they overflow (PipelineTests.testNonFiniteEmbeddingsAreRefused
-# catches it: 0 where the product is -inf). Machines that know this set OPENBLAS_CORETYPE; where none is set,
-# the tests use the Haswell kernel, as a worker on such a host should (see docs/operations.md).
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512_bf16 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
 work=$(mktemp -d /tmp/attune-test.XXXXXX)
 chmod 755 "$work"
 trap 'scripts/services.sh stop "$work" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT

@@ -1,63 +1,40 @@
+internal import CBLAS
 import Foundation
 
-// Which BLAS the process resolved `libblas.so.3` to, asked at run time.
+// The BLAS library behind the products that do not fit `SmallProducts`: BLIS, linked directly (-lblis).
 //
-// Attune links the generic `libblas.so.3`; Debian's alternatives decide whether that is the reference BLAS or
-// OpenBLAS. OpenBLAS exports extra functions (its kernel's name, its thread count) that the reference
-// library lacks, so they are looked up by name in the process's global scope instead of being linked:
-// with the reference BLAS they are simply absent.
+// Why BLIS: measured on the products training makes (Benchmarks/training.sh, docs/benchmarks.md), BLIS 0.9's
+// kernels run them at 83–107 GFLOP/s on one Zen 4 core where Debian's OpenBLAS 0.3.21 runs 50–105 with the
+// Haswell kernel, the only one of its kernels that computes these products right on that processor (its
+// SkylakeX and Cooperlake kernels' small-matrix path returns 0 for a product that overflows).
 //
-// Threads: Debian's OpenBLAS (the pthread build) splits each product across every core by default, waking
-// its threads for every sgemm. An update task's products are small (a mini-batch of 8 to 256 rows), so the
-// hand-off costs more than the second core gives, and a worker already runs several slots, one task each,
-// in parallel: the cores are busy with other tasks, not idle. So every product runs on the thread of the
-// task that asks for it (one OpenBLAS thread), set once for the process before the first product, unless
-// the operator chose a count with OpenBLAS's own variables, which OpenBLAS has already read and which are
-// then left alone. OpenBLAS 0.3.21 has no per-thread setting, so the choice is per process.
+// Threads: each product runs on the thread of the task that asks for it (one BLIS thread). An update task's
+// products are small, and a worker already runs several slots in parallel; a product big enough for a second
+// core is cut into fixed blocks that `PartPool` runs instead (see `ProductSplit`), so a version's bits do not
+// depend on the thread count. An operator who sets BLIS_NUM_THREADS chooses BLIS's own threads instead, and
+// that choice is left alone.
 enum BLASRuntime {
-    private typealias NameFunction = @convention(c) () -> UnsafePointer<CChar>?
-    private typealias CountFunction = @convention(c) () -> Int32
-    private typealias SetCountFunction = @convention(c) (Int32) -> Void
-
-    /// The variables OpenBLAS reads its thread count from at load time, in its order of precedence.
-    static let threadVariables = ["OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"]
+    static let threadVariable = "BLIS_NUM_THREADS"
 
     /// Applies the thread policy above; evaluated once (Swift runs a static's initializer exactly once,
     /// however many tasks start at the same time). `Workspace` reads it before its first product.
     /// The value says what was done, for logs.
     static let threadPolicy: String = {
-        let environment = ProcessInfo.processInfo.environment
-        if let chosen = threadVariables.first(where: { environment[$0] != nil }) {
-            return "\(chosen) set: OpenBLAS threads left as configured"
+        if ProcessInfo.processInfo.environment[threadVariable] != nil {
+            return "\(threadVariable) set: BLIS threads left as configured"
         }
-        guard let setThreads = symbol("openblas_set_num_threads", as: SetCountFunction.self) else {
-            return "not OpenBLAS: nothing to set"
-        }
-        setThreads(1)
-        return "one OpenBLAS thread per product (the task's own)"
+        // BLIS would otherwise also take OMP_NUM_THREADS, which an operator may set for other programs.
+        bli_thread_set_num_threads(1)
+        return "one BLIS thread per product (the task's own)"
     }()
 
-    private static func symbol<F>(_ name: String, as type: F.Type) -> F? {
-        // RTLD_DEFAULT (a null handle on glibc): every library already loaded, libblas.so.3 among them.
-        guard let address = dlsym(UnsafeMutableRawPointer(bitPattern: 0), name) else { return nil }
-        return unsafeBitCast(address, to: type)
-    }
+    /// Threads BLIS splits one product across.
+    static var threads: Int { Int(bli_thread_get_num_threads()) }
 
-    /// OpenBLAS's name for the kernel it chose for this processor ("Haswell", "SkylakeX", "Cooperlake", …);
-    /// nil when the BLAS is not OpenBLAS.
-    static var openBLASCore: String? {
-        guard let name = symbol("openblas_get_corename", as: NameFunction.self)?() else { return nil }
-        return String(cString: name)
-    }
-
-    /// Threads OpenBLAS splits one product across (nil when the BLAS is not OpenBLAS).
-    static var openBLASThreads: Int? {
-        symbol("openblas_get_num_threads", as: CountFunction.self).map { Int($0()) }
-    }
-
-    /// One line for logs and benchmarks: "OpenBLAS Cooperlake, 1 thread(s)" or "reference BLAS".
+    /// One line for logs and benchmarks: "BLIS 0.9.0 (zen3 kernels), 1 thread(s)".
     static var summary: String {
-        guard let core = openBLASCore else { return "reference BLAS (no OpenBLAS symbols)" }
-        return "OpenBLAS \(core), \(openBLASThreads ?? 0) thread(s)"
+        let version = String(cString: bli_info_get_version_str())
+        let kernels = String(cString: bli_arch_string(bli_arch_query_id()))
+        return "BLIS \(version) (\(kernels) kernels), \(threads) thread(s)"
     }
 }

@@ -2,7 +2,7 @@ import Foundation
 
 // How many threads run the parts of one split step of training (`PartPool`), the calling thread included:
 // `ATTUNE_TRAINING_THREADS` when set, else one per core. More than `ProductSplit.maximumParts` cannot help.
-// When the operator gave OpenBLAS threads of its own (BLASRuntime), each part's sgemm already uses them,
+// When the operator gave BLIS threads of its own (BLASRuntime), each part's sgemm already uses them,
 // so the default is then 1. The count changes only the speed: the parts, and so the bits, are fixed by
 // the shapes (see `ProductSplit`).
 public enum TrainingThreads {
@@ -21,7 +21,7 @@ public enum TrainingThreads {
             return count
         }
         _ = BLASRuntime.threadPolicy
-        if let blasThreads = BLASRuntime.openBLASThreads, blasThreads > 1 { return 1 }
+        if BLASRuntime.threads > 1 { return 1 }
         return max(1, min(ProcessInfo.processInfo.activeProcessorCount, ProductSplit.maximumParts))
     }
 
@@ -29,5 +29,20 @@ public enum TrainingThreads {
     public static var summary: String {
         let source = ProcessInfo.processInfo.environment[variable] != nil ? "\(variable)" : "one per core"
         return "\(configured) training thread(s) per split product (\(source))"
+    }
+}
+
+/// What runs a process's products, for logs and benchmarks: the BLAS library and kernel, its threads, and
+/// the training threads that run a split product's parts.
+public enum TrainingRuntime {
+    public static var summary: String {
+        _ = BLASRuntime.threadPolicy
+        return "\(BLASRuntime.summary); \(TrainingThreads.summary)"
+    }
+
+    /// How often the training threads split work so far, and why the helpers were left out when they were.
+    public static var partsSummary: String {
+        let counts = PartPool.shared.counts
+        return "\(counts.jobs) split, \(counts.helperParts) parts on helpers; \(PartPool.shared.leftOutSummary)"
     }
 }

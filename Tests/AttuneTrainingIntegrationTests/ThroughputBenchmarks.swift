@@ -6,8 +6,9 @@ import XCTest
 @testable import TrainingTestSupport
 
 /// Benchmarks, not tests: samples per second of update tasks for each model kind. They print figures and
-/// assert nothing about time (that depends on the machine); Benchmarks/training.sh runs them in a release
-/// build with ATTUNE_BENCHMARK=1, and scripts/test.sh leaves them out.
+/// assert nothing about time (that depends on the machine); run them in a release build with
+/// ATTUNE_BENCHMARK=1 (docs/benchmarks.md); scripts/test.sh leaves them out. The race against NumPy and
+/// PyTorch is Benchmarks/training.sh, with attune-training-bench.
 final class ThroughputBenchmarks: XCTestCase {
     override func setUpWithError() throws {
         guard ProcessInfo.processInfo.environment["ATTUNE_BENCHMARK"] == "1" else {
@@ -48,50 +49,6 @@ final class ThroughputBenchmarks: XCTestCase {
                 result.finalLoss))
             XCTAssertTrue(result.finalLoss.isFinite)
         }
-    }
-
-    /// The two dense nets Benchmarks/training.sh races against NumPy and PyTorch (Benchmarks/python/training_peers.py
-    /// trains the same files on the same rows): each net of ATTUNE_BENCH_NETS ("file:epochs file:epochs") at
-    /// mini-batch 8, 32 and 256, no shuffle, best of three tasks. The rows are the peers' formula:
-    /// x[i][j] = ((7919·i + 104729·j) mod 1009) / 1009, label i mod 10, for i < ATTUNE_BENCH_SAMPLES.
-    func testDenseNetworksForPeers() throws {
-        let environment = ProcessInfo.processInfo.environment
-        let count = Int(environment["ATTUNE_BENCH_SAMPLES"] ?? "") ?? 4000
-        let nets = (environment["ATTUNE_BENCH_NETS"] ?? "mlp-64-32-10.mlmodel:10 mlp-784-128-10.mlmodel:3")
-            .split(separator: " ").map { $0.split(separator: ":").map(String.init) }
-        // ATTUNE_BENCH_MINI_BATCHES ("256", "8 32"): fewer sizes, for profiling one of them.
-        let miniBatches = (environment["ATTUNE_BENCH_MINI_BATCHES"] ?? "8 32 256").split(separator: " ").compactMap { Int($0) }
-        for net in nets {
-            let (file, epochs) = (net[0], Int(net[1]) ?? 3)
-            let model = try UpdatableModel(spec: CoremlFixtures.spec(file))
-            guard case .neuralNetwork(let network) = model else { return XCTFail("\(file) is not a neural network") }
-            let width = network.inputShape.reduce(1, *)
-            let samples = (0..<count).map { i in
-                sample((0..<width).map { j in Double((7919 * i + 104729 * j) % 1009) / 1009 }, label: String(i % 10),
-                       inputName: "pixels", labelName: "digit")
-            }
-            let batch = try model.prepareBatch(samples, maxSamples: count)
-            for miniBatch in miniBatches {
-                var overrides = Attune_V1_UpdateParameters()
-                overrides.epochs = Int64(epochs)
-                overrides.miniBatchSize = Int64(miniBatch)
-                overrides.shuffle = false
-                let parameters = try model.resolveParameters(overrides)
-                var best: UpdateResult?
-                for _ in 0..<3 {
-                    let result = try UpdateTask(model: model, state: nil, batch: batch, parameters: parameters).run { _ in }
-                    if best.map({ result.durationSeconds < $0.durationSeconds }) ?? true { best = result }
-                }
-                let result = try XCTUnwrap(best)
-                print(String(format: "peer attune net=%@ batch=%d samples=%d epochs=%d seconds=%.6f loss=%.6f",
-                             file.replacingOccurrences(of: ".mlmodel", with: ""), miniBatch, result.samples,
-                             result.epochs, result.durationSeconds, result.finalLoss))
-            }
-        }
-        // After the tasks, so the thread count is the one they ran with.
-        print("peer attune blas: libblas.so.3 is \(BLASRuntime.summary); \(TrainingThreads.summary), "
-              + "\(PartPool.shared.counts.jobs) split, \(PartPool.shared.counts.helperParts) parts on helpers")
-        print("peer attune pool: \(PartPool.shared.leftOutSummary)")
     }
 
     /// The coremltools fixtures of every other kind, each updated with 1,000 digits rows (random inputs of

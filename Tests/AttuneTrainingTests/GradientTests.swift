@@ -369,6 +369,11 @@ final class GradientTests: XCTestCase {
                      stride: [2, 2], padding: .valid),
             // Overlapping windows (stride 1 < kernel 2) with padding only below and right.
             PoolCase(kind: .max, channels: 2, height: 5, width: 5, kernel: [2, 2], stride: [1, 1], padding: .same),
+            // The halving's eight-window path and its tail (10 windows a row), max and average, and a same
+            // padding that adds no cells; an odd height leaves a row no window reads.
+            PoolCase(kind: .max, channels: 2, height: 7, width: 20, kernel: [2, 2], stride: [2, 2], padding: .valid),
+            PoolCase(kind: .average(excludePadding: true), channels: 2, height: 6, width: 20, kernel: [2, 2],
+                     stride: [2, 2], padding: .same),
         ]
         for (index, t) in cases.enumerated() {
             var random = TestRandom(seed: 30 + Int64(index))
@@ -398,6 +403,41 @@ final class GradientTests: XCTestCase {
                                      "\(what) forward")
             let numeric = numericGradient(xd) { xs in zip(twinPool(xs, t, batch: batch), cd).reduce(0) { $0 + $1.0 * $1.1 } }
             assertClose(dx.array, numeric, "\(what) dx")
+        }
+    }
+
+    /// Max pooling's ties and non-finite cells, on the halving path (2×2 windows 2 apart, eight windows a
+    /// vector) and the one-window path of the same geometry: the first maximal cell in row-major order wins
+    /// and alone gets the gradient; NaN never wins; a window of −∞ has no winner and passes nothing down.
+    func testMaxPoolingTiesAndNonFiniteCells() {
+        let windows: [[Float]] = [[1, 1, 1, 1], [0, 2, 2, 0], [.nan, 2, 3, .nan], [-.infinity, -.infinity, -.infinity, -.infinity],
+                                  [-1, -3, -1, -2], [.nan, .nan, .nan, 5], [4, 4, 5, 5], [0, -0.0, 0, 0], [7, 1, 2, 3]]
+        let winners: [Int?] = [0, 1, 2, nil, 0, 3, 2, 0, 0]
+        let expected: [Float] = [1, 2, 3, -.infinity, -1, 5, 5, 0, 7]
+        for count in [9, 3] {  // nine windows: one vector and a tail; three: the tail alone
+            var x = [Float](repeating: 0, count: 2 * 2 * count)
+            for (w, cells) in windows.prefix(count).enumerated() {
+                x[2 * w] = cells[0]; x[2 * w + 1] = cells[1]
+                x[2 * count + 2 * w] = cells[2]; x[2 * count + 2 * w + 1] = cells[3]
+            }
+            let layer = PoolingLayer(name: "pool", kind: .max, channels: 1,
+                                     geometry: Self.geometry([2, 2], [2, 2], height: 2, width: 2 * count, 1, count, 0, 0))
+            XCTAssertTrue(layer.halvesInside)
+            let y = FloatBuffer(count: count), dx = FloatBuffer(count: x.count)
+            let dy = (0..<count).map { Float($0 + 1) }
+            x.withUnsafeBufferPointer { xp in
+                dy.withUnsafeBufferPointer { dyp in
+                    layer.forward(x: xp.baseAddress!, y: y.pointer, batch: 1)
+                    layer.backward(x: xp.baseAddress!, dy: dyp.baseAddress!, dx: dx.pointer, batch: 1)
+                }
+            }
+            XCTAssertEqual(y.array, Array(expected.prefix(count)), "\(count) windows: forward")
+            for w in 0..<count {
+                let cells = [dx.pointer[2 * w], dx.pointer[2 * w + 1], dx.pointer[2 * count + 2 * w],
+                             dx.pointer[2 * count + 2 * w + 1]]
+                let want = (0..<4).map { $0 == winners[w] ? dy[w] : 0 }
+                XCTAssertEqual(cells, want, "\(count) windows: window \(w) \(windows[w])")
+            }
         }
     }
 

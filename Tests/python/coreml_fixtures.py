@@ -123,6 +123,39 @@ def bench_mlp(out, inputs, hidden):
            "no shuffle")
 
 
+def bench_conv(out):
+    """[1,28,28] -> conv3x3 same(16) -> ReLU -> max2x2/2 -> flatten(3136) -> dense(32) -> ReLU -> dense(10) ->
+    softmax, the convolution and both dense layers updatable; SGD lr 0.01 momentum 0.9, mini-batch 8 or 64, no
+    shuffle: the small image classifier Benchmarks/training.sh races against PyTorch."""
+    rng = np.random.default_rng(2828)
+    builder = NeuralNetworkBuilder([("pixels", datatypes.Array(1, 28, 28))], [("probs", datatypes.Array(10))],
+                                   mode="classifier")
+    builder.add_convolution("conv", kernel_channels=1, output_channels=16, height=3, width=3, stride_height=1,
+                            stride_width=1, border_mode="same", groups=1, W=conv_weights(rng, 16, 1, 3),
+                            b=np.zeros(16, np.float32), has_bias=True, input_name="pixels", output_name="c")
+    builder.add_activation("conv_relu", "RELU", "c", "r")                                   # 16 x 28 x 28
+    builder.add_pooling("pool", height=2, width=2, stride_height=2, stride_width=2, layer_type="MAX",
+                        padding_type="VALID", input_name="r", output_name="p")              # 16 x 14 x 14
+    builder.add_flatten("flatten", 0, "p", "flat")                                           # 3136
+    builder.add_inner_product("hidden", rng.normal(0, np.sqrt(2 / 3136), (32, 3136)).astype(np.float32),
+                              np.zeros(32, np.float32), 3136, 32, has_bias=True, input_name="flat",
+                              output_name="h")
+    builder.add_activation("hidden_relu", "RELU", "h", "a")
+    builder.add_inner_product("classes", rng.normal(0, np.sqrt(1 / 32), (10, 32)).astype(np.float32),
+                              np.zeros(10, np.float32), 32, 10, has_bias=True, input_name="a", output_name="scores")
+    builder.add_softmax("softmax", "scores", "probs")
+    builder.set_class_labels(DIGIT_LABELS, predicted_feature_name="digit", prediction_blob="probs")
+    builder.make_updatable(["conv", "hidden", "classes"])
+    builder.set_categorical_cross_entropy_loss(name="loss", input="probs")
+    builder.set_sgd_optimizer(SgdParams(lr=0.01, batch=8, momentum=0.9))
+    builder.set_epochs(3, allowed_set=[1, 2, 3, 5, 10, 20])
+    widen_batch_sizes(builder.spec.neuralNetworkClassifier.updateParams.optimizer.sgdOptimizer, (8, 64))
+    save(builder.spec, out, "conv-28-16-32-10.mlmodel")
+    record("conv-28-16-32-10.mlmodel", "neuralNetworkClassifier", "pixels", [1, 28, 28], "double", "digit",
+           ["conv", "hidden", "classes"], "benchmark conv3x3 same(16) relu max2/2 flatten(3136) dense(32) relu "
+           "dense(10) softmax, random weights, CE, SGD lr 0.01 momentum 0.9 batch 8/64, no shuffle")
+
+
 def digits_adam(out):
     """The digits MLP classifier trained with Adam instead of SGD."""
     builder = mlp_builder(random_mlp_weights(32, seed=13))
@@ -643,6 +676,7 @@ def build_all(out):
     linked_drawing_classifier(out, drawing_embedding(out, pixels, digits))
     bench_mlp(out, 64, 32)
     bench_mlp(out, 784, 128)
+    bench_conv(out)
     with open(os.path.join(out, "fixtures.json"), "w") as f:
         json.dump(MANIFEST, f, indent=1)
 

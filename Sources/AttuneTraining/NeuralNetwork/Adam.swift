@@ -57,8 +57,23 @@ final class Adam: OptimizerStep {
     private func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>,
                         correction1: Float, correction2: Float) {
         let m = firstMoment.pointer, v = secondMoment.pointer
+        // Eight values at a time where eight remain, with the same float operations per value (see SGD).
+        let b1 = Lanes(repeating: beta1), b2 = Lanes(repeating: beta2)
+        let c1 = Lanes(repeating: correction1), c2 = Lanes(repeating: correction2)
+        let lr = Lanes(repeating: learningRate), e = Lanes(repeating: eps)
+        let oneMinusB1 = Lanes(repeating: 1 - beta1), oneMinusB2 = Lanes(repeating: 1 - beta2)
         for range in ranges {
-            for i in range {
+            var i = range.lowerBound
+            while i + 8 <= range.upperBound {
+                let g = load(grads + i)
+                let first = b1 * load(m + i) + oneMinusB1 * g
+                let second = b2 * load(v + i) + oneMinusB2 * g * g
+                store(first, m + i)
+                store(second, v + i)
+                store(load(params + i) - lr * (first / c1) / ((second / c2).squareRoot() + e), params + i)
+                i += 8
+            }
+            for i in i..<range.upperBound {
                 let g = grads[i]
                 m[i] = beta1 * m[i] + (1 - beta1) * g
                 v[i] = beta2 * v[i] + (1 - beta2) * g * g

@@ -93,9 +93,16 @@ final class Workspace {
     let activations: [FloatBuffer]
     let deltas: [FloatBuffer]
     let params: FloatBuffer
+    /// The mini-batch's gradients, after `trainStep`.
     let grads: FloatBuffer
-    /// Per-sample working space of the convolutions, reused by each in turn.
-    let scratch: FloatBuffer
+    /// The gradients of a split mini-batch's parts after the first (`BatchSplit`), summed into `grads`.
+    private let partGrads: [FloatBuffer]
+    /// Per-sample working space of the convolutions, reused by each in turn: one for each part of a
+    /// split mini-batch.
+    private let scratches: [FloatBuffer]
+    var scratch: FloatBuffer { scratches[0] }
+    /// The optimizer's cut of the trainable ranges, which also sums the parts' gradients.
+    private let gradientSplit: RangeSplit
 
     init(plan: NetworkPlan, maxBatch: Int, parameters: [Float], training: Bool) {
         // Every product of a task goes through a workspace: settle BLAS threading before the first one.
@@ -106,26 +113,45 @@ final class Workspace {
         deltas = training ? plan.widths.map { FloatBuffer(count: $0 * maxBatch) } : []
         params = FloatBuffer(parameters)
         grads = FloatBuffer(count: training ? parameters.count : 0)
-        scratch = FloatBuffer(count: plan.steps.map(\.scratchCount).max() ?? 0)
+        let parts = training ? BatchSplit(rows: maxBatch).count : 1
+        partGrads = (1..<parts).map { _ in FloatBuffer(count: parameters.count) }
+        let scratchCount = plan.steps.map(\.scratchCount).max() ?? 0
+        scratches = (0..<parts).map { _ in FloatBuffer(count: scratchCount) }
+        gradientSplit = RangeSplit(plan.slots.map { $0.offset..<($0.offset + $0.count) })
     }
 
     /// Runs steps `0..<end` on the `batch` rows already in boundary 0.
     func forward(batch: Int, through end: Int) {
+        forward(rows: 0..<batch, through: end, scratch: scratch.pointer, whole: false)
+    }
+
+    /// Runs steps `0..<end` on rows `rows` of boundary 0.
+    private func forward(rows: Range<Int>, through end: Int, scratch: UnsafeMutablePointer<Float>, whole: Bool) {
+        let batch = rows.count
         for (i, step) in plan.steps.prefix(end).enumerated() {
-            let x = UnsafePointer(activations[i].pointer), y = activations[i + 1].pointer
+            let x = UnsafePointer(activation(i, rows)), y = activation(i + 1, rows)
             let n = batch * plan.widths[i]
             switch step {
-            case .dense(let layer): layer.forward(x: x, y: y, batch: batch, params: params.pointer)
+            case .dense(let layer): layer.forward(x: x, y: y, batch: batch, params: params.pointer, whole: whole)
             case .activation(let layer): layer.forward(x: x, y: y, count: n)
             case .softmax: SoftmaxLayer.forward(z: x, p: y, batch: batch, width: plan.widths[i])
             case .flatten: FlattenLayer.forward(x: x, y: y, count: n)
             case .convolution(let layer):
-                layer.forward(x: x, y: y, batch: batch, params: params.pointer, scratch: scratch.pointer)
+                layer.forward(x: x, y: y, batch: batch, params: params.pointer, scratch: scratch)
             case .pooling(let layer): layer.forward(x: x, y: y, batch: batch)
             case .batchNorm(let layer): layer.forward(x: x, y: y, batch: batch)
             case .reshape: ReshapeLayer.forward(x: x, y: y, count: n)
             }
         }
+    }
+
+    /// Row `rows.lowerBound` of boundary `i`'s activations, and of its gradients.
+    private func activation(_ i: Int, _ rows: Range<Int>) -> UnsafeMutablePointer<Float> {
+        activations[i].pointer + rows.lowerBound * plan.widths[i]
+    }
+
+    private func delta(_ i: Int, _ rows: Range<Int>) -> UnsafeMutablePointer<Float> {
+        deltas[i].pointer + rows.lowerBound * plan.widths[i]
     }
 
     /// What one mini-batch's rows should produce: class indices (cross-entropy) or output rows (mean
@@ -146,36 +172,76 @@ final class Workspace {
         trainStep(batch: batch, targets: .values(targetValues))
     }
 
+    /// A mini-batch of at least twice `BatchSplit.minimumRows` rows is trained in parts of its rows, each
+    /// forward and back on its own into gradients of its own, which are then summed in part order.
     func trainStep(batch: Int, targets: Targets) -> Double {
+        let split = BatchSplit(rows: batch)
+        precondition(split.count <= partGrads.count + 1, "trainStep: \(batch) rows in a workspace for \(maxBatch)")
+        if split.count == 1 {
+            return train(rows: 0..<batch, of: batch, targets: targets, grads: grads.pointer,
+                         scratch: scratch.pointer, whole: false)
+        }
+        let losses = UnsafeMutableBufferPointer<Double>.allocate(capacity: split.count)
+        defer { losses.deallocate() }
+        PartPool.shared.run(parts: split.count) { part in
+            losses[part] = self.train(rows: split[part], of: batch, targets: targets,
+                                      grads: part == 0 ? self.grads.pointer : self.partGrads[part - 1].pointer,
+                                      scratch: self.scratches[part].pointer, whole: true)
+        }
+        sumPartGradients(split.count)
+        return losses.reduce(0, +)
+    }
+
+    /// grads += each later part's gradients, in part order, over the trainable ranges.
+    private func sumPartGradients(_ parts: Int) {
+        let others = partGrads.prefix(parts - 1).map { UnsafePointer($0.pointer) }
+        let g = grads.pointer
+        let cut = gradientSplit.parts
+        PartPool.shared.run(parts: cut.count) { part in
+            for range in cut[part] {
+                for other in others {
+                    for i in range { g[i] += other[i] }
+                }
+            }
+        }
+    }
+
+    /// Forward and back through rows `rows` of a mini-batch of `total` rows, the gradients (of the mean
+    /// loss over all `total` rows) into `grads`. Returns the summed loss of these rows.
+    private func train(rows: Range<Int>, of total: Int, targets: Targets, grads: UnsafeMutablePointer<Float>,
+                       scratch: UnsafeMutablePointer<Float>, whole: Bool) -> Double {
         let last = plan.steps.count - 1
+        let batch = rows.count
         let loss: Double
         // The first step back-propagation runs through: the fused softmax has already been differentiated.
         var i: Int
         switch (plan.loss, targets) {
         case (.crossEntropy?, .classes(let classes)):
-            forward(batch: batch, through: last)
+            forward(rows: rows, through: last, scratch: scratch, whole: whole)
             loss = SoftmaxCrossEntropy.forwardBackward(
-                z: activations[last].pointer, targets: classes, p: activations[last + 1].pointer,
-                dz: deltas[last].pointer, batch: batch, width: plan.widths[last])
+                z: activation(last, rows), targets: classes + rows.lowerBound, p: activation(last + 1, rows),
+                dz: delta(last, rows), batch: batch, width: plan.widths[last], meanOver: total)
             i = last - 1
         case (.meanSquaredError?, .values(let values)):
-            forward(batch: batch, through: plan.steps.count)
-            let y = UnsafePointer(activations[last + 1].pointer), width = plan.outputWidth
-            loss = MeanSquaredErrorLoss.forward(y: y, t: values, batch: batch, width: width)
-            MeanSquaredErrorLoss.backward(y: y, t: values, dy: deltas[last + 1].pointer, batch: batch, width: width)
+            forward(rows: rows, through: plan.steps.count, scratch: scratch, whole: whole)
+            let y = UnsafePointer(activation(last + 1, rows)), width = plan.outputWidth
+            let t = values + rows.lowerBound * width
+            loss = MeanSquaredErrorLoss.forward(y: y, t: t, batch: batch, width: width)
+            MeanSquaredErrorLoss.backward(y: y, t: t, dy: delta(last + 1, rows), batch: batch, width: width,
+                                          meanOver: total)
             i = last
         default:
             preconditionFailure("trainStep: targets \(targets) do not fit the plan's loss \(String(describing: plan.loss))")
         }
         while i >= plan.firstTrainableStep {
-            let x = UnsafePointer(activations[i].pointer), y = UnsafePointer(activations[i + 1].pointer)
-            let dy = UnsafePointer(deltas[i + 1].pointer)
-            let dx: UnsafeMutablePointer<Float>? = i > plan.firstTrainableStep ? deltas[i].pointer : nil
+            let x = UnsafePointer(activation(i, rows)), y = UnsafePointer(activation(i + 1, rows))
+            let dy = UnsafePointer(delta(i + 1, rows))
+            let dx: UnsafeMutablePointer<Float>? = i > plan.firstTrainableStep ? delta(i, rows) : nil
             let n = batch * plan.widths[i]
             switch plan.steps[i] {
             case .dense(let layer):
                 layer.backward(x: x, dy: dy, dx: dx, batch: batch, params: params.pointer,
-                               grads: layer.trainable ? grads.pointer : nil)
+                               grads: layer.trainable ? grads : nil, whole: whole)
             case .activation(let layer):
                 if let dx { layer.backward(x: x, y: y, dy: dy, dx: dx, count: n) }
             case .softmax:
@@ -184,7 +250,7 @@ final class Workspace {
                 if let dx { FlattenLayer.backward(dy: dy, dx: dx, count: n) }
             case .convolution(let layer):
                 layer.backward(x: x, dy: dy, dx: dx, batch: batch, params: params.pointer,
-                               grads: layer.trainable ? grads.pointer : nil, scratch: scratch.pointer)
+                               grads: layer.trainable ? grads : nil, scratch: scratch)
             case .pooling(let layer):
                 if let dx { layer.backward(x: x, dy: dy, dx: dx, batch: batch) }
             case .batchNorm(let layer):

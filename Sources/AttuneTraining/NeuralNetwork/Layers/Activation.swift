@@ -25,7 +25,7 @@ struct ActivationLayer: Sendable {
     func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, count n: Int) {
         switch kind {
         case .relu:
-            for i in 0..<n { y[i] = x[i] > 0 ? x[i] : 0 }
+            Self.relu(x, where: x, into: y, count: n)
         case .leakyReLU(let alpha):
             for i in 0..<n { y[i] = x[i] >= 0 ? x[i] : alpha * x[i] }
         case .sigmoid:
@@ -41,7 +41,7 @@ struct ActivationLayer: Sendable {
                   dx: UnsafeMutablePointer<Float>, count n: Int) {
         switch kind {
         case .relu:
-            for i in 0..<n { dx[i] = x[i] > 0 ? dy[i] : 0 }
+            Self.relu(dy, where: x, into: dx, count: n)
         case .leakyReLU(let alpha):
             for i in 0..<n { dx[i] = x[i] >= 0 ? dy[i] : alpha * dy[i] }
         case .sigmoid:
@@ -51,5 +51,19 @@ struct ActivationLayer: Sendable {
         case .linear(let alpha, _):
             for i in 0..<n { dx[i] = alpha * dy[i] }
         }
+    }
+
+    /// out[i] = x[i] > 0 ? values[i] : 0, eight at a time: written as a loop of selects the compiler keeps a
+    /// branch per value, which the signs of real activations mispredict half the time.
+    private static func relu(_ values: UnsafePointer<Float>, where x: UnsafePointer<Float>,
+                             into out: UnsafeMutablePointer<Float>, count n: Int) {
+        let whole = n / 8 * 8
+        for i in stride(from: 0, to: whole, by: 8) {
+            let v = UnsafeRawPointer(values + i).loadUnaligned(as: SIMD8<Float>.self)
+            let sign = UnsafeRawPointer(x + i).loadUnaligned(as: SIMD8<Float>.self)
+            UnsafeMutableRawPointer(out + i).storeBytes(of: SIMD8<Float>().replacing(with: v, where: sign .> 0),
+                                                         as: SIMD8<Float>.self)
+        }
+        for i in whole..<n { out[i] = x[i] > 0 ? values[i] : 0 }
     }
 }

@@ -62,12 +62,7 @@ struct ConvolutionLayer: WindowedLayer, Sendable {
             let db = grads + biasOffset
             db.update(repeating: 0, count: outputChannels)
             for s in 0..<batch {
-                for o in 0..<outputChannels {
-                    let row = dy + s * outputWidth + o * p
-                    var sum: Float = 0
-                    for q in 0..<p { sum += row[q] }
-                    db[o] += sum
-                }
+                for o in 0..<outputChannels { db[o] += Self.sum(dy + s * outputWidth + o * p, count: p) }
             }
         }
         for s in 0..<batch {
@@ -88,6 +83,18 @@ struct ConvolutionLayer: WindowedLayer, Sendable {
                 columnsToImage(scratch, dx + s * inputWidth)
             }
         }
+    }
+
+    /// Σ values, in eight lanes then a fixed tree across them, then the values past the last whole eight in
+    /// order: one plane's sum is a chain of `count` dependent additions otherwise, latency-bound.
+    private static func sum(_ values: UnsafePointer<Float>, count: Int) -> Float {
+        var lanes = SIMD8<Float>()
+        let whole = count / 8 * 8
+        for q in stride(from: 0, to: whole, by: 8) { lanes += UnsafeRawPointer(values + q).loadUnaligned(as: SIMD8<Float>.self) }
+        let four = lanes.lowHalf + lanes.highHalf, two = four.lowHalf + four.highHalf
+        var total = two[0] + two[1]
+        for q in whole..<count { total += values[q] }
+        return total
     }
 
     /// The output positions along one axis whose input cell, at kernel offset `offset`, lies inside the

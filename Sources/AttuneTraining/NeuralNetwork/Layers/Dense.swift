@@ -42,13 +42,14 @@ struct DenseLayer: Sendable {
 
     var isSmall: Bool { Self.smallProductsEnabled && inputs * outputs <= Self.smallWeights }
 
+    /// `whole`: one product, never cut (the rows are already one part of a split mini-batch, `BatchSplit`).
     func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int,
-                 params: UnsafePointer<Float>) {
+                 params: UnsafePointer<Float>, whole: Bool = false) {
         if isSmall {
             return SmallProducts.affine(x: x, weights: params + weightOffset, bias: hasBias ? params + biasOffset : nil,
                                         y: y, rows: batch, inputs: inputs, outputs: outputs)
         }
-        let split = ProductSplit(length: outputs, work: batch * outputs * inputs)
+        let split = ProductSplit(length: outputs, work: whole ? 0 : batch * outputs * inputs)
         if split.count == 1 { return forward(x: x, y: y, batch: batch, params: params, columns: 0..<outputs) }
         PartPool.shared.run(parts: split.count) { part in
             self.forward(x: x, y: y, batch: batch, params: params, columns: split[part])
@@ -82,7 +83,7 @@ struct DenseLayer: Sendable {
     /// keeps taking the same parts keeps W's and dW's lines in its cache), dx into blocks of columns; the
     /// parts of both run as one job.
     func backward(x: UnsafePointer<Float>, dy: UnsafePointer<Float>, dx: UnsafeMutablePointer<Float>?,
-                  batch: Int, params: UnsafePointer<Float>, grads: UnsafeMutablePointer<Float>?) {
+                  batch: Int, params: UnsafePointer<Float>, grads: UnsafeMutablePointer<Float>?, whole: Bool = false) {
         if isSmall {
             if let grads {
                 SmallProducts.weightGradient(x: x, dy: dy, dw: grads + weightOffset, rows: batch, inputs: inputs,
@@ -95,7 +96,7 @@ struct DenseLayer: Sendable {
             }
             return
         }
-        let work = batch * outputs * inputs
+        let work = whole ? 0 : batch * outputs * inputs
         let rows = ProductSplit(length: outputs, work: work), columns = ProductSplit(length: inputs, work: work)
         if rows.count == 1 && columns.count == 1 {
             if let grads { weightGradient(x: x, dy: dy, batch: batch, grads: grads, rows: 0..<outputs) }

@@ -35,7 +35,22 @@ struct PoolingLayer: WindowedLayer, Sendable {
         Float(excludePadding ? rows.count * columns.count : kernelHeight * kernelWidth)
     }
 
+    /// Every window lies inside the image (no padding cell in any): then each window is the kh × kw cells
+    /// from (oh·sh, ow·sw), and the loops need no bounds of their own. Valid padding always; same padding
+    /// when it adds no cells.
+    var windowsInside: Bool {
+        padTop == 0 && padLeft == 0 && (output.height - 1) * strideHeight + kernelHeight <= input.height
+            && (output.width - 1) * strideWidth + kernelWidth <= input.width
+    }
+
+    /// 2×2 windows 2 apart, all inside: the usual halving, run eight windows at a time.
+    var halvesInside: Bool {
+        windowsInside && kernelHeight == 2 && kernelWidth == 2 && strideHeight == 2 && strideWidth == 2
+    }
+
     func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int) {
+        if halvesInside { return forwardHalving(x: x, y: y, planes: batch * channels) }
+        if windowsInside { return forwardInside(x: x, y: y, planes: batch * channels) }
         for plane in 0..<(batch * channels) {
             let xp = x + plane * input.count, yp = y + plane * output.count
             for oh in 0..<output.height {
@@ -60,6 +75,8 @@ struct PoolingLayer: WindowedLayer, Sendable {
 
     func backward(x: UnsafePointer<Float>, dy: UnsafePointer<Float>, dx: UnsafeMutablePointer<Float>, batch: Int) {
         dx.update(repeating: 0, count: batch * inputWidth)
+        if halvesInside { return backwardHalving(x: x, dy: dy, dx: dx, planes: batch * channels) }
+        if windowsInside { return backwardInside(x: x, dy: dy, dx: dx, planes: batch * channels) }
         for plane in 0..<(batch * channels) {
             let xp = x + plane * input.count, dyp = dy + plane * output.count, dxp = dx + plane * input.count
             for oh in 0..<output.height {
@@ -79,6 +96,160 @@ struct PoolingLayer: WindowedLayer, Sendable {
                     case .average(let excludePadding):
                         let share = g / divisor(rows, columns, excludePadding: excludePadding)
                         for h in rows { for w in columns { dxp[h * input.width + w] += share } }
+                    }
+                }
+            }
+        }
+    }
+
+    // The same rules as above where every window lies inside the image: the same cells in the same order
+    // (row-major within a window, the first maximal cell for max), so the same floats.
+
+    private func forwardInside(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, planes: Int) {
+        let (kh, kw, sh, sw, width) = (kernelHeight, kernelWidth, strideHeight, strideWidth, input.width)
+        for plane in 0..<planes {
+            let xp = x + plane * input.count, yp = y + plane * output.count
+            for oh in 0..<output.height {
+                let line = xp + oh * sh * width, out = yp + oh * output.width
+                for ow in 0..<output.width {
+                    let corner = line + ow * sw
+                    switch kind {
+                    case .max:
+                        // Selects, not branches: which cell wins is data, and mispredicted branches cost more
+                        // than the comparisons.
+                        var value = -Float.infinity
+                        for i in 0..<kh {
+                            for j in 0..<kw {
+                                let cell = corner[i * width + j]
+                                value = cell > value ? cell : value
+                            }
+                        }
+                        out[ow] = value
+                    case .average:
+                        var value: Float = 0
+                        for i in 0..<kh { for j in 0..<kw { value += corner[i * width + j] } }
+                        // kh·kw cells whether padding counts or not: no window has a padding cell here.
+                        out[ow] = value / Float(kh * kw)
+                    }
+                }
+            }
+        }
+    }
+
+    private func backwardInside(x: UnsafePointer<Float>, dy: UnsafePointer<Float>, dx: UnsafeMutablePointer<Float>,
+                                planes: Int) {
+        let (kh, kw, sh, sw, width) = (kernelHeight, kernelWidth, strideHeight, strideWidth, input.width)
+        for plane in 0..<planes {
+            let xp = x + plane * input.count, dyp = dy + plane * output.count, dxp = dx + plane * input.count
+            for oh in 0..<output.height {
+                let origin = oh * sh * width, gradients = dyp + oh * output.width
+                for ow in 0..<output.width {
+                    let corner = origin + ow * sw, g = gradients[ow]
+                    switch kind {
+                    case .max:
+                        var best = -1, value = -Float.infinity
+                        for i in 0..<kh {
+                            for j in 0..<kw {
+                                let cell = xp[corner + i * width + j], wins = cell > value
+                                value = wins ? cell : value
+                                best = wins ? corner + i * width + j : best
+                            }
+                        }
+                        if best >= 0 { dxp[best] += g }
+                    case .average:
+                        let share = g / Float(kh * kw)
+                        for i in 0..<kh { for j in 0..<kw { dxp[corner + i * width + j] += share } }
+                    }
+                }
+            }
+        }
+    }
+
+    // 2×2 windows 2 apart: lane k of a vector is window ow + k, its four cells taken in row-major order as
+    // above (a select per cell in place of a branch), so each lane computes what the loops above compute.
+
+    private typealias Lanes = SIMD8<Float>
+
+    /// Cells (0,0), (0,1), (1,0), (1,1) of windows ow..<ow+8 whose top row starts at `top`.
+    @inline(__always)
+    private func cells(_ top: UnsafePointer<Float>, _ ow: Int) -> (Lanes, Lanes, Lanes, Lanes) {
+        let upper = UnsafeRawPointer(top + 2 * ow).loadUnaligned(as: SIMD16<Float>.self)
+        let lower = UnsafeRawPointer(top + input.width + 2 * ow).loadUnaligned(as: SIMD16<Float>.self)
+        return (upper.evenHalf, upper.oddHalf, lower.evenHalf, lower.oddHalf)
+    }
+
+    private func forwardHalving(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, planes: Int) {
+        let whole = output.width / 8 * 8
+        for plane in 0..<planes {
+            let xp = x + plane * input.count, yp = y + plane * output.count
+            for oh in 0..<output.height {
+                let top = xp + 2 * oh * input.width, out = yp + oh * output.width
+                for ow in stride(from: 0, to: whole, by: 8) {
+                    let (a, b, c, d) = cells(top, ow)
+                    var value: Lanes
+                    switch kind {
+                    case .max:
+                        value = Lanes(repeating: -.infinity)
+                        value.replace(with: a, where: a .> value)
+                        value.replace(with: b, where: b .> value)
+                        value.replace(with: c, where: c .> value)
+                        value.replace(with: d, where: d .> value)
+                    case .average:
+                        value = Lanes() + a + b + c + d
+                        value /= 4
+                    }
+                    UnsafeMutableRawPointer(out + ow).storeBytes(of: value, as: Lanes.self)
+                }
+                for ow in whole..<output.width {
+                    let corner = top + 2 * ow
+                    let (a, b, c, d) = (corner[0], corner[1], corner[input.width], corner[input.width + 1])
+                    switch kind {
+                    case .max:
+                        var value = -Float.infinity
+                        value = a > value ? a : value
+                        value = b > value ? b : value
+                        value = c > value ? c : value
+                        value = d > value ? d : value
+                        out[ow] = value
+                    case .average:
+                        out[ow] = (0 + a + b + c + d) / 4
+                    }
+                }
+            }
+        }
+    }
+
+    /// Each input cell lies in one window at most, so its gradient is written, not added (dx starts at 0).
+    /// One window at a time: the winner is chosen by selects, and all four cells are written.
+    private func backwardHalving(x: UnsafePointer<Float>, dy: UnsafePointer<Float>, dx: UnsafeMutablePointer<Float>,
+                                 planes: Int) {
+        let width = input.width
+        for plane in 0..<planes {
+            let xp = x + plane * input.count, dyp = dy + plane * output.count, dxp = dx + plane * input.count
+            for oh in 0..<output.height {
+                let top = xp + 2 * oh * width, bottom = top + width, gradients = dyp + oh * output.width
+                let upper = dxp + 2 * oh * width, lower = upper + width
+                for ow in 0..<output.width {
+                    let column = 2 * ow, g = gradients[ow]
+                    switch kind {
+                    case .max:
+                        let a = top[column], b = top[column + 1], c = bottom[column], d = bottom[column + 1]
+                        var value = -Float.infinity, winner = 4
+                        var wins = a > value
+                        value = wins ? a : value; winner = wins ? 0 : winner
+                        wins = b > value
+                        value = wins ? b : value; winner = wins ? 1 : winner
+                        wins = c > value
+                        value = wins ? c : value; winner = wins ? 2 : winner
+                        winner = d > value ? 3 : winner
+                        upper[column] = winner == 0 ? g : 0
+                        upper[column + 1] = winner == 1 ? g : 0
+                        lower[column] = winner == 2 ? g : 0
+                        lower[column + 1] = winner == 3 ? g : 0
+                    case .average:
+                        let share = g / 4
+                        upper[column] = share; upper[column + 1] = share
+                        lower[column] = share; lower[column + 1] = share
                     }
                 }
             }

@@ -44,11 +44,13 @@ enum SoftmaxLayer {
 enum SoftmaxCrossEntropy {
     /// Writes the probabilities to `p` and the gradient with respect to the logits to `dz`; returns the
     /// sum (not the mean) of the per-row losses so callers can average over a batch or an epoch.
+    /// `meanOver` is the rows of the whole mini-batch the gradient is the mean loss of, when these `batch`
+    /// rows are one part of it (`BatchSplit`).
     static func forwardBackward(z: UnsafePointer<Float>, targets: UnsafePointer<Int>,
                                 p: UnsafeMutablePointer<Float>, dz: UnsafeMutablePointer<Float>,
-                                batch: Int, width c: Int) -> Double {
+                                batch: Int, width c: Int, meanOver: Int? = nil) -> Double {
         SoftmaxLayer.forward(z: z, p: p, batch: batch, width: c)
-        let scale = 1 / Float(batch)
+        let scale = 1 / Float(meanOver ?? batch)
         var total = 0.0
         for r in 0..<batch {
             let zr = z + r * c, pr = p + r * c, dzr = dz + r * c

@@ -21,9 +21,10 @@ enum MeanSquaredErrorLoss {
         return total
     }
 
+    /// `meanOver`: the whole mini-batch's rows, when these `batch` rows are one part of it (`BatchSplit`).
     static func backward(y: UnsafePointer<Float>, t: UnsafePointer<Float>, dy: UnsafeMutablePointer<Float>,
-                         batch: Int, width k: Int) {
-        let scale = 2 / Float(batch * k)
+                         batch: Int, width k: Int, meanOver: Int? = nil) {
+        let scale = 2 / Float((meanOver ?? batch) * k)
         for j in 0..<(batch * k) { dy[j] = scale * (y[j] - t[j]) }
     }
 }
