@@ -200,26 +200,13 @@ public final class AMQPConnection {
         try checkReply(on: adminChannel, "unbind queue \(queue) from \(exchange) with key \(key)")
     }
 
-    /// Declares a server-named, exclusive, auto-delete queue bound to `attune.events` with each of
-    /// `bindingKeys` (see `EventRouting.bindingKey`) and returns its name; then `consume(queue:)` it.
-    /// The queue disappears with this connection.
-    public func declareEventQueue(bindingKeys: [String]) throws -> String {
-        try declarePrivateQueue(boundTo: Topology.eventsExchange, keys: bindingKeys)
-    }
-
-    /// Declares a server-named, exclusive, auto-delete queue bound to `exchange` with each of `keys` and
-    /// returns its name. The queue disappears with this connection.
-    public func declarePrivateQueue(boundTo exchange: String, keys: [String]) throws -> String {
+    /// Declares a server-named, exclusive, auto-delete queue and returns its name; the queue disappears
+    /// with this connection. `operation` says what for, in the error when the broker refuses.
+    func declareExclusiveQueue(operation: String) throws -> String {
         let state = try adminReady()
-        let arena = CArena()
         let ok = amqp_queue_declare(state, adminChannel, amqp_bytes_t(len: 0, bytes: nil), 0, 0, 1, 1, amqp_empty_table)
         let name = ok?.pointee.queue.string ?? ""
-        try checkReply(on: adminChannel, "declare a queue of this connection's own on \(exchange)")
-        for key in keys {
-            _ = amqp_queue_bind(state, adminChannel, arena.bytes(name), arena.bytes(exchange),
-                                arena.bytes(key), amqp_empty_table)
-            try checkReply(on: adminChannel, "bind queue \(name) to \(exchange) with key \(key)")
-        }
+        try checkReply(on: adminChannel, operation)
         return name
     }
 
@@ -260,13 +247,6 @@ public final class AMQPConnection {
         let arena = CArena()
         _ = amqp_exchange_delete(state, adminChannel, arena.bytes(name), 0)
         try checkReply(on: adminChannel, "delete exchange \(name)")
-    }
-
-    /// Declares a plain durable queue bound to `exchange` with `key`: for tests and tools that want
-    /// their own view of an exchange. Attune's own queues come from `JobQueues.declare()`.
-    public func declareQueue(_ name: String, boundTo exchange: String, key: String) throws {
-        try declareQueue(name, arguments: [])
-        try bind(queue: name, exchange: exchange, key: key)
     }
 
     // MARK: Publishing
@@ -673,30 +653,5 @@ public final class AMQPConnection {
                                  detail: "unexpected method 0x\(String(reply.reply.id, radix: 16)) from the broker",
                                  endpoint: endpoint))
         }
-    }
-}
-
-/// AMQP method numbers (class << 16 | method). rabbitmq-c defines them as cast macros, which Swift
-/// does not import.
-enum Method {
-    static let connectionClose: amqp_method_number_t = 0x000A_0032
-    static let connectionCloseOk: amqp_method_number_t = 0x000A_0033
-    static let channelClose: amqp_method_number_t = 0x0014_0028
-    static let channelCloseOk: amqp_method_number_t = 0x0014_0029
-    static let basicCancel: amqp_method_number_t = 0x003C_001E
-    static let basicReturn: amqp_method_number_t = 0x003C_0032
-    static let basicDeliver: amqp_method_number_t = 0x003C_003C
-    static let basicAck: amqp_method_number_t = 0x003C_0050
-    static let basicNack: amqp_method_number_t = 0x003C_0078
-}
-
-extension amqp_basic_properties_t {
-    func flag(_ flag: Int32) -> Bool { _flags & amqp_flags_t(flag) != 0 }
-}
-
-extension timeval {
-    init(interval: TimeInterval) {
-        let whole = Int(interval.rounded(.down))
-        self.init(tv_sec: time_t(whole), tv_usec: suseconds_t(((interval - Double(whole)) * 1_000_000).rounded(.down)))
     }
 }

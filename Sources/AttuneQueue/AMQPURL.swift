@@ -14,7 +14,7 @@ public struct AMQPURL: Sendable, Equatable {
 
     /// Parses `text`; errors carry the redacted form of it, never the password.
     public init(_ text: String) throws {
-        func fail(_ why: String) -> AMQPError {
+        let fail = { (why: String) in
             AMQPError(kind: .invalidURL, operation: "parse URL", detail: why, endpoint: AMQPURL.redact(text))
         }
         let rest: Substring
@@ -27,47 +27,56 @@ public struct AMQPURL: Sendable, Equatable {
         } else {
             throw fail("the scheme must be amqp:// or amqps://")
         }
+        let (authorityAndPath, query) = try Self.splitQuery(rest, fail)
+        self.query = query
+        let (authority, path) = Self.splitPath(authorityAndPath)
+        let (hostPort, user, password) = try Self.splitUserInfo(authority, fail)
+        self.user = user
+        self.password = password
+        (host, port) = try Self.hostAndPort(hostPort, defaultPort: tls ? 5671 : 5672, fail)
+        vhost = try Self.vhost(path, fail)
+    }
 
-        var authorityAndPath = rest
-        query = [:]
-        if let q = rest.firstIndex(of: "?") {
-            authorityAndPath = rest[..<q]
-            for pair in rest[rest.index(after: q)...].split(separator: "&") where !pair.isEmpty {
-                let parts = pair.split(separator: "=", maxSplits: 1).map(String.init)
-                guard let key = parts[0].removingPercentEncoding,
-                      let value = (parts.count > 1 ? parts[1] : "").removingPercentEncoding else {
-                    throw fail("bad percent-encoding in the query")
-                }
-                query[key] = value
+    /// What precedes the `?`, and the query's parameters, percent-decoded.
+    private static func splitQuery(_ rest: Substring, _ fail: (String) -> AMQPError) throws
+        -> (authorityAndPath: Substring, query: [String: String]) {
+        guard let q = rest.firstIndex(of: "?") else { return (rest, [:]) }
+        var query: [String: String] = [:]
+        for pair in rest[rest.index(after: q)...].split(separator: "&") where !pair.isEmpty {
+            let parts = pair.split(separator: "=", maxSplits: 1).map(String.init)
+            guard let key = parts[0].removingPercentEncoding,
+                  let value = (parts.count > 1 ? parts[1] : "").removingPercentEncoding else {
+                throw fail("bad percent-encoding in the query")
             }
+            query[key] = value
         }
+        return (rest[..<q], query)
+    }
 
-        let authority: Substring
-        let path: Substring?
-        if let slash = authorityAndPath.firstIndex(of: "/") {
-            authority = authorityAndPath[..<slash]
-            path = authorityAndPath[authorityAndPath.index(after: slash)...]
-        } else {
-            authority = authorityAndPath
-            path = nil
+    /// The authority, and the path after its `/` if there is one.
+    private static func splitPath(_ authorityAndPath: Substring) -> (authority: Substring, path: Substring?) {
+        guard let slash = authorityAndPath.firstIndex(of: "/") else { return (authorityAndPath, nil) }
+        return (authorityAndPath[..<slash], authorityAndPath[authorityAndPath.index(after: slash)...])
+    }
+
+    /// The host and port part of the authority, and its user and password (`guest` when absent), decoded.
+    private static func splitUserInfo(_ authority: Substring, _ fail: (String) -> AMQPError) throws
+        -> (hostPort: Substring, user: String, password: String) {
+        guard let at = authority.lastIndex(of: "@") else { return (authority, "guest", "guest") }
+        let userInfo = authority[..<at]
+        let parts = userInfo.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
+        guard let u = parts[0].removingPercentEncoding,
+              let p = (parts.count > 1 ? parts[1] : "").removingPercentEncoding else {
+            throw fail("bad percent-encoding in the user or password")
         }
+        return (authority[authority.index(after: at)...], u, p)
+    }
 
-        var hostPort = authority
-        user = "guest"
-        password = "guest"
-        if let at = authority.lastIndex(of: "@") {
-            let userInfo = authority[..<at]
-            hostPort = authority[authority.index(after: at)...]
-            let parts = userInfo.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
-            guard let u = parts[0].removingPercentEncoding,
-                  let p = (parts.count > 1 ? parts[1] : "").removingPercentEncoding else {
-                throw fail("bad percent-encoding in the user or password")
-            }
-            user = u
-            password = p
-        }
-
-        port = tls ? 5671 : 5672
+    /// The host (an IPv6 address in brackets, `localhost` when empty), decoded, and the port.
+    private static func hostAndPort(_ hostPort: Substring, defaultPort: Int, _ fail: (String) -> AMQPError) throws
+        -> (host: String, port: Int) {
+        var host: String
+        var port = defaultPort
         if hostPort.hasPrefix("[") {
             guard let close = hostPort.firstIndex(of: "]") else { throw fail("unterminated IPv6 address") }
             host = String(hostPort[hostPort.index(after: hostPort.startIndex)..<close])
@@ -86,15 +95,15 @@ public struct AMQPURL: Sendable, Equatable {
         guard let decodedHost = host.removingPercentEncoding else { throw fail("bad percent-encoding in the host") }
         host = decodedHost.isEmpty ? "localhost" : decodedHost
         guard (1...65535).contains(port) else { throw fail("port \(port) is out of range") }
+        return (host, port)
+    }
 
-        // RabbitMQ's URI spec: no path means the default vhost "/"; "/" itself is written %2f.
-        if let path, !path.isEmpty {
-            guard !path.contains("/") else { throw fail("the vhost must be one path segment (write '/' as %2f)") }
-            guard let v = String(path).removingPercentEncoding else { throw fail("bad percent-encoding in the vhost") }
-            vhost = v
-        } else {
-            vhost = "/"
-        }
+    /// RabbitMQ's URI spec: no path means the default vhost "/"; "/" itself is written %2f.
+    private static func vhost(_ path: Substring?, _ fail: (String) -> AMQPError) throws -> String {
+        guard let path, !path.isEmpty else { return "/" }
+        guard !path.contains("/") else { throw fail("the vhost must be one path segment (write '/' as %2f)") }
+        guard let v = String(path).removingPercentEncoding else { throw fail("bad percent-encoding in the vhost") }
+        return v
     }
 
     /// `text` with any password between `user:` and `@` replaced by `***`. Works on text that is not a

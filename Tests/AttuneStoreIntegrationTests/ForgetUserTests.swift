@@ -11,21 +11,11 @@ final class ForgetUserTests: XCTestCase {
     private let forgotten = "ulysses_f7", kept = "wanda_k3"
 
     override func setUpWithError() throws {
-        let url = try testDatabaseURL()
-        let name = "attune_forget_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(12).lowercased()
-        let admin = try PostgresConnection(url: url)
-        try admin.query("CREATE DATABASE \(name)")  // our own hex name, never input
-        let query = url.firstIndex(of: "?").map { String(url[$0...]) } ?? ""
-        let base = url.firstIndex(of: "?").map { String(url[..<$0]) } ?? url
-        guard let slash = base.range(of: "/", options: .backwards) else { return XCTFail("no database in \(url)") }
-        databaseURL = String(base[..<slash.upperBound]) + name + query
-        addTeardownBlock { _ = try? admin.query("DROP DATABASE IF EXISTS \(name) WITH (FORCE)") }
+        databaseURL = try makeDatabase(prefix: "attune_forget_")
     }
 
     private func makeRegistry(_ keys: StorageKeys) throws -> ModelRegistry {
-        let conn = try PostgresConnection(url: databaseURL)
-        try Migrator(directory: try XCTUnwrap(Migrator.defaultDirectory())).migrate(conn)
-        return ModelRegistry(connection: conn, keys: keys)
+        try migratedRegistry(databaseURL, keys: keys)
     }
 
     private static let k1 = EncryptionTests.entry("k1")

@@ -8,22 +8,11 @@ final class RetentionTests: XCTestCase {
     private var databaseURL = ""
 
     override func setUpWithError() throws {
-        let url = try testDatabaseURL()
-        let name = "attune_retention_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(12).lowercased()
-        let admin = try PostgresConnection(url: url)
-        try admin.query("CREATE DATABASE \(name)")  // our own hex name, never input
-        // The same URL with another database: the path's last segment, before any query (sslmode=…).
-        let query = url.firstIndex(of: "?").map { String(url[$0...]) } ?? ""
-        let base = url.firstIndex(of: "?").map { String(url[..<$0]) } ?? url
-        guard let slash = base.range(of: "/", options: .backwards) else { return XCTFail("no database in \(url)") }
-        databaseURL = String(base[..<slash.upperBound]) + name + query
-        addTeardownBlock { _ = try? admin.query("DROP DATABASE IF EXISTS \(name) WITH (FORCE)") }
+        databaseURL = try makeDatabase(prefix: "attune_retention_")
     }
 
     private func registry() throws -> ModelRegistry {
-        let conn = try PostgresConnection(url: databaseURL)
-        try Migrator(directory: try XCTUnwrap(Migrator.defaultDirectory())).migrate(conn)
-        return ModelRegistry(connection: conn)
+        try migratedRegistry(databaseURL)
     }
 
     private func commit(_ registry: ModelRegistry, _ user: String, parent: Int) throws -> CommitOutcome {

@@ -85,6 +85,28 @@ extension XCTestCase {
         XCTAssertTrue(output.contains("Would remove 0 large objects"), output, file: file, line: line)
     }
 
+    /// A database of its own for this test, named `prefix` and hex digits, dropped when the test ends; returns
+    /// its URL. For what judges a whole database: vacuumlo looks at every table of one.
+    func makeDatabase(prefix: String, file: StaticString = #filePath, line: UInt = #line) throws -> String {
+        let url = try testDatabaseURL(file: file, line: line)
+        let name = prefix + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(12).lowercased()
+        let admin = try PostgresConnection(url: url)
+        try admin.query("CREATE DATABASE \(name)")  // our own hex name, never input
+        // The same URL with another database: the path's last segment, before any query (sslmode=…).
+        let query = url.firstIndex(of: "?").map { String(url[$0...]) } ?? ""
+        let base = url.firstIndex(of: "?").map { String(url[..<$0]) } ?? url
+        let slash = try XCTUnwrap(base.range(of: "/", options: .backwards), "no database in \(url)", file: file, line: line)
+        addTeardownBlock { _ = try? admin.query("DROP DATABASE IF EXISTS \(name) WITH (FORCE)") }
+        return String(base[..<slash.upperBound]) + name + query
+    }
+
+    /// A registry on the database at `databaseURL`, migrated first.
+    func migratedRegistry(_ databaseURL: String, keys: StorageKeys = .none) throws -> ModelRegistry {
+        let conn = try PostgresConnection(url: databaseURL)
+        try Migrator(directory: try XCTUnwrap(Migrator.defaultDirectory())).migrate(conn)
+        return ModelRegistry(connection: conn, keys: keys)
+    }
+
     func makeSchema() throws -> TestSchema {
         let schema = try TestSchema()
         addTeardownBlock { schema.drop() }

@@ -45,7 +45,32 @@ public struct NearestNeighborsModel: Sendable {
         }
         self.spec = spec
         let index = knn.nearestNeighborsIndex
+        weighting = try Self.searchRules(knn)
+        let dimensions = Int(index.numberOfDimensions)
+        self.dimensions = dimensions
 
+        let (labelKind, storedLabels, defaultLabel) = try Self.labels(knn)
+        self.labelKind = labelKind
+        self.defaultLabel = defaultLabel
+        let rows = try Self.storedRows(index, labelCount: storedLabels.count, hasDefault: defaultLabel != nil)
+        var base = NeighborSet(dimensions: dimensions)
+        base.append(samples: rows, labels: storedLabels)
+        self.base = base
+        classLabels = base.classes
+
+        neighborCount = try NeighborCountDeclaration(knn.numberOfNeighbors, isSet: knn.hasNumberOfNeighbors)
+        defaults = .nearestNeighbors(k: neighborCount.defaultValue)
+
+        // Input and training inputs.
+        let description = spec.description_p
+        (inputName, inputShape) = try Self.input(description, dimensions: dimensions)
+        labelFeatureName = try Self.labelFeature(in: description, inputName: inputName, kind: labelKind)
+    }
+
+    /// Checks the index (linear, squared Euclidean distance, at least one dimension) and returns the weighting.
+    private static func searchRules(_ knn: CoreML_Specification_KNearestNeighborsClassifier)
+        throws(UnsupportedModel) -> NeighborWeighting {
+        let index = knn.nearestNeighborsIndex
         switch index.indexType {
         case .linearIndex?: break
         case .singleKdTreeIndex?: throw .nearestNeighbors("the index is a singleKdTreeIndex; only linearIndex is supported")
@@ -55,6 +80,7 @@ public struct NearestNeighborsModel: Sendable {
         case .squaredEuclideanDistance?: break
         case nil: throw .nearestNeighbors("no distance function is set; set squaredEuclideanDistance")
         }
+        let weighting: NeighborWeighting
         switch knn.weightingScheme {
         case .uniformWeighting?: weighting = .uniform
         case .inverseDistanceWeighting?: weighting = .inverseDistance
@@ -63,24 +89,28 @@ public struct NearestNeighborsModel: Sendable {
         guard index.numberOfDimensions > 0 else {
             throw .nearestNeighbors("numberOfDimensions is \(index.numberOfDimensions); it must be at least 1")
         }
-        let dimensions = Int(index.numberOfDimensions)
-        self.dimensions = dimensions
+        return weighting
+    }
 
-        // Labels: their type comes from the class-label list, else from the default label.
-        let storedLabels: [ClassLabel]
+    /// The labels' type (from the class-label list, else from the default label), the stored samples'
+    /// labels, and the default label.
+    private static func labels(_ knn: CoreML_Specification_KNearestNeighborsClassifier)
+        throws(UnsupportedModel) -> (kind: LabelKind, stored: [ClassLabel], default: ClassLabel?) {
+        let kind: LabelKind
+        let stored: [ClassLabel]
         switch (knn.classLabels, knn.defaultClassLabel) {
         case (.stringClassLabels(let v)?, .defaultStringLabel?), (.stringClassLabels(let v)?, nil):
-            labelKind = .string
-            storedLabels = v.vector.map(ClassLabel.string)
+            kind = .string
+            stored = v.vector.map(ClassLabel.string)
         case (.int64ClassLabels(let v)?, .defaultInt64Label?), (.int64ClassLabels(let v)?, nil):
-            labelKind = .int64
-            storedLabels = v.vector.map(ClassLabel.int64)
+            kind = .int64
+            stored = v.vector.map(ClassLabel.int64)
         case (nil, .defaultStringLabel?):
-            labelKind = .string
-            storedLabels = []
+            kind = .string
+            stored = []
         case (nil, .defaultInt64Label?):
-            labelKind = .int64
-            storedLabels = []
+            kind = .int64
+            stored = []
         case (nil, nil):
             throw .nearestNeighbors("neither class labels nor a default label are set, so the label type is unknown; "
                 + "set stringClassLabels or int64ClassLabels")
@@ -88,17 +118,21 @@ public struct NearestNeighborsModel: Sendable {
             throw .nearestNeighbors("the class labels and the default label have different types")
         }
         switch knn.defaultClassLabel {
-        case .defaultStringLabel(let s)?: defaultLabel = .string(s)
-        case .defaultInt64Label(let n)?: defaultLabel = .int64(n)
-        case nil: defaultLabel = nil
+        case .defaultStringLabel(let s)?: return (kind, stored, .string(s))
+        case .defaultInt64Label(let n)?: return (kind, stored, .int64(n))
+        case nil: return (kind, stored, nil)
         }
+    }
 
-        // Stored samples: one class label per sample, each of numberOfDimensions finite values.
-        guard storedLabels.count == index.floatSamples.count else {
-            throw .nearestNeighbors("\(index.floatSamples.count) stored samples but \(storedLabels.count) class labels; "
+    /// The stored samples, row after row: one class label per sample, each of numberOfDimensions finite values.
+    private static func storedRows(_ index: CoreML_Specification_NearestNeighborsIndex, labelCount: Int,
+                                   hasDefault: Bool) throws(UnsupportedModel) -> [Float] {
+        let dimensions = Int(index.numberOfDimensions)
+        guard labelCount == index.floatSamples.count else {
+            throw .nearestNeighbors("\(index.floatSamples.count) stored samples but \(labelCount) class labels; "
                 + "Core ML needs one label per stored sample")
         }
-        if storedLabels.isEmpty, defaultLabel == nil {
+        if labelCount == 0, !hasDefault {
             throw .nearestNeighbors("the model stores no sample and declares no default label; set a default label")
         }
         var rows: [Float] = []
@@ -112,24 +146,18 @@ public struct NearestNeighborsModel: Sendable {
             }
             rows += sample.vector
         }
-        var base = NeighborSet(dimensions: dimensions)
-        base.append(samples: rows, labels: storedLabels)
-        self.base = base
-        classLabels = base.classes
+        return rows
+    }
 
-        neighborCount = try NeighborCountDeclaration(knn.numberOfNeighbors, isSet: knn.hasNumberOfNeighbors)
-        defaults = .nearestNeighbors(k: neighborCount.defaultValue)
-
-        // Input and training inputs.
-        let description = spec.description_p
+    /// The model input's name and shape (`[dimensions]` when it declares none), which must hold `dimensions` values.
+    private static func input(_ description: CoreML_Specification_ModelDescription, dimensions: Int)
+        throws(UnsupportedModel) -> (name: String, shape: [Int]) {
         let input = try FeatureReading.multiArrayInput(description)
         let shape = input.array.shape.isEmpty ? [dimensions] : input.array.shape.map { Int(clamping: $0) }
         guard shape.allSatisfy({ $0 > 0 }), shape.reduce(1, *) == dimensions else {
             throw .input("input '\(input.name)' has shape \(input.array.shape) but the index has numberOfDimensions \(dimensions)")
         }
-        inputName = input.name
-        inputShape = shape
-        labelFeatureName = try Self.labelFeature(in: description, inputName: input.name, kind: labelKind)
+        return (input.name, shape)
     }
 
     /// The one training input besides the model input, of the labels' type.

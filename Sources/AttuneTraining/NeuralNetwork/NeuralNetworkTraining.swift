@@ -14,28 +14,15 @@ extension NeuralNetworkModel {
         PartPool.shared.taskBegan()
         defer { PartPool.shared.taskEnded() }
         let plan = self.plan
-        let n = batch.count, width = plan.inputWidth
-        precondition(batch.inputWidth == width, "the batch was prepared for another model")
+        let n = batch.count
+        precondition(batch.inputWidth == plan.inputWidth, "the batch was prepared for another model")
         let miniBatch = max(1, min(parameters.miniBatchSize, n))
         let workspace = Workspace(plan: plan, maxBatch: miniBatch,
                                   parameters: try self.parameters(applying: state), training: true)
-        var optimizer: OptimizerStep
-        switch parameters.optimizer {
-        case .sgd(let momentum):
-            optimizer = SGD(learningRate: parameters.learningRate, momentum: momentum, slots: plan.slots,
-                            parameterCount: plan.baseParameters.count)
-        case .adam(let beta1, let beta2, let eps):
-            optimizer = Adam(learningRate: parameters.learningRate, beta1: beta1, beta2: beta2, eps: eps,
-                             slots: plan.slots, parameterCount: plan.baseParameters.count)
-        }
-        let usesValues = plan.loss == .meanSquaredError
-        let outputWidth = plan.outputWidth
-        precondition(!usesValues || batch.targetValues.count == n * outputWidth,
-                     "the batch was prepared for another model")
+        var optimizer = Self.optimizer(for: parameters, plan: plan)
+        var rows = MiniBatchRows(plan: plan, batch: batch, capacity: miniBatch)
         var generator = SplitMix64(seed: parameters.seed)
         var order = Array(0..<n)
-        var targets = [Int](repeating: 0, count: miniBatch)
-        var targetRows = [Float](repeating: 0, count: usesValues ? miniBatch * outputWidth : 0)
         var epochLoss = 0.0
         let validationPass = validation.map {
             ValidationPass(plan: plan, batch: $0, parameters: plan.baseParameters, isClassifier: !isRegressor,
@@ -54,27 +41,14 @@ extension NeuralNetworkModel {
                 while first < n {
                     batchNumber += 1
                     if isCancelled() { throw UpdateTaskError.cancelled(epoch: epoch, batch: batchNumber) }
-                    let rows = min(miniBatch, n - first)
-                    let x = workspace.activations[0].pointer
-                    for r in 0..<rows {
-                        let sample = order[first + r]
-                        (x + r * width).update(from: inputs.baseAddress! + sample * width, count: width)
-                        if usesValues {
-                            for k in 0..<outputWidth {
-                                targetRows[r * outputWidth + k] = batch.targetValues[sample * outputWidth + k]
-                            }
-                        } else {
-                            targets[r] = batch.targets[sample]
-                        }
-                    }
-                    let loss = usesValues
-                        ? targetRows.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targetValues: $0.baseAddress!) }
-                        : targets.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targets: $0.baseAddress!) }
+                    let count = min(miniBatch, n - first)
+                    rows.load(order[first..<(first + count)], inputs: inputs, into: workspace.activations[0].pointer)
+                    let loss = rows.trainStep(workspace, rows: count)
                     guard loss.isFinite else { throw UpdateTaskError.diverged(epoch: epoch, batch: batchNumber) }
-                    optimizer.step(params: workspace.params.pointer, grads: workspace.grads.pointer, rows: rows)
+                    optimizer.step(params: workspace.params.pointer, grads: workspace.grads.pointer, rows: count)
                     total += loss
-                    progress(.miniBatchEnd(epoch: epoch, batch: batchNumber, loss: loss / Double(rows)))
-                    first += rows
+                    progress(.miniBatchEnd(epoch: epoch, batch: batchNumber, loss: loss / Double(count)))
+                    first += count
                 }
                 epochLoss = total / Double(n)
                 validated = validationPass?.evaluate(parameters: workspace.params.pointer, count: workspace.params.count)
@@ -89,5 +63,61 @@ extension NeuralNetworkModel {
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
         return UpdateResult(state: self.state(from: final), finalLoss: epochLoss, epochs: parameters.epochs,
                             samples: n, durationSeconds: seconds, validation: validated)
+    }
+
+    /// The optimizer the job's parameters name, over the plan's parameter slots.
+    private static func optimizer(for parameters: ResolvedParameters, plan: NetworkPlan) -> OptimizerStep {
+        switch parameters.optimizer {
+        case .sgd(let momentum):
+            SGD(learningRate: parameters.learningRate, momentum: momentum, slots: plan.slots,
+                parameterCount: plan.baseParameters.count)
+        case .adam(let beta1, let beta2, let eps):
+            Adam(learningRate: parameters.learningRate, beta1: beta1, beta2: beta2, eps: eps,
+                 slots: plan.slots, parameterCount: plan.baseParameters.count)
+        }
+    }
+}
+
+/// One mini-batch's rows at a time: copies the chosen samples' inputs into the network's input activations
+/// and their targets (class indices, or `outputWidth` values for a mean-squared-error loss) beside them,
+/// in buffers allocated once per task.
+private struct MiniBatchRows {
+    private let batch: TrainingBatch
+    private let width: Int
+    private let outputWidth: Int
+    private let usesValues: Bool
+    private var targets: [Int]
+    private var targetRows: [Float]
+
+    init(plan: NetworkPlan, batch: TrainingBatch, capacity: Int) {
+        self.batch = batch
+        width = plan.inputWidth
+        outputWidth = plan.outputWidth
+        usesValues = plan.loss == .meanSquaredError
+        precondition(!usesValues || batch.targetValues.count == batch.count * outputWidth,
+                     "the batch was prepared for another model")
+        targets = [Int](repeating: 0, count: capacity)
+        targetRows = [Float](repeating: 0, count: usesValues ? capacity * outputWidth : 0)
+    }
+
+    /// Copies `samples` (indices into the batch) into rows 0, 1, ... of `x` and of the targets.
+    mutating func load(_ samples: ArraySlice<Int>, inputs: UnsafeBufferPointer<Float>, into x: UnsafeMutablePointer<Float>) {
+        for (r, sample) in samples.enumerated() {
+            (x + r * width).update(from: inputs.baseAddress! + sample * width, count: width)
+            if usesValues {
+                for k in 0..<outputWidth {
+                    targetRows[r * outputWidth + k] = batch.targetValues[sample * outputWidth + k]
+                }
+            } else {
+                targets[r] = batch.targets[sample]
+            }
+        }
+    }
+
+    /// The forward and backward pass over the first `rows` rows loaded; returns their summed loss.
+    func trainStep(_ workspace: Workspace, rows: Int) -> Double {
+        usesValues
+            ? targetRows.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targetValues: $0.baseAddress!) }
+            : targets.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targets: $0.baseAddress!) }
     }
 }

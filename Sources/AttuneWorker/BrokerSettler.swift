@@ -1,0 +1,131 @@
+import AttuneQueue
+import AttuneSpec
+import Logging
+
+/// Carries out on the broker what the slots posted: acks (several at once where the delivery tags allow),
+/// requeues, dead-letter and retry copies, and events. Nothing waits for a confirm: a copy's original is acked,
+/// and its event published, when the broker confirms the copy (`handleConfirms`).
+///
+/// Confined to the broker thread, like the connection it is handed.
+final class BrokerSettler {
+    private let open: OpenDeliveries
+    private let logger: Logger
+    /// What to do when the broker confirms a dead-letter or retry copy, by publish sequence number.
+    private var onConfirm: [UInt64: CopyConfirmed] = [:]
+    /// Events the broker refused (basic.nack): reported when the worker stops, not resent.
+    private(set) var nackedEvents = 0
+
+    private struct CopyConfirmed {
+        let receipt: IncomingJob.Receipt
+        let messageId: String
+        let event: Attune_V1_Event
+    }
+
+    init(open: OpenDeliveries, logger: Logger) {
+        self.open = open
+        self.logger = logger
+    }
+
+    /// Whether some copy still waits for its confirm.
+    var awaitsConfirms: Bool { !onConfirm.isEmpty }
+
+    /// The connection is gone: its copies' confirms will never come (the broker put the originals back).
+    func forgetConfirms() { onConfirm.removeAll() }
+
+    /// Requeues, copies and acks first (acks batched), then the events, in the order the slots posted them.
+    func carryOut(_ items: [SlotMailbox.Posted], on connection: AMQPConnection) throws {
+        guard !items.isEmpty else { return }
+        var acks: [UInt64] = []
+        var events: [Attune_V1_Event] = []
+        for item in items {
+            switch item {
+            case .event(let event):
+                events.append(event)
+            case .settle(let job):
+                // A settlement for a delivery of a lost connection: the broker has put that delivery back.
+                guard let (delivery, partition) = open.job(job.receipt) else { continue }
+                switch job.decision.action {
+                case .ack:
+                    acks.append(delivery.deliveryTag)
+                    events.append(job.decision.event)
+                    events.append(contentsOf: job.decision.followUps)
+                case .requeue:
+                    try open.putBack(delivery.deliveryTag, on: connection)
+                    events.append(job.decision.event)
+                case .deadLetter(let reason):
+                    try sendCopy(JobQueues.deadLetterCopy(of: delivery, reason: reason), of: delivery, job, connection)
+                case .retry(let delayMs, let attempt):
+                    guard let partition else {
+                        try open.putBack(delivery.deliveryTag, on: connection)
+                        continue
+                    }
+                    let copy = try JobQueues(connection).retryCopy(of: delivery, from: partition.queue,
+                                                                   delayMs: delayMs, attempt: attempt)
+                    try sendCopy(copy, of: delivery, job, connection)
+                }
+            }
+        }
+        try ack(acks, on: connection)
+        for event in events { try connection.sendEvent(event) }
+        JobTimeline.shared?.record(.settled, events.filter { $0.kind == .completed || $0.kind == .failed }.map(\.jobID))
+    }
+
+    /// Acks the originals of the copies the broker confirmed and publishes their events; puts back those
+    /// whose copy it refused or returned.
+    func handleConfirms(_ connection: AMQPConnection) throws {
+        let confirms = connection.takeConfirms()
+        guard !confirms.isEmpty else { return }
+        let returned = Set(connection.takeReturnedMessageIds())
+        var acks: [UInt64] = []
+        var events: [Attune_V1_Event] = []
+        for (sequence, acked) in confirms.sorted(by: { $0.key < $1.key }) {
+            guard let copy = onConfirm.removeValue(forKey: sequence) else {
+                if !acked { nackedEvents += 1 }
+                continue
+            }
+            guard copy.receipt.generation == open.generation else { continue }
+            if acked && !returned.contains(copy.messageId) {
+                acks.append(copy.receipt.tag)
+                events.append(copy.event)
+            } else {
+                // The copy did not reach its queue: the job stays where it was, to be taken again.
+                logger.error("job \(JobNames.name(copy.event.jobID, delivery: copy.receipt.tag)): the broker did not take its dead-letter or retry copy; requeued")
+                try open.putBack(copy.receipt.tag, on: connection)
+            }
+        }
+        try ack(acks, on: connection)
+        for event in events { try connection.sendEvent(event) }
+    }
+
+    private func sendCopy(_ copy: JobQueues.Copy, of delivery: Delivery, _ job: SettledJob,
+                          _ connection: AMQPConnection) throws {
+        // The copy's message id lets a broker return (no queue bound) be matched to it.
+        let messageId = delivery.messageId ?? "attune-copy-\(open.generation)-\(delivery.deliveryTag)"
+        let sequence = try connection.send(exchange: copy.exchange, routingKey: copy.routingKey, body: delivery.body,
+                                           contentType: delivery.contentType ?? "", headers: copy.headers,
+                                           messageId: messageId, mandatory: true)
+        let name = JobNames.name(job.decision.event.jobID, delivery: delivery.deliveryTag)
+        switch job.decision.action {
+        case .deadLetter(let reason):
+            logger.warning("job \(name) dead-lettered: \(reason)")
+        case .retry(let delayMs, _):
+            logger.warning("job \(name) failed, will retry in \(Double(delayMs) / 1000) s: \(job.decision.event.reason)")
+        case .ack, .requeue:
+            break
+        }
+        guard let sequence else { return }
+        onConfirm[sequence] = CopyConfirmed(receipt: job.receipt, messageId: messageId, event: job.decision.event)
+    }
+
+    /// Acks `tags`: one multiple-ack for the longest run of the oldest unsettled tags, single acks for the rest.
+    private func ack(_ tags: [UInt64], on connection: AMQPConnection) throws {
+        guard !tags.isEmpty else { return }
+        let run = open.oldestRun(within: Set(tags))
+        if let last = run.last, run.count > 1 {
+            try connection.ack(last, multiple: true)
+        }
+        let covered = run.count > 1 ? Set(run) : []
+        for tag in tags.sorted() where !covered.contains(tag) { try connection.ack(tag) }
+        for tag in tags { open.markSettled(tag) }
+    }
+}

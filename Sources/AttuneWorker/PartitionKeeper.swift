@@ -1,0 +1,248 @@
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+import Foundation
+import Logging
+
+/// Which partitions this worker consumes: it follows the fleet's partition layout in PostgreSQL, takes the
+/// partitions its leases (advisory locks) give it and lets go of the others once their jobs are settled,
+/// and during a repartition records the old partitions it drained and holds jobs at their drain barriers.
+///
+/// Confined to the broker thread: it drives the thread's connection and the lease session.
+final class PartitionKeeper {
+    /// How often the worker looks at who is alive and which partitions it should hold: a new worker gets
+    /// its share within about two looks.
+    static let leaseLookInterval: TimeInterval = 0.5
+    /// How often during a repartition's drain: generation 0 drains partition after partition (each waits at
+    /// its barriers for the ones unbound after it), and every look shortens each step.
+    static let drainLookInterval: TimeInterval = 0.1
+    /// How long an old partition must look drained, across looks, before it is recorded: a delivery the
+    /// broker sent but this worker had not read yet, or a retry on its way back, shows up by then.
+    static let drainQuietPeriod: TimeInterval = 0.3
+
+    private let configuration: WorkerConfiguration
+    private let logger: Logger
+    private let mailbox: SlotMailbox
+    private let open: OpenDeliveries
+    private let barriers: DrainBarriers
+    /// The consumers of the current connection.
+    private var consumers: PartitionConsumers?
+    private var leases: PartitionLeases?
+    private var lastLeaseLook = Date.distantPast
+    /// The fleet's partition layout as last read from PostgreSQL.
+    private var layout: PartitionLayout
+    /// When this worker began consuming each partition it consumes, and since when each partition of a
+    /// draining generation has looked drained (`lookForDrainedPartitions`).
+    private var consumingSince: [JobPartition: Date] = [:]
+    private var quietSince: [JobPartition: Date] = [:]
+    /// The draining generation's partitions known to be drained, as of the last look.
+    private var knownDrained: Set<JobPartition> = []
+
+    init(configuration: WorkerConfiguration, logger: Logger, mailbox: SlotMailbox, open: OpenDeliveries) {
+        self.configuration = configuration
+        self.logger = logger
+        self.mailbox = mailbox
+        self.open = open
+        barriers = DrainBarriers(open: open, logger: logger)
+        layout = configuration.layout
+    }
+
+    var lookInterval: TimeInterval { layout.draining == nil ? Self.leaseLookInterval : Self.drainLookInterval }
+
+    // MARK: The connection
+
+    /// Declares the partition queues on a new connection, for the layout as PostgreSQL has it now: one
+    /// remembered from before a long outage could bind a drained generation to the jobs exchange again.
+    /// Without PostgreSQL no partition queue is declared; the first look at the leases (which needs
+    /// PostgreSQL too) declares them.
+    func declareQueues(on connection: AMQPConnection) throws {
+        if let stored = try? storedLayout() {
+            layout = stored
+            try JobQueues(connection).declare(layout: stored)
+        } else {
+            try JobQueues(connection).declare()
+        }
+    }
+
+    /// The layout PostgreSQL holds, read on the lease session when it answers, else on a connection of its own.
+    private func storedLayout() throws -> PartitionLayout? {
+        if let leases, let stored = try? FleetPartitioning.layout(on: leases.connection) { return stored }
+        let database = try PostgresConnection(url: configuration.databaseURL)
+        defer { database.close() }
+        return try FleetPartitioning.layout(on: database)
+    }
+
+    /// A new connection consumes nothing yet; the next look takes the partitions.
+    func connected(_ connection: AMQPConnection) {
+        consumers = PartitionConsumers(connection: connection)
+        lastLeaseLook = .distantPast
+    }
+
+    /// The connection is gone, and with it its consumers and deliveries.
+    func disconnected() {
+        consumers = nil
+        consumingSince.removeAll()
+        quietSince.removeAll()
+        barriers.forgetAll()
+    }
+
+    /// At the end: the lease session closes, and with it every lock still held.
+    func close() {
+        leases?.close()
+        leases = nil
+    }
+
+    // MARK: Deliveries
+
+    /// Takes what arrived in hand and returns what may go to the slots now; what arrives behind a drain
+    /// barrier waits.
+    func sort(_ arrived: [Delivery], on connection: AMQPConnection) throws -> [Delivery] {
+        guard !arrived.isEmpty, let consumers else { return [] }
+        return try barriers.sort(arrived, consumers: consumers, isDrained: isDrained, on: connection)
+    }
+
+    /// A barrier naming a partition of a generation no longer draining is past too.
+    private func isDrained(_ partition: JobPartition) -> Bool {
+        layout.draining?.number != partition.generation || knownDrained.contains(partition)
+    }
+
+    // MARK: Stopping
+
+    /// No new deliveries from any partition.
+    func stopConsuming() throws { try consumers?.cancelAll() }
+
+    /// At shutdown, what waits behind a barrier goes back to its queue, in order.
+    func handBackParked(on connection: AMQPConnection) throws { try barriers.handBack(on: connection) }
+
+    // MARK: Looking at the partitions
+
+    /// Looks at the partitions if the last look is `lookInterval` old.
+    func lookIfDue(on connection: AMQPConnection) throws {
+        guard let consumers, Date().timeIntervalSince(lastLeaseLook) >= lookInterval else { return }
+        try look(consumers, connection)
+    }
+
+    /// Consumes the partitions this worker should hold, and lets go of the others once their jobs are
+    /// settled. Without PostgreSQL the worker keeps what it consumes: each partition queue has a single
+    /// active consumer, so no two workers take one partition's jobs at once whatever the locks say.
+    private func look(_ consumers: PartitionConsumers, _ connection: AMQPConnection) throws {
+        lastLeaseLook = Date()
+        do {
+            if leases == nil {
+                leases = try PartitionLeases(url: configuration.databaseURL, workerName: configuration.workerName)
+            }
+            guard let leases else { return }
+            try follow(try FleetPartitioning.layout(on: leases.connection)
+                       ?? FleetPartitioning.establish(on: leases.connection, proposing: layout.current.partitions), connection)
+            if let draining = layout.draining {
+                knownDrained = Set(try FleetPartitioning.drained(generation: draining.number, on: leases.connection)
+                    .map { JobPartition(generation: draining.number, index: $0) })
+            } else {
+                knownDrained.removeAll()
+            }
+            try barriers.passDrained(isDrained: isDrained, on: connection) { [mailbox, open] ready in
+                mailbox.deliver(ready, generation: open.generation)
+            }
+            let target = try leases.target(of: layout.consumed)
+            for partition in consumers.consuming where !target.contains(partition) {
+                try stopConsuming(partition, consumers)
+            }
+            releaseDrainedPartitions()
+            for partition in target.sorted() where !consumers.consuming.contains(partition) {
+                if try leases.tryAcquire(partition) {
+                    try consumers.consume(partition)
+                    consumingSince[partition] = leases.handedOverCleanly.contains(partition) ? .distantPast : Date()
+                    mailbox.noteHandover()
+                }
+            }
+            // After a lost session: keep a partition only if its lock could be taken again.
+            for partition in consumers.consuming where !leases.held.contains(partition) {
+                if try !leases.tryAcquire(partition) { try stopConsuming(partition, consumers) }
+            }
+            try lookForDrainedPartitions(leases, consumers, connection)
+        } catch let error as DatabaseError {
+            logger.warning("cannot look at partition leases (PostgreSQL): \(error); keeping the partitions consumed")
+            leases?.close()
+            leases = nil
+        }
+    }
+
+    private func stopConsuming(_ partition: JobPartition, _ consumers: PartitionConsumers) throws {
+        try consumers.cancel(partition)
+        consumingSince[partition] = nil
+        quietSince[partition] = nil
+        mailbox.noteHandover()
+    }
+
+    /// Takes a changed layout on: declares its queues (a repartition's new generation, already declared by
+    /// `attune topology repartition`, is then known to this connection too) and says what changed.
+    private func follow(_ stored: PartitionLayout, _ connection: AMQPConnection) throws {
+        guard stored != layout else { return }
+        let before = layout
+        layout = stored
+        try JobQueues(connection).declare(layout: stored)
+        if let draining = stored.draining, before.draining == nil {
+            logger.info("repartition from \(draining.partitions) to \(stored.current.partitions) partitions: draining generation \(draining.number) before taking jobs from generation \(stored.current.number)")
+        } else if stored.draining == nil, before.draining != nil {
+            logger.info("generation \(before.consumed.number) drained: taking jobs from the \(stored.current.partitions) partitions of generation \(stored.current.number)")
+        }
+    }
+
+    /// How long this worker must have consumed a partition taken from a holder that did not let go of it
+    /// (its session ended) before finding it drained: a worker that lost its machine may hold some of the
+    /// partition's jobs unacked until the broker misses two of its heartbeats, and those come back only then.
+    private var staleConsumerBound: TimeInterval { 2 * Double(max(configuration.heartbeatSeconds, 1)) + 1 }
+
+    /// During a repartition's drain, records each old partition this worker consumes once it is drained:
+    /// no job waits in it or in a retry queue (from which a job would come back to it), none is in hand
+    /// (nor behind a barrier), at looks `drainQuietPeriod` apart, and the partition has been consumed here
+    /// long enough for a vanished holder's jobs to have come back.
+    private func lookForDrainedPartitions(_ leases: PartitionLeases, _ consumers: PartitionConsumers,
+                                          _ connection: AMQPConnection) throws {
+        guard let draining = layout.draining, layout.drainingUnbound else { quietSince.removeAll(); return }
+        let mine = consumers.consuming.filter { $0.generation == draining.number && leases.held.contains($0) }
+        guard !mine.isEmpty else { return }
+        let candidates = mine.filter { !knownDrained.contains($0) }.sorted()
+        guard !candidates.isEmpty else { return }
+        let retriesWait = try retryQueues.contains { try connection.queueDepth($0).messages > 0 }
+        let inHand = open.partitionsInHand
+        let now = Date()
+        var recordedCount = knownDrained.count
+        for partition in candidates {
+            let settled = !retriesWait && !inHand.contains(partition)
+                && now.timeIntervalSince(consumingSince[partition] ?? now) >= staleConsumerBound
+            guard try settled && connection.queueDepth(partition.queue).messages == 0 else {
+                quietSince[partition] = nil
+                continue
+            }
+            guard let first = quietSince[partition] else { quietSince[partition] = now; continue }
+            guard now.timeIntervalSince(first) >= Self.drainQuietPeriod else { continue }
+            let finished = try FleetPartitioning.recordDrained(partition, by: configuration.workerName, on: leases.connection)
+            recordedCount += 1
+            logger.info("partition \(partition.queue) drained (\(recordedCount) of \(draining.partitions) recorded)")
+            if finished {
+                logger.info("every partition of generation \(draining.number) drained: the fleet moves to generation \(layout.current.number)")
+                return
+            }
+        }
+    }
+
+    private var retryQueues: [String] {
+        Set(Topology.retryDelaysMs + configuration.retry.delaysMs).sorted().map { Topology.retryQueue(delayMs: $0) }
+    }
+
+    /// Unlocks partitions no longer consumed once none of their jobs is in hand, so the next holder
+    /// never races this worker for a user.
+    func releaseDrainedPartitions() {
+        guard let leases, let consumers else { return }
+        let inHand = open.partitionsInHand
+        for partition in leases.held where !consumers.consuming.contains(partition) && !inHand.contains(partition) {
+            do { try leases.release(partition) } catch {
+                logger.warning("cannot release partition \(partition.queue): \(error)")
+                leases.close()
+                self.leases = nil
+                return
+            }
+        }
+    }
+}
