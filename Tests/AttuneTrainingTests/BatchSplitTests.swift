@@ -49,6 +49,7 @@ extension GradientTests {
             let summed = classifier
                 ? batch.targets.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targets: $0.baseAddress!) }
                 : batch.targetValues.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targetValues: $0.baseAddress!) }
+            workspace.sumGradientParts()
             let grads = workspace.grads.array
 
             let x = batch.inputs.map(Double.init)

@@ -37,7 +37,7 @@ final class Adam: OptimizerStep {
         split = RangeSplit(slots.map { $0.offset..<($0.offset + $0.count) })
     }
 
-    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>, rows: Int) {
+    func step(params: UnsafeMutablePointer<Float>, grads: Gradient, rows: Int) {
         stepCount += 1
         let t = Double(stepCount)
         let correction1 = Float(1 - Foundation.pow(beta1Double, t))
@@ -54,7 +54,7 @@ final class Adam: OptimizerStep {
         }
     }
 
-    private func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>,
+    private func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: Gradient,
                         correction1: Float, correction2: Float) {
         let m = firstMoment.pointer, v = secondMoment.pointer
         // Eight values at a time where eight remain, with the same float operations per value (see SGD).
@@ -65,7 +65,7 @@ final class Adam: OptimizerStep {
         for range in ranges {
             var i = range.lowerBound
             while i + 8 <= range.upperBound {
-                let g = load(grads + i)
+                let g = grads.lanes(i)
                 let first = b1 * load(m + i) + oneMinusB1 * g
                 let second = b2 * load(v + i) + oneMinusB2 * g * g
                 store(first, m + i)

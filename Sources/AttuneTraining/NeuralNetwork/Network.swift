@@ -103,6 +103,8 @@ final class Workspace {
     var scratch: FloatBuffer { scratches[0] }
     /// The optimizer's cut of the trainable ranges, which also sums the parts' gradients.
     private let gradientSplit: RangeSplit
+    /// This step's input rows, when they are read where they lie (`InputRows.inPlace`) instead of boundary 0.
+    private var inputsInPlace: UnsafePointer<Float>?
 
     init(plan: NetworkPlan, maxBatch: Int, parameters: [Float], training: Bool) {
         // Every product of a task goes through a workspace: settle BLAS threading before the first one.
@@ -145,9 +147,11 @@ final class Workspace {
         }
     }
 
-    /// Row `rows.lowerBound` of boundary `i`'s activations, and of its gradients.
+    /// Row `rows.lowerBound` of boundary `i`'s activations, and of its gradients. Nothing writes boundary 0
+    /// during a training step, so its rows may be the caller's own (`InputRows`).
     private func activation(_ i: Int, _ rows: Range<Int>) -> UnsafeMutablePointer<Float> {
-        activations[i].pointer + rows.lowerBound * plan.widths[i]
+        if i == 0, let inputsInPlace { return UnsafeMutablePointer(mutating: inputsInPlace) + rows.lowerBound * plan.widths[0] }
+        return activations[i].pointer + rows.lowerBound * plan.widths[i]
     }
 
     private func delta(_ i: Int, _ rows: Range<Int>) -> UnsafeMutablePointer<Float> {
@@ -161,40 +165,79 @@ final class Workspace {
         case values(UnsafePointer<Float>)
     }
 
+    /// Where a mini-batch's input rows are: already in boundary 0, or rows `samples[0..<batch]` of a task's
+    /// inputs (`width` floats each), copied by the part that trains them, so a split mini-batch copies its
+    /// rows on every thread at once and each part's rows arrive in the cache of the core that reads them.
+    /// Consecutive samples (no shuffle) are read where they lie, with no copy.
+    enum InputRows {
+        case loaded
+        case gathered(inputs: UnsafePointer<Float>, samples: UnsafePointer<Int>)
+
+        func gather(_ rows: Range<Int>, width: Int, into x: UnsafeMutablePointer<Float>) {
+            guard case .gathered(let inputs, let samples) = self else { return }
+            for r in rows { (x + r * width).update(from: inputs + samples[r] * width, count: width) }
+        }
+
+        /// The first row, when rows `0..<batch` are consecutive samples.
+        func inPlace(batch: Int, width: Int) -> UnsafePointer<Float>? {
+            guard case .gathered(let inputs, let samples) = self else { return nil }
+            for r in 1..<max(batch, 1) where samples[r] != samples[0] + r { return nil }
+            return inputs + samples[0] * width
+        }
+    }
+
     /// Cross-entropy models: forward, fused softmax + cross-entropy, backward down to the earliest trainable
     /// step. Returns the summed loss of the rows; gradients are left in `grads`.
-    func trainStep(batch: Int, targets: UnsafePointer<Int>) -> Double {
-        trainStep(batch: batch, targets: .classes(targets))
+    func trainStep(batch: Int, targets: UnsafePointer<Int>, inputs: InputRows = .loaded) -> Double {
+        trainStep(batch: batch, targets: .classes(targets), inputs: inputs)
     }
 
     /// Mean-squared-error models: `targetValues` holds `batch` rows of the output's width.
-    func trainStep(batch: Int, targetValues: UnsafePointer<Float>) -> Double {
-        trainStep(batch: batch, targets: .values(targetValues))
+    func trainStep(batch: Int, targetValues: UnsafePointer<Float>, inputs: InputRows = .loaded) -> Double {
+        trainStep(batch: batch, targets: .values(targetValues), inputs: inputs)
     }
 
     /// A mini-batch of at least twice `BatchSplit.minimumRows` rows is trained in parts of its rows, each
     /// forward and back on its own into gradients of its own, which are then summed in part order.
-    func trainStep(batch: Int, targets: Targets) -> Double {
+    func trainStep(batch: Int, targets: Targets, inputs: InputRows = .loaded) -> Double {
         let split = BatchSplit(rows: batch)
         precondition(split.count <= partGrads.count + 1, "trainStep: \(batch) rows in a workspace for \(maxBatch)")
+        let width = plan.widths[0], x = activations[0].pointer
+        inputsInPlace = inputs.inPlace(batch: batch, width: width)
+        defer { inputsInPlace = nil }
+        let copies = inputsInPlace == nil
         if split.count == 1 {
+            splitParts = 1
+            if copies { inputs.gather(0..<batch, width: width, into: x) }
             return train(rows: 0..<batch, of: batch, targets: targets, grads: grads.pointer,
                          scratch: scratch.pointer, whole: false)
         }
         let losses = UnsafeMutableBufferPointer<Double>.allocate(capacity: split.count)
         defer { losses.deallocate() }
         PartPool.shared.run(parts: split.count) { part in
+            if copies { inputs.gather(split[part], width: width, into: x) }
             losses[part] = self.train(rows: split[part], of: batch, targets: targets,
                                       grads: part == 0 ? self.grads.pointer : self.partGrads[part - 1].pointer,
                                       scratch: self.scratches[part].pointer, whole: true)
         }
-        sumPartGradients(split.count)
+        splitParts = split.count
         return losses.reduce(0, +)
     }
 
-    /// grads += each later part's gradients, in part order, over the trainable ranges.
-    private func sumPartGradients(_ parts: Int) {
-        let others = partGrads.prefix(parts - 1).map { UnsafePointer($0.pointer) }
+    /// The last step's gradient: `grads`, plus the other parts' when it was trained in parts, which the
+    /// optimizer sums as it reads them.
+    var gradient: Gradient {
+        Gradient(grads.pointer, others: partGrads.prefix(splitParts - 1).map { UnsafePointer($0.pointer) })
+    }
+
+    /// Parts of the last step (1: `grads` alone holds its gradient).
+    private var splitParts = 1
+
+    /// grads += the other parts' gradients of the last step, in part order, over the trainable ranges (for
+    /// tests, which read `grads`; training leaves the sum to the optimizer).
+    func sumGradientParts() {
+        let others = gradient.others
+        splitParts = 1
         let g = grads.pointer
         let cut = gradientSplit.parts
         PartPool.shared.run(parts: cut.count) { part in

@@ -42,10 +42,14 @@ extension NeuralNetworkModel {
                     batchNumber += 1
                     if isCancelled() { throw UpdateTaskError.cancelled(epoch: epoch, batch: batchNumber) }
                     let count = min(miniBatch, n - first)
-                    rows.load(order[first..<(first + count)], inputs: inputs, into: workspace.activations[0].pointer)
-                    let loss = rows.trainStep(workspace, rows: count)
+                    let samples = order[first..<(first + count)]
+                    rows.load(samples)
+                    let loss = samples.withUnsafeBufferPointer {
+                        rows.trainStep(workspace, rows: count,
+                                       inputs: .gathered(inputs: inputs.baseAddress!, samples: $0.baseAddress!))
+                    }
                     guard loss.isFinite else { throw UpdateTaskError.diverged(epoch: epoch, batch: batchNumber) }
-                    optimizer.step(params: workspace.params.pointer, grads: workspace.grads.pointer, rows: count)
+                    optimizer.step(params: workspace.params.pointer, grads: workspace.gradient, rows: count)
                     total += loss
                     progress(.miniBatchEnd(epoch: epoch, batch: batchNumber, loss: loss / Double(count)))
                     first += count
@@ -78,12 +82,10 @@ extension NeuralNetworkModel {
     }
 }
 
-/// One mini-batch's rows at a time: copies the chosen samples' inputs into the network's input activations
-/// and their targets (class indices, or `outputWidth` values for a mean-squared-error loss) beside them,
-/// in buffers allocated once per task.
+/// One mini-batch's targets at a time (class indices, or `outputWidth` values for a mean-squared-error loss),
+/// in buffers allocated once per task; the workspace reads the samples' inputs itself (`Workspace.InputRows`).
 private struct MiniBatchRows {
     private let batch: TrainingBatch
-    private let width: Int
     private let outputWidth: Int
     private let usesValues: Bool
     private var targets: [Int]
@@ -91,7 +93,6 @@ private struct MiniBatchRows {
 
     init(plan: NetworkPlan, batch: TrainingBatch, capacity: Int) {
         self.batch = batch
-        width = plan.inputWidth
         outputWidth = plan.outputWidth
         usesValues = plan.loss == .meanSquaredError
         precondition(!usesValues || batch.targetValues.count == batch.count * outputWidth,
@@ -100,10 +101,9 @@ private struct MiniBatchRows {
         targetRows = [Float](repeating: 0, count: usesValues ? capacity * outputWidth : 0)
     }
 
-    /// Copies `samples` (indices into the batch) into rows 0, 1, ... of `x` and of the targets.
-    mutating func load(_ samples: ArraySlice<Int>, inputs: UnsafeBufferPointer<Float>, into x: UnsafeMutablePointer<Float>) {
+    /// Copies the targets of `samples` (indices into the batch) into rows 0, 1, ...
+    mutating func load(_ samples: ArraySlice<Int>) {
         for (r, sample) in samples.enumerated() {
-            (x + r * width).update(from: inputs.baseAddress! + sample * width, count: width)
             if usesValues {
                 for k in 0..<outputWidth {
                     targetRows[r * outputWidth + k] = batch.targetValues[sample * outputWidth + k]
@@ -114,10 +114,11 @@ private struct MiniBatchRows {
         }
     }
 
-    /// The forward and backward pass over the first `rows` rows loaded; returns their summed loss.
-    func trainStep(_ workspace: Workspace, rows: Int) -> Double {
+    /// The forward and backward pass over the first `rows` rows loaded, their inputs from `inputs`; returns
+    /// their summed loss.
+    func trainStep(_ workspace: Workspace, rows: Int, inputs: Workspace.InputRows) -> Double {
         usesValues
-            ? targetRows.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targetValues: $0.baseAddress!) }
-            : targets.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targets: $0.baseAddress!) }
+            ? targetRows.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targetValues: $0.baseAddress!, inputs: inputs) }
+            : targets.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targets: $0.baseAddress!, inputs: inputs) }
     }
 }

@@ -21,7 +21,7 @@ struct SGD: OptimizerStep {
         split = RangeSplit(slots.map { $0.offset..<($0.offset + $0.count) })
     }
 
-    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>, rows: Int) {
+    func step(params: UnsafeMutablePointer<Float>, grads: Gradient, rows: Int) {
         if split.parts(rows: rows) == 1 {
             for part in split.parts { update(part, params: params, grads: grads) }
             return
@@ -32,13 +32,13 @@ struct SGD: OptimizerStep {
 
     /// Eight values at a time where eight remain (the same float operations per value, so the same bits):
     /// the compiler cannot vectorize the plain loop, since it cannot tell that the buffers do not overlap.
-    private func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>) {
+    private func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: Gradient) {
         let v = velocity.pointer
         let m = Lanes(repeating: momentum), lr = Lanes(repeating: learningRate)
         for range in ranges {
             var i = range.lowerBound
             while i + 8 <= range.upperBound {
-                let velocity = m * load(v + i) - lr * load(grads + i)
+                let velocity = m * load(v + i) - lr * grads.lanes(i)
                 store(velocity, v + i)
                 store(load(params + i) + velocity, params + i)
                 i += 8
@@ -57,7 +57,35 @@ struct SGD: OptimizerStep {
 protocol OptimizerStep {
     /// Set before each epoch from the task's schedule (float32, as the per-value arithmetic is).
     var learningRate: Float { get set }
-    func step(params: UnsafeMutablePointer<Float>, grads: UnsafePointer<Float>, rows: Int)
+    func step(params: UnsafeMutablePointer<Float>, grads: Gradient, rows: Int)
+}
+
+/// A mini-batch's gradient over the flat parameter buffer: `first`, plus the gradients of the mini-batch's
+/// other parts when it was trained in parts (`BatchSplit`), added in part order as each value is read, so
+/// the optimizer's one pass over the values also sums them.
+struct Gradient {
+    let first: UnsafePointer<Float>
+    let others: [UnsafePointer<Float>]
+
+    init(_ first: UnsafePointer<Float>, others: [UnsafePointer<Float>] = []) {
+        self.first = first
+        self.others = others
+    }
+
+    @inline(__always)
+    subscript(i: Int) -> Float {
+        var g = first[i]
+        for other in others { g += other[i] }
+        return g
+    }
+
+    /// Values i..<i+8.
+    @inline(__always)
+    func lanes(_ i: Int) -> Lanes {
+        var g = load(first + i)
+        for other in others { g += load(other + i) }
+        return g
+    }
 }
 
 typealias Lanes = SIMD8<Float>
