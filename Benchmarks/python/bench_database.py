@@ -64,6 +64,15 @@ def reset(args, admin):
     purge_queues(admin)
 
 
+def version_summary(args, schema=None):
+    """(versions, mean loss, min, max, mean state bytes) over the personal versions in `schema`'s tables: the
+    loss is each job's last-epoch loss, the figure its `completed` event reports, so both workers' work can be
+    compared after a run; the state is what each commit stored."""
+    with db_connect(args, schema) as conn:
+        return conn.execute("SELECT count(*), avg(loss), min(loss), max(loss), avg(state_size_bytes) "
+                            "FROM attune_personal_versions").fetchone()
+
+
 def reset_ha(args, admin):
     """`reset` on the HA set: its primary found through the multi-host URL, VACUUM as its trusted superuser."""
     with psycopg.connect(args.active_url, autocommit=True) as conn:
