@@ -10,7 +10,8 @@
 # --ha: only Attune through PostgreSQL under pg_auto_failover (scripts/postgres-ha.sh, durable, a synchronous
 # standby) beside the single durable server, the same jobs in turn, three pairs (about 5 minutes).
 # --only big: the training-bound end, jobs of the 784-128-10 net (200 samples x 5 epochs, default 300 of them)
-# on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes: jobs/s and jobs/s per core (2-3 minutes).
+# on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes: jobs/s and jobs/s per core (about a minute;
+# --jobs 1000, steadier, about 5).
 # The driver is Benchmarks/python/fleet_bench.py; the peer Benchmarks/python/python_worker.py; see docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ while (($#)); do
   case "$1" in
     --ha) ha=1; shift ;;
     --out|--timelines) args+=("$1" "$(realpath -m "$2")"); shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done
