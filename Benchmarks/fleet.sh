@@ -4,10 +4,14 @@
 # against a peer measured alongside it. Also pgbench's rate for the commit transaction alone.
 #   Benchmarks/fleet.sh [--jobs N] [--quick] [--out FILE] [--attune-routing-key user|attune.jobs] [--attune-prefetch Q]
 #   Benchmarks/fleet.sh --ha [--jobs N] [--out FILE]
+#   Benchmarks/fleet.sh --only latency|slots|scale|big [--jobs N] [--out FILE]
 # --jobs: jobs per throughput scenario (default 4000, --quick 1500). --out: also write the report (markdown).
 # A full run takes under ~10 minutes, --quick under ~3 (plus the release build the first time).
 # --ha: only Attune through PostgreSQL under pg_auto_failover (scripts/postgres-ha.sh, durable, a synchronous
 # standby) beside the single durable server, the same jobs in turn, three pairs (about 5 minutes).
+# --only big: the training-bound end, jobs of the 784-128-10 net (200 samples x 5 epochs, default 300 of them)
+# on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes: jobs/s and jobs/s per core (about a minute;
+# --jobs 1000, steadier, about 5).
 # The driver is Benchmarks/python/fleet_bench.py; the peer Benchmarks/python/python_worker.py; see docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +20,7 @@ while (($#)); do
   case "$1" in
     --ha) ha=1; shift ;;
     --out|--timelines) args+=("$1" "$(realpath -m "$2")"); shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done

@@ -23,16 +23,23 @@ def db_connect(args, schema=None):
 
 def create_schema_copy(args, schema):
     """Attune's migrations run into `schema`, with the same base model row, so the peer never touches Attune's."""
-    model = Path(args.model).read_bytes()
     with db_connect(args) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         conn.execute(f"CREATE SCHEMA {schema}")
     with db_connect(args, schema) as conn:
         for sql in sorted((ROOT / "migrations").glob("*.sql")):
             conn.execute(sql.read_text())
+    add_base_model(args, schema, "digits", args.model)
+
+
+def add_base_model(args, schema, name, path):
+    """Base model `name`, version 1, the .mlmodel at `path`, in `schema`'s copy of the tables (the rows the
+    peer's versions refer to; Attune's own come from `attune model import`)."""
+    model = Path(path).read_bytes()
+    with db_connect(args, schema) as conn:
         conn.execute("INSERT INTO attune_base_models (name, version, kind, model_lo, size_bytes, sha256) "
-                     "VALUES ('digits', 1, 'neuralNetworkClassifier', lo_from_bytea(0, %s), %s, %s)",
-                     (model, len(model), hashlib.sha256(model).hexdigest()))
+                     "VALUES (%s, 1, 'neuralNetworkClassifier', lo_from_bytea(0, %s), %s, %s)",
+                     (name, model, len(model), hashlib.sha256(model).hexdigest()))
 
 
 def reset(args, admin):
@@ -55,6 +62,15 @@ def reset(args, admin):
     except psycopg.Error as error:
         log(f"VACUUM skipped: {error}")
     purge_queues(admin)
+
+
+def version_summary(args, schema=None):
+    """(versions, mean loss, min, max, mean state bytes) over the personal versions in `schema`'s tables: the
+    loss is each job's last-epoch loss, the figure its `completed` event reports, so both workers' work can be
+    compared after a run; the state is what each commit stored."""
+    with db_connect(args, schema) as conn:
+        return conn.execute("SELECT count(*), avg(loss), min(loss), max(loss), avg(state_size_bytes) "
+                            "FROM attune_personal_versions").fetchone()
 
 
 def reset_ha(args, admin):
@@ -103,7 +119,9 @@ def extract_base(model_path, out):
     spec = coremltools.utils.load_spec(model_path)
     nn = spec.neuralNetworkClassifier
     dense = [layer.innerProduct for layer in nn.layers if layer.isUpdatable and layer.WhichOneof("layer") == "innerProduct"]
-    assert len(dense) == 2, "expected the digits MLP: two updatable inner-product layers"
+    # Any MLP of two updatable dense layers (the digits' 64-32-10, --only big's 784-128-10): the peer trains
+    # in -> dense -> ReLU -> dense -> softmax with the shapes found here.
+    assert len(dense) == 2, "expected an MLP of two updatable inner-product layers"
     weights = {}
     for (w, b), layer in zip((("w1", "b1"), ("w2", "b2")), dense):
         weights[w] = np.array(layer.weights.floatValue, np.float32).reshape(layer.outputChannels, layer.inputChannels)

@@ -60,6 +60,8 @@ def throughput(ctx, fleet, target, jobs, tag, settled=False):
     result = {"label": fleet.label, "jobs": n, "done": ctx.listener.count(), "failed": ctx.listener.failed,
               "retrains": retrains, "rate": None, "cpu": None}
     marks = ctx.listener.mark_results
+    with ctx.listener.lock:
+        result["bursts"] = bursts(sorted(ctx.listener.ended.values())[lo - 1:hi])
     if lo in marks and hi in marks:
         (t_lo, cpu_lo), (t_hi, cpu_hi) = marks[lo], marks[hi]
         result["rate"] = (hi - lo) / (t_hi - t_lo)
@@ -71,6 +73,13 @@ def throughput(ctx, fleet, target, jobs, tag, settled=False):
     log(f"{fleet.label}: {fmt(result['rate'], '.1f')} jobs/s ({result['done']}/{n} ended, "
         f"{result['failed']} failed, retrains {fmt(retrains)}){'' if finished else ' INCOMPLETE'}")
     return result
+
+
+def bursts(times, gap=0.005):
+    """How many bursts these event times (sorted) came in: runs of events less than `gap` s apart. An Attune
+    slot commits its jobs in batches and reports a batch at once; a rate between two marks is only as steady as
+    the number of bursts between them is large."""
+    return 1 + sum(1 for a, b in zip(times, times[1:]) if b - a >= gap) if times else 0
 
 
 def wait_for_partition_share(args, fleet):

@@ -4,7 +4,7 @@ import time
 from pathlib import Path
 
 from bench_common import fmt, log
-from bench_jobs import HOT_USERS
+from bench_jobs import HOT_USERS, USERS
 from bench_measure import format_stages
 
 
@@ -94,3 +94,53 @@ def print_report(args, lines):
     if args.out:
         Path(args.out).write_text(report + "\n")
         log(f"report written to {args.out}")
+
+
+def render_big(args, runs, jobs, best_peer):
+    """--only big's table: `runs` is [(key, result, version_summary)]; Attune's rows against the
+    peer's best (`best_peer`, a key of runs), for jobs/s and for jobs/s per core."""
+    results = {key: r for key, r, _ in runs}
+    per_core = lambda r: 1 / r["cpu"]["workers"] if r.get("cpu") and r["cpu"]["workers"] > 0 else None  # noqa: E731
+    lines = [
+        f"Training-bound fleet bench (--only big), {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores; "
+        f"Attune: {args.attune_label or args.attune}",
+        f"{jobs} jobs per run: the MLP 784-128-10 (coreml_fixtures.bench_mlp), 200 samples x 5 epochs, mini-batch 32, "
+        "SGD lr 0.01 momentum 0.9; the digits drawn 28x28 (each pixel a 3x3 block, 2 blank rows and columns around, "
+        f"/16), 200 consecutive rows per job; {len(USERS)} users, uniform; JSON jobs (about 0.7 MB each).",
+        "jobs/s: between the 10% and 90% marks of a queue drained from full. CPU s/job: CPU used between those "
+        "marks / jobs completed between them. jobs/s per core = 1 / worker CPU s/job: the worker processes' CPU "
+        "only (Attune's worker; the peer's parent and its processes), not the broker's or the database's. "
+        "loss: the mean (min-max) over the run's versions of each job's last-epoch loss, as its `completed` "
+        "event reports it. state KB: what each version stored (mean). bursts: the runs of `completed` events "
+        "between the marks (an Attune slot commits and reports up to 32 jobs at once; the peer reports each job).",
+        "",
+        "| configuration | jobs/s | worker CPU s/job | jobs/s per core | broker CPU s/job | db CPU s/job | "
+        "mean loss (min-max) | versions | state KB | bursts | retrains | others' load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for key, r, (versions, mean, low, high, state) in runs:
+        cpu = r.get("cpu") or {}
+        lines.append(
+            f"| {r['label']}{' (best peer)' if key == best_peer else ''} | {fmt(r['rate'], '.1f')} | "
+            f"{fmt(cpu.get('workers'), '.4f')} | {fmt(per_core(r), '.1f')} | {fmt(cpu.get('broker'), '.4f')} | "
+            f"{fmt(cpu.get('db'), '.4f')} | {fmt(mean, '.3f')} ({fmt(low, '.3f')}-{fmt(high, '.3f')}) | "
+            f"{versions} of {r['jobs']} | {fmt(state / 1000 if state else None, '.0f')} | {fmt(r.get('bursts'))} | "
+            f"{fmt(r['retrains'])} | {fmt(r.get('others'), '.2f')} |")
+    peer = results[best_peer]
+    lines.append("")
+    for key, r in results.items():
+        if key.startswith("a"):
+            times = lambda v: fmt(v, '.2f') + ("x" if v else "")  # noqa: E731
+            lines.append(f"{r['label']} / {peer['label']}: jobs/s {times(ratio(r['rate'], peer['rate']))}, "
+                         f"jobs/s per core {times(ratio(per_core(r), per_core(peer)))}")
+    few = [r["label"] for r in results.values() if (r.get("bursts") or 0) < 8]
+    if few:
+        lines.append(f"Fewer than 8 bursts between the marks ({'; '.join(few)}): that rate and CPU per job hang on "
+                     "where the marks fell within a burst; more --jobs give steadier figures.")
+    incomplete = [r["label"] for r in results.values() if r.get("done", 0) < r.get("jobs", 0)]
+    failed = [f"{r['label']}: {r['failed']}" for r in results.values() if r.get("failed")]
+    if incomplete:
+        lines.append("INCOMPLETE (some jobs never reported completed): " + "; ".join(incomplete))
+    if failed:
+        lines.append("failed events: " + "; ".join(failed))
+    return lines

@@ -23,12 +23,13 @@ from pathlib import Path
 
 from bench_broker import EventListener, Publisher, blocking_connection, declare_attune_topology
 from bench_common import PEER_QUEUE, PEER_SCHEMA, PGBENCH_SCHEMA, ROOT, fmt, log
-from bench_database import create_schema_copy, db_connect, extract_base, run_pgbench
+from bench_database import add_base_model, create_schema_copy, db_connect, extract_base, run_pgbench, version_summary
+from bench_fixtures import bench_mlp
 from bench_fleets import AttuneFleet, PythonFleet
-from bench_jobs import load_rows, make_jobs
+from bench_jobs import load_rows, make_jobs, upsampled_rows
 from bench_measure import attune_target, latency, peer_target, throughput
 from bench_processes import STARTED, Servers, stop_all
-from bench_report import print_report, ratio, render
+from bench_report import print_report, ratio, render, render_big
 
 
 def parse_args():
@@ -52,11 +53,14 @@ def parse_args():
                                     "ATTUNE_PG_DURABLE=1): run only the HA comparison, the same jobs through the "
                                     "single server and through the HA set in turn, --ha-pairs pairs")
     p.add_argument("--ha-pairs", type=int, default=3, help="with --ha-url: how many pairs (default 3)")
-    p.add_argument("--only", choices=["latency", "slots", "scale"],
+    p.add_argument("--only", choices=["latency", "slots", "scale", "big"],
                    help="latency: just Attune 1 worker x 2 slots' peak and its latency at half and a quarter "
                         "of it (no peer, no pgbench): for trying a change to the latency path; slots: just the "
                         "training-bound jobs on 1 worker with 1 slot and with 2 (--jobs of them, default 400); scale: 1 to 48 "
-                        "workers of one slot each on the fleet's 64 partitions, rate and peak memory per worker")
+                        "workers of one slot each on the fleet's 64 partitions, rate and peak memory per worker; big: the "
+                        "training-bound end, jobs of the 784-128-10 net (200 samples x 5 epochs, --jobs of them, "
+                        "default 300) on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes at "
+                        "prefetch 1 and 4: jobs/s and jobs/s per core (no pgbench)")
     args = p.parse_args()
     args.jobs_given = args.jobs is not None
     args.jobs = args.jobs or (1500 if args.quick else 4000)
@@ -122,6 +126,9 @@ def main():
         return
     if args.only == "scale":
         scale_only(ctx, rows, n)
+        return
+    if args.only == "big":
+        big_only(ctx, rows)
         return
 
     log("pgbench: the commit transaction alone")
@@ -203,6 +210,44 @@ def slots_only(ctx, rows):
               f"broker {fmt(cpu.get('broker'), '.5f')}, db {fmt(cpu.get('db'), '.5f')}; others' load {fmt(x.get('others'), '.2f')}")
     print(f"2 slots / 1 slot, each pair: {', '.join(fmt(v, '.2f') + 'x' for v in r['slot_pairs'])}; "
           f"median pair shown above")
+
+
+BIG_MODEL = "mlp784"  # the name the 784-128-10 jobs give their model, in Attune's registry and the peer's schema
+
+
+def big_only(ctx, rows):
+    """Issue 26's training-bound end: jobs of the MLP 784-128-10 (200 samples x 5 epochs, mini-batch 32 each:
+    about 0.4 GFLOP of training against one commit of a 0.4 MB state), the same jobs on Attune's best
+    configuration (1 worker x 2 slots), on 1 worker x 1 slot, and on the peer's 2 processes (one a core) at
+    prefetch 1 and 4, in turn, each from empty queues and tables. The net is generated now with coremltools
+    (Tests/python/coreml_fixtures.py's bench_mlp), imported into Attune and into the peer's schema under
+    BIG_MODEL, and the peer starts from its base weights read from the same file."""
+    args = ctx.args
+    log("generating the 784-128-10 net, importing it, extracting its base weights for the peer")
+    path = bench_mlp(args.work, 784, 128)
+    subprocess.run([args.attune, "model", "import", str(path), "--name", BIG_MODEL], check=True,
+                   stdout=subprocess.DEVNULL)
+    add_base_model(args, PEER_SCHEMA, BIG_MODEL, path)
+    args.base_npz = Path(args.work) / f"{BIG_MODEL}-base.npz"
+    extract_base(path, args.base_npz)
+    big_rows = upsampled_rows(rows)
+    n = args.jobs if args.jobs_given else 300
+    runs = []
+    for key, fleet, target in (("a12", AttuneFleet(args, 1, 2), attune_target),
+                               ("py1", PythonFleet(args, 2, 1), peer_target),
+                               ("a11", AttuneFleet(args, 1, 1), attune_target),
+                               ("py4", PythonFleet(args, 2, 4), peer_target)):
+        # The same jobs (same seed) for every run, under new ids each time.
+        jobs = make_jobs(big_rows, f"big-{key}", n, "uniform", seed=4, samples=200, epochs=5, model=BIG_MODEL,
+                         mini_batch=32)
+        r = throughput(ctx, fleet, target, jobs, f"big-{key}")
+        del jobs
+        versions = version_summary(args, PEER_SCHEMA if key.startswith("py") else None)
+        log(f"{r['label']}: {versions[0]} versions, mean loss {fmt(versions[1], '.4f')}, "
+            f"state {fmt(versions[4], '.0f')} bytes")
+        runs.append((key, r, versions))
+    best_peer = max(("py1", "py4"), key=lambda k: next(r for key, r, _ in runs if key == k)["rate"] or 0)
+    print_report(args, render_big(args, runs, n, best_peer))
 
 
 def ha_only(ctx, rows, n):

@@ -3,8 +3,9 @@
 
 pika BlockingConnection, N processes (multiprocessing), prefetch Q, manual acks; psycopg 3; NumPy.
 Per job it does what an Attune worker does: parse the JSON job, skip a job id already applied, load the
-user's head weights (a large object) or the base weights, train the 64-32-10 MLP (dense, ReLU, dense,
-softmax + cross-entropy, SGD with momentum, mini-batches, epochs), commit the new version in one
+user's head weights (a large object) or the base weights, train the MLP whose base the .npz holds (dense,
+ReLU, dense, softmax + cross-entropy, SGD with momentum, mini-batches, epochs; the shapes are the .npz's:
+64-32-10 for the digits, 784-128-10 for the fleet bench's --only big), commit the new version in one
 transaction (lock the head row, check the job id and the head again, lo_from_bytea, insert the version,
 move the head), publish training_begin / epoch_end / completed events to `attune.events`, and ack.
 
