@@ -9,9 +9,9 @@
 # A full run takes under ~10 minutes, --quick under ~3 (plus the release build the first time).
 # --ha: only Attune through PostgreSQL under pg_auto_failover (scripts/postgres-ha.sh, durable, a synchronous
 # standby) beside the single durable server, the same jobs in turn, three pairs (about 5 minutes).
-# --only big: the training-bound end, jobs of the 784-128-10 net (200 samples x 5 epochs, default 300 of them)
-# on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes: jobs/s and jobs/s per core (about a minute;
-# --jobs 1000, steadier, about 5).
+# --only big: the training-bound end, jobs of the 784-128-10 net (200 samples x 5 epochs, default 600 of them)
+# on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes: jobs/s and jobs/s per core (about three minutes;
+# --jobs 1000 about 5).
 # The driver is Benchmarks/python/fleet_bench.py; the peer Benchmarks/python/python_worker.py; see docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

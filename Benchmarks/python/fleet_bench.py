@@ -59,7 +59,7 @@ def parse_args():
                         "training-bound jobs on 1 worker with 1 slot and with 2 (--jobs of them, default 400); scale: 1 to 48 "
                         "workers of one slot each on the fleet's 64 partitions, rate and peak memory per worker; big: the "
                         "training-bound end, jobs of the 784-128-10 net (200 samples x 5 epochs, --jobs of them, "
-                        "default 300) on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes at "
+                        "default 600) on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes at "
                         "prefetch 1 and 4: jobs/s and jobs/s per core (no pgbench)")
     args = p.parse_args()
     args.jobs_given = args.jobs is not None
@@ -231,7 +231,7 @@ def big_only(ctx, rows):
     args.base_npz = Path(args.work) / f"{BIG_MODEL}-base.npz"
     extract_base(path, args.base_npz)
     big_rows = upsampled_rows(rows)
-    n = args.jobs if args.jobs_given else 300
+    n = args.jobs if args.jobs_given else 600
     runs = []
     for key, fleet, target in (("a12", AttuneFleet(args, 1, 2), attune_target),
                                ("py1", PythonFleet(args, 2, 1), peer_target),
