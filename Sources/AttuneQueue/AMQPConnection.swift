@@ -22,16 +22,8 @@ public final class AMQPConnection {
     private let mainChannel: amqp_channel_t = 1
     private let adminChannel: amqp_channel_t = 2
     private var adminOpen = false
-    private var confirming = false
-    /// Sequence number of the last message published on the main channel since confirm.select.
-    private var publishSequence: UInt64 = 0
-    /// Published messages the broker has not confirmed yet, in sequence order.
-    private var unconfirmed: [UInt64] = []
-    /// Confirms received and not yet taken by `takeConfirms()` or a waiting `publish`.
-    private var confirms: [UInt64: Bool] = [:]
-    private var lastReturn: (code: Int, text: String, messageId: String?)?
-    /// Message ids of mandatory messages the broker returned since the last `takeReturnedMessageIds()`.
-    private var returnedMessageIds: [String] = []
+    /// The main channel's publisher confirms and returns.
+    private var confirms = PublisherConfirms()
     private var pending: [Delivery] = []
     private var broken: AMQPError?
 
@@ -254,14 +246,11 @@ public final class AMQPConnection {
     /// Puts channel 1 in confirm mode: from now on `publish` returns only once the broker has taken
     /// responsibility for the message (written to disk for persistent messages on durable queues).
     public func enableConfirms() throws {
-        guard !confirming else { return }
+        guard !confirms.enabled else { return }
         let state = try live()
         _ = amqp_confirm_select(state, mainChannel)
         try checkReply(on: mainChannel, "enable publisher confirms")
-        confirming = true
-        publishSequence = 0
-        unconfirmed = []
-        confirms = [:]
+        confirms.enable()
     }
 
     /// Publishes one message on channel 1. In confirm mode it waits for the broker's basic.ack and
@@ -271,7 +260,7 @@ public final class AMQPConnection {
     public func publish(exchange: String, routingKey: String, body: Data, contentType: String,
                         headers: [String: String] = [:], messageId: String? = nil, persistent: Bool = true,
                         mandatory: Bool = false) throws {
-        lastReturn = nil
+        confirms.clearLastReturn()
         let sequence = try send(exchange: exchange, routingKey: routingKey, body: body, contentType: contentType,
                                 headers: headers, messageId: messageId, persistent: persistent, mandatory: mandatory)
         guard let sequence else { return }
@@ -310,58 +299,36 @@ public final class AMQPConnection {
                                amqp_bytes_t(len: raw.count, bytes: UnsafeMutableRawPointer(mutating: raw.baseAddress)))
         }
         try check(status, .library, "publish to exchange '\(exchange)' with key '\(routingKey)'")
-        guard confirming else { return nil }
-        publishSequence += 1
-        unconfirmed.append(publishSequence)
-        return publishSequence
+        guard confirms.enabled else { return nil }
+        return confirms.published()
     }
 
     /// Confirms that arrived since the last call: sequence number → true (ack) or false (nack).
-    public func takeConfirms() -> [UInt64: Bool] {
-        defer { confirms.removeAll(keepingCapacity: true) }
-        return confirms
-    }
+    public func takeConfirms() -> [UInt64: Bool] { confirms.takeAll() }
 
     /// Message ids of mandatory messages the broker could not route, since the last call.
-    public func takeReturnedMessageIds() -> [String] {
-        defer { returnedMessageIds.removeAll() }
-        return returnedMessageIds
-    }
+    public func takeReturnedMessageIds() -> [String] { confirms.takeReturnedMessageIds() }
 
     /// Messages published in confirm mode and not confirmed yet.
-    public var unconfirmedCount: Int { unconfirmed.count }
+    public var unconfirmedCount: Int { confirms.unconfirmedCount }
 
     private func waitForConfirm(_ sequence: UInt64, operation: String) throws {
         let deadline = Date().addingTimeInterval(replyTimeout)
-        while confirms[sequence] == nil {
+        while !confirms.hasArrived(sequence) {
             guard let frame = try readFrame(until: deadline, operation: operation) else {
                 throw fail(AMQPError(kind: .timeout, operation: operation,
                                      detail: "no publisher confirm within \(Int(replyTimeout)) s", endpoint: endpoint))
             }
             try dispatch(frame, operation: operation)
         }
-        let acked = confirms.removeValue(forKey: sequence)!
+        let acked = confirms.take(sequence)!
         if !acked {
             throw AMQPError(kind: .publishNacked, operation: operation, endpoint: endpoint)
         }
         // A return comes before the ack of the same message, and only one message is in flight.
-        if let returned = lastReturn {
-            lastReturn = nil
-            returnedMessageIds.removeAll { $0 == returned.messageId }
+        if let returned = confirms.takeLastReturn() {
             throw AMQPError(kind: .publishReturned, operation: operation, replyCode: returned.code,
                             replyText: returned.text, endpoint: endpoint)
-        }
-    }
-
-    /// Records a basic.ack or basic.nack, which may cover every earlier message too.
-    private func resolve(_ tag: UInt64, multiple: Bool, acked: Bool) {
-        if multiple {
-            let covered = unconfirmed.prefix { $0 <= tag }
-            for sequence in covered { confirms[sequence] = acked }
-            unconfirmed.removeFirst(covered.count)
-        } else if let index = unconfirmed.firstIndex(of: tag) {
-            unconfirmed.remove(at: index)
-            confirms[tag] = acked
         }
     }
 
@@ -533,16 +500,15 @@ public final class AMQPConnection {
                                     brokerDeath: content.brokerDeath, consumerTag: consumerTag))
         case Method.basicAck:
             let ack = method.decoded!.assumingMemoryBound(to: amqp_basic_ack_t.self).pointee
-            resolve(ack.delivery_tag, multiple: ack.multiple != 0, acked: true)
+            confirms.resolve(ack.delivery_tag, multiple: ack.multiple != 0, acked: true)
         case Method.basicNack:
             let nack = method.decoded!.assumingMemoryBound(to: amqp_basic_nack_t.self).pointee
-            resolve(nack.delivery_tag, multiple: nack.multiple != 0, acked: false)
+            confirms.resolve(nack.delivery_tag, multiple: nack.multiple != 0, acked: false)
         case Method.basicReturn:
             let returned = method.decoded!.assumingMemoryBound(to: amqp_basic_return_t.self).pointee
             let code = Int(returned.reply_code), text = returned.reply_text.string
             let content = try readContent(on: frame.channel, operation: operation)
-            lastReturn = (code, text, content.messageId)
-            if let id = content.messageId { returnedMessageIds.append(id) }
+            confirms.returned(code: code, text: text, messageId: content.messageId)
         case Method.basicCancel:
             throw fail(AMQPError(kind: .consumerCancelled, operation: operation,
                                  detail: "the broker cancelled the consumer", endpoint: endpoint))

@@ -22,7 +22,7 @@ import Synchronization
 ///   layout and a repartition's drain;
 /// - `OpenDeliveries` and `BrokerSettler`: the deliveries in hand, and settling them on the broker.
 ///
-/// Unchecked because other threads touch only the mailbox, the heard cancels and `connected` (each thread-safe); the rest is the broker thread's, inside `run()`.
+/// Unchecked: other threads touch only `mailbox`, `cancels` and `connected` (each thread-safe); the rest is the broker thread's.
 final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
     private let configuration: WorkerConfiguration
     private let logger: Logger
