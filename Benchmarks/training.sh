@@ -10,7 +10,7 @@
 #   ATTUNE_BENCH_TORCH=0                leaves PyTorch out (PyPI's Linux wheel is a large download: it
 #                                       carries the CUDA libraries; PyTorch runs on the CPU here)
 #   ATTUNE_BENCH_NETS, ATTUNE_BENCH_SAMPLES, ATTUNE_BENCH_RUNS   other nets ("file:epochs:batch,batch ..."),
-#                                       rows, rounds
+#                                       rows, rounds; ATTUNE_BENCH_LINES=FILE keeps the raw lines
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --python
@@ -37,22 +37,26 @@ fi
 threads=$(nproc)
 
 "$bench" peak | tee -a "$work/lines.txt" >&2
+# Within a round each net runs in Attune, NumPy and PyTorch one right after the other, so that the three
+# meet the same minute of this shared machine (its speed drifts by a third within minutes).
 for run in $(seq "$runs"); do
   for net in $nets; do
     IFS=: read -r file epochs batches <<<"$net"
     "$bench" train "$work/$file" --epochs "$epochs" --batches "${batches//,/ }" --samples "$samples" \
       >>"$work/lines.txt"
+    # NumPy's wheel brings its own, newer OpenBLAS. OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, set on some
+    # machines for older OpenBLAS builds, would force it onto a slower kernel, so it runs without them.
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$python" Benchmarks/python/training_peers.py numpy "$work" \
+      --nets "$net" --samples "$samples" 2>/dev/null >>"$work/lines.txt"
+    if [[ "$torch" == "1" ]]; then
+      "$python" Benchmarks/python/training_peers.py torch "$work" --nets "$net" --samples "$samples" \
+        --threads "$threads" 2>/dev/null >>"$work/lines.txt"
+    fi
   done
-  # NumPy's wheel brings its own, newer OpenBLAS. OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, set on some machines
-  # for older OpenBLAS builds, would force it onto a slower kernel, so this one command runs without them.
-  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$python" Benchmarks/python/training_peers.py numpy "$work" \
-    --nets "$nets" --samples "$samples" 2>/dev/null >>"$work/lines.txt"
-  if [[ "$torch" == "1" ]]; then
-    "$python" Benchmarks/python/training_peers.py torch "$work" --nets "$nets" --samples "$samples" \
-      --threads "$threads" 2>/dev/null >>"$work/lines.txt"
-  fi
   echo "round $run of $runs done" >&2
 done
+# ATTUNE_BENCH_LINES=FILE keeps every task's line (the table's raw figures).
+[[ -n "${ATTUNE_BENCH_LINES:-}" ]] && cp "$work/lines.txt" "$ATTUNE_BENCH_LINES"
 
 echo
 echo "$samples samples; best of 3 tasks per round (samples/s = samples x epochs / task seconds), $runs rounds:"
