@@ -11,6 +11,20 @@ import XCTest
 /// an interpreter with NumPy.
 final class ReferenceTests: XCTestCase {
     func testUpdateTaskMatchesNumPyReference() throws {
+        // 23 = 4·5 + 3: a partial batch.
+        try assertMatchesReference(samples: 23, miniBatchSize: 5)
+    }
+
+    /// Mini-batches of 256 rows are trained in two parts of 128 (`BatchSplit`), each part's rows gathered
+    /// from the shuffled order by the thread that trains them and the parts' gradients summed by the
+    /// optimizer; 600 = 2·256 + 88, so the last mini-batch is whole.
+    func testSplitMiniBatchesMatchNumPyReference() throws {
+        XCTAssertEqual(BatchSplit(rows: 256).count, 2)
+        try assertMatchesReference(samples: 600, miniBatchSize: 256)
+    }
+
+    private func assertMatchesReference(samples count: Int, miniBatchSize: Int64, file: StaticString = #filePath,
+                                        line: UInt = #line) throws {
         let net = TestNetwork(layers: [
             .dense("frozen0", inputs: 6, outputs: 8, updatable: false),
             .leakyReLU("act0", alpha: 0.1),
@@ -20,16 +34,17 @@ final class ReferenceTests: XCTestCase {
             .sigmoid("act2"),
             .dense("dense3", inputs: 6, outputs: 4, updatable: true),
             .softmax("probs"),
-        ], inputShape: [6], labels: ["a", "b", "c", "d"], learningRate: 0.2, miniBatchSize: 5, momentum: 0.7,
-           epochs: 3, shuffle: true)
+        ], inputShape: [6], labels: ["a", "b", "c", "d"], learningRate: 0.2, miniBatchSize: miniBatchSize,
+           momentum: 0.7, epochs: 3, shuffle: true)
         let model = try NeuralNetworkModel(spec: net.spec)
-        let samples = randomSamples(23, width: 6, labels: net.labels, seed: 5)  // 23 = 4·5 + 3: a partial batch
-        let batch = try model.prepareBatch(samples, maxSamples: 100)
+        let samples = randomSamples(count, width: 6, labels: net.labels, seed: 5)
+        let batch = try model.prepareBatch(samples, maxSamples: 1000)
         var overrides = Attune_V1_UpdateParameters()
         overrides.seed = 987_654_321
         let parameters = try model.resolveParameters(overrides)
-        XCTAssertEqual(parameters, ResolvedParameters(epochs: 3, learningRate: 0.2, miniBatchSize: 5, momentum: 0.7,
-                                                      shuffle: true, seed: 987_654_321))
+        XCTAssertEqual(parameters, ResolvedParameters(epochs: 3, learningRate: 0.2, miniBatchSize: Int(miniBatchSize),
+                                                      momentum: 0.7, shuffle: true, seed: 987_654_321),
+                       file: file, line: line)
         var epochLosses: [Double] = []
         let result = try UpdateTask(model: .neuralNetwork(model), state: nil, batch: batch, parameters: parameters).run { event in
             if case .epochEnd(_, let loss, _) = event { epochLosses.append(loss) }
@@ -47,22 +62,23 @@ final class ReferenceTests: XCTestCase {
         let tensors = try XCTUnwrap(reference["tensors"] as? [String: [Double]])
         let losses = try XCTUnwrap(reference["epoch_losses"] as? [Double])
 
-        XCTAssertEqual(Set(tensors.keys), Set(model.tensorNames))
+        XCTAssertEqual(Set(tensors.keys), Set(model.tensorNames), file: file, line: line)
         for tensor in result.state.tensors {
             let expected = try XCTUnwrap(tensors[tensor.name], tensor.name)
             let d = relativeDifference(tensor.values.map(Double.init), expected)
-            print("reference \(tensor.name): relative difference \(d)")
-            XCTAssertLessThanOrEqual(d, 1e-4, tensor.name)
+            print("reference \(count) samples, mini-batch \(miniBatchSize), \(tensor.name): relative difference \(d)")
+            XCTAssertLessThanOrEqual(d, 1e-4, tensor.name, file: file, line: line)
             // The update must actually have moved the weights for the comparison to mean anything.
             let initial = model.initialState().tensors.first { $0.name == tensor.name }!.values.map(Double.init)
-            XCTAssertGreaterThan(relativeDifference(initial, expected), 1e-3, "\(tensor.name) barely changed")
+            XCTAssertGreaterThan(relativeDifference(initial, expected), 1e-3, "\(tensor.name) barely changed",
+                                 file: file, line: line)
         }
-        XCTAssertEqual(epochLosses.count, 3)
+        XCTAssertEqual(epochLosses.count, 3, file: file, line: line)
         for (swift, numpy) in zip(epochLosses, losses) {
             print("reference epoch loss: swift \(swift) numpy \(numpy)")
-            XCTAssertEqual(swift, numpy, accuracy: 1e-4 * abs(numpy))
+            XCTAssertEqual(swift, numpy, accuracy: 1e-4 * abs(numpy), file: file, line: line)
         }
-        XCTAssertEqual(result.finalLoss, epochLosses.last)
+        XCTAssertEqual(result.finalLoss, epochLosses.last, file: file, line: line)
     }
 
     /// The shuffle rule written in Shuffle.swift, checked against the Python re-implementation directly.
