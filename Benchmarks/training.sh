@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Training speed against NumPy and PyTorch on the CPU, all in one run: the CPU's FMA peak, then five rounds
-# (ATTUNE_BENCH_RUNS) in a row, each training every net at every mini-batch size in Attune
+# Training speed against NumPy and PyTorch on the CPU, all in one run: five rounds
+# (ATTUNE_BENCH_RUNS) in a row, each measuring the CPU's FMA peak, then training every net at every mini-batch size in Attune
 # (attune-training-bench, a release build of the training modules alone), NumPy (the dense nets) and
 # PyTorch, one after another on the same rows; then one table with each peer's median rate, Attune's ratio
 # to each peer as min / median / max over the rounds, the GFLOP/s of 784-128-10 at mini-batch 256 against
@@ -36,10 +36,11 @@ fi
 # PyTorch gets as many threads as Attune's training uses (one per core); NumPy's OpenBLAS uses every core.
 threads=$(nproc)
 
-"$bench" peak | tee -a "$work/lines.txt" >&2
 # Within a round each net runs in Attune, NumPy and PyTorch one right after the other, so that the three
 # meet the same minute of this shared machine (its speed drifts by a third within minutes).
 for run in $(seq "$runs"); do
+  # The clock each round: what the host gives these cores moves from minute to minute.
+  "$bench" peak | tee -a "$work/lines.txt" >&2
   for net in $nets; do
     IFS=: read -r file epochs batches <<<"$net"
     "$bench" train "$work/$file" --epochs "$epochs" --batches "${batches//,/ }" --samples "$samples" \

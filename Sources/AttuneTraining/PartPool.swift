@@ -37,6 +37,10 @@ final class PartPool: @unchecked Sendable {
     /// A spinning thread that sees the clock jump this far between two polls was descheduled while it
     /// wanted to run: the cores are taken. Callers then run alone for `contentionPause`.
     static let preemptionGap: UInt64 = 100_000, contentionPause: UInt64 = 20_000_000
+    /// How long a caller waits for its helpers at least, spinning, before it counts them late: an interrupt or
+    /// a timer tick on the helper's core costs tens of microseconds, which at mini-batch 8 is longer than the
+    /// caller's own parts; only a helper without a core for a scheduler's slice is a sign of a busy machine.
+    static let minimumPatience: UInt64 = 200_000
 
     // generation << 16 | front << 8 | back: the caller takes parts from the front, helpers from the back
     // (part back − 1), so on an idle machine each thread gets the same parts job after job and keeps
@@ -145,7 +149,7 @@ final class PartPool: @unchecked Sendable {
             mine += 1
         }
         let theirs = parts - mine
-        let late = waitForHelpers(theirs, spinning: max(Self.now() - start, 20_000))
+        let late = waitForHelpers(theirs, spinning: max(Self.now() - start, Self.minimumPatience))
         job = nil
         // A helper that was spinning yet started no part, or kept the caller waiting, is not getting a core:
         // the machine is busy, so leave the helpers out (and let them sleep) for a while.
