@@ -3,11 +3,11 @@ internal import CPUFeatures
 // The three products of a small fully connected layer, written out for the sizes where a BLAS call costs
 // more than its arithmetic.
 //
-// Why not OpenBLAS: for a 64-32-10 net at mini-batch 8 each product is a few thousand multiply-adds, under a
-// microsecond of work, and Debian's threaded OpenBLAS 0.3.21 (Haswell kernel) takes every call's buffer from
-// a pool it shares between threads under one mutex. A slot training such a net makes hundreds of thousands
-// of calls a second, so two slots queue on that lock and scale 1.4× instead of 2× (README, Performance).
-// These loops take no lock and allocate nothing.
+// Why not BLAS: for a 64-32-10 net at mini-batch 8 each product is a few thousand multiply-adds, under a
+// microsecond of work, less than a library call's setup, and the libraries take each call's packing buffers
+// from a pool shared between threads under a lock (Debian's OpenBLAS 0.3.21 did, BLIS does). A slot training
+// such a net makes hundreds of thousands of calls a second, so two slots queued on that lock and scaled 1.4×
+// instead of 2× (docs/changelog.md, slot scaling). These loops take no lock and allocate nothing.
 //
 // Why the same bits at every batch size: an element of y is reduced in one fixed order whatever the rows
 // around it (8 lanes over the inputs in steps of 8, a fixed tree across the lanes, the inputs left over one

@@ -3,10 +3,11 @@ import Foundation
 
 // The BLAS library behind the products that do not fit `SmallProducts`: BLIS, linked directly (-lblis).
 //
-// Why BLIS: measured on the products training makes (Benchmarks/training.sh, docs/benchmarks.md), BLIS 0.9's
-// kernels run them at 83–107 GFLOP/s on one Zen 4 core where Debian's OpenBLAS 0.3.21 runs 50–105 with the
-// Haswell kernel, the only one of its kernels that computes these products right on that processor (its
-// SkylakeX and Cooperlake kernels' small-matrix path returns 0 for a product that overflows).
+// Why BLIS: measured on the products training makes (Benchmarks/blas-shapes.sh, docs/training.md), BLIS 0.9's
+// kernels run them at 81–107 GFLOP/s on one Zen 4 core. Debian's OpenBLAS 0.3.21 is as fast from 128 rows on
+// with its Haswell kernel, but 1.8× slower at mini-batch 8, and Haswell is the only one of its kernels that
+// computes these products right on that processor (its SkylakeX and Cooperlake kernels' small-matrix path
+// returns 0 for a product that overflows).
 //
 // Threads: each product runs on the thread of the task that asks for it (one BLIS thread). An update task's
 // products are small, and a worker already runs several slots in parallel; a product big enough for a second

@@ -3,7 +3,7 @@ import Synchronization
 
 // Helper threads that run the parts of one big step of training (see `ProductSplit`), shared by the process.
 //
-// Why not OpenBLAS's own threads: a product OpenBLAS splits returns sums that depend on how many threads
+// Why not the BLAS library's own threads: a product it splits returns sums that depend on how many threads
 // it used, and a version's bits must depend on nothing but its inputs. So the training code cuts a big
 // product into parts fixed by its shape alone, each part a single-threaded sgemm writing its own block of
 // the output, and this pool only decides who runs each part: the caller or a helper that is free. A part

@@ -4,10 +4,10 @@
 // each block is one single-threaded sgemm over the full K, so no part sums another's result. The blocks
 // follow from the side's length and the product's multiply-adds alone, never from the threads there are,
 // so a version's bits do not depend on them. Boundaries fall on multiples of 16: whole cache lines of each
-// output row for a column block, and whole panels of OpenBLAS's 16-wide sgemm kernels.
+// output row for a column block, and whole panels of the 16-wide sgemm kernels BLAS libraries use.
 struct ProductSplit {
     /// Multiply-adds each part must have at least. Below about this a part's own costs (the hand-off,
-    /// OpenBLAS packing the other operand again for each part) eat what the second core gives. Tuned on
+    /// BLAS packing the other operand again for each part) eat what the second core gives. Tuned on
     /// 2 cores: 784-128-10's products split from mini-batch 8 on (401,408 multiply-adds a part), the
     /// 64-32-10 net's never do (at most 262,144 at mini-batch 256, where splitting measured no faster).
     static let minimumPartWork = 3 << 17

@@ -15,7 +15,8 @@ import Foundation
 //   dx [B, in]            dx = dy · W      (skipped for the earliest updatable layer)
 //
 // A small layer (at most `smallWeights` weights) runs its three products in `SmallProducts`, whose per-call
-// cost is nothing next to OpenBLAS's locked buffer pool; the choice follows the layer's shape alone, never
+// cost is nothing next to a BLAS call's (its setup and the pool it takes packing buffers from under a lock);
+// the choice follows the layer's shape alone, never
 // the batch, so a sample's outputs have the same bits in training, validation and prediction. A larger
 // layer's products go through cblas_sgemm; one big enough is cut into fixed blocks that threads run in
 // parallel (`ProductSplit`, `PartPool`), with the same bits however many threads run them.
@@ -33,7 +34,7 @@ struct DenseLayer: Sendable {
     let trainable: Bool
 
     /// 64×64: the 64-32-10 net's layers and their like, whose products at a mini-batch of 8 are a few
-    /// thousand multiply-adds. At mini-batch 256 such a product still runs about as fast as OpenBLAS's.
+    /// thousand multiply-adds. At mini-batch 256 such a product still runs about as fast as a BLAS's.
     static let smallWeights = 4096
 
     /// `ATTUNE_SMALL_PRODUCTS=0` sends every product to BLAS (to compare the two on one build).
