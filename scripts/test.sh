@@ -22,7 +22,14 @@ export ATTUNE_TEST_FIXTURES="$work/fixtures"
 # The Kubernetes manifests against Kubernetes' schemas, and docker-compose.yml.
 scripts/check-manifests.sh
 start=$(date +%s)
-swift build --build-tests 2>&1 | tail -n 3
+# The build's output goes to a file: on success its last lines are enough, on failure its errors are printed.
+if ! swift build --build-tests >"$work/build.log" 2>&1; then
+  grep -E -A4 "error:|Stack dump|Killed|LLVM ERROR" "$work/build.log" | head -n 80 >&2
+  tail -n 20 "$work/build.log" >&2
+  echo "the build failed (output above)" >&2
+  exit 1
+fi
+tail -n 3 "$work/build.log"
 echo "build took $(( $(date +%s) - start )) s" >&2
 # Every test stores base models and states encrypted (a throwaway key; the store's own tests also cover
 # clear text), and the fault suite below inherits it. See docs/encryption.md.
