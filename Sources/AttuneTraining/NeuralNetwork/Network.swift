@@ -95,14 +95,15 @@ final class Workspace {
     let params: FloatBuffer
     /// The mini-batch's gradients, after `trainStep`.
     let grads: FloatBuffer
-    /// The gradients of a split mini-batch's parts after the first (`BatchSplit`), summed into `grads`.
+    /// The gradients of a split mini-batch's parts after the first (`BatchSplit`); the optimizer adds them
+    /// to `grads` as it reads them (`gradient`).
     private let partGrads: [FloatBuffer]
+    /// `gradient` for each part count, made once: the step reads it without allocating.
+    private let gradients: [Gradient]
     /// Per-sample working space of the convolutions, reused by each in turn: one for each part of a
     /// split mini-batch.
     private let scratches: [FloatBuffer]
     var scratch: FloatBuffer { scratches[0] }
-    /// The optimizer's cut of the trainable ranges, which also sums the parts' gradients.
-    private let gradientSplit: RangeSplit
     /// This step's input rows, when they are read where they lie (`InputRows.inPlace`) instead of boundary 0.
     private var inputsInPlace: UnsafePointer<Float>?
 
@@ -114,12 +115,14 @@ final class Workspace {
         activations = plan.widths.map { FloatBuffer(count: $0 * maxBatch) }
         deltas = training ? plan.widths.map { FloatBuffer(count: $0 * maxBatch) } : []
         params = FloatBuffer(parameters)
-        grads = FloatBuffer(count: training ? parameters.count : 0)
-        let parts = training ? BatchSplit(rows: maxBatch).count : 1
-        partGrads = (1..<parts).map { _ in FloatBuffer(count: parameters.count) }
+        let grads = FloatBuffer(count: training ? parameters.count : 0), parts = training ? BatchSplit(rows: maxBatch).count : 1
+        let partGrads = (1..<parts).map { _ in FloatBuffer(count: parameters.count) }
+        self.grads = grads
+        self.partGrads = partGrads
         let scratchCount = plan.steps.map(\.scratchCount).max() ?? 0
         scratches = (0..<parts).map { _ in FloatBuffer(count: scratchCount) }
-        gradientSplit = RangeSplit(plan.slots.map { $0.offset..<($0.offset + $0.count) })
+        let others = partGrads.map { UnsafePointer($0.pointer) }
+        gradients = (0..<parts).map { Gradient(grads.pointer, others: Array(others.prefix($0))) }
     }
 
     /// Runs steps `0..<end` on the `batch` rows already in boundary 0.
@@ -226,9 +229,7 @@ final class Workspace {
 
     /// The last step's gradient: `grads`, plus the other parts' when it was trained in parts, which the
     /// optimizer sums as it reads them.
-    var gradient: Gradient {
-        Gradient(grads.pointer, others: partGrads.prefix(splitParts - 1).map { UnsafePointer($0.pointer) })
-    }
+    var gradient: Gradient { gradients[splitParts - 1] }
 
     /// Parts of the last step (1: `grads` alone holds its gradient).
     private var splitParts = 1
@@ -238,13 +239,9 @@ final class Workspace {
     func sumGradientParts() {
         let others = gradient.others
         splitParts = 1
-        let g = grads.pointer
-        let cut = gradientSplit.parts
-        PartPool.shared.run(parts: cut.count) { part in
-            for range in cut[part] {
-                for other in others {
-                    for i in range { g[i] += other[i] }
-                }
+        for slot in plan.slots {
+            for other in others {
+                for i in slot.offset..<(slot.offset + slot.count) { grads.pointer[i] += other[i] }
             }
         }
     }
