@@ -45,13 +45,35 @@ extension ReferenceTests {
                                        tensors: ["conv1.weights", "conv1.bias", "dense2.weights", "dense2.bias"])
     }
 
-    func assertTaskMatchesReference(_ net: TestNetwork, tensors names: [String], file: StaticString = #filePath,
-                                    line: UInt = #line) throws {
+    /// Mini-batches of 64 rows of a convolution with work enough to split (`BatchSplit`: two parts of 32),
+    /// each part's convolution and dense gradients into buffers of its own, summed by the optimizer; 150 =
+    /// 2·64 + 22, so the last mini-batch is whole.
+    func testSplitConvMiniBatchesMatchNumPyReference() throws {
+        let net = TestNetwork(layers: [
+            .conv("conv1", inChannels: 1, outChannels: 8, kernel: [3, 3], stride: [1, 1], padding: .same,
+                  updatable: true),                                                         // 8×12×12
+            .relu("act1"),
+            .pool("maxpool", .max, kernel: [2, 2], stride: [2, 2], padding: .valid),        // 8×6×6
+            .flatten("flatten"),
+            .dense("dense1", inputs: 288, outputs: 4, updatable: true),
+            .softmax("probs"),
+        ], inputShape: [1, 12, 12], labels: ["a", "b", "c", "d"], seed: 4, learningRate: 0.05, miniBatchSize: 64,
+           momentum: 0.7, epochs: 3, shuffle: true)
+        let plan = try NeuralNetworkModel(spec: net.spec).plan
+        XCTAssertEqual(BatchSplit(rows: 64, rowWork: plan.rowWork).count, 2)
+        XCTAssertEqual(BatchSplit(rows: 22, rowWork: plan.rowWork).count, 1)
+        try assertTaskMatchesReference(net, tensors: ["conv1.weights", "conv1.bias", "dense1.weights", "dense1.bias"],
+                                       samples: 150)
+    }
+
+    /// `samples`: 23 = 4·5 + 3 at the nets' mini-batch of 5, a partial batch.
+    func assertTaskMatchesReference(_ net: TestNetwork, tensors names: [String], samples count: Int = 23,
+                                    file: StaticString = #filePath, line: UInt = #line) throws {
         let model = try NeuralNetworkModel(spec: net.spec)
         XCTAssertEqual(model.tensorNames, names, file: file, line: line)
         let width = net.inputShape.reduce(1, *)
-        let samples = randomSamples(23, width: Int(width), labels: net.labels, seed: 8)  // 4·5 + 3: a partial batch
-        let batch = try model.prepareBatch(samples, maxSamples: 100)
+        let samples = randomSamples(count, width: Int(width), labels: net.labels, seed: 8)
+        let batch = try model.prepareBatch(samples, maxSamples: 200)
         var overrides = Attune_V1_UpdateParameters()
         overrides.seed = 424_242
         let parameters = try model.resolveParameters(overrides)

@@ -17,27 +17,32 @@ final class ReferenceTests: XCTestCase {
 
     /// Mini-batches of 256 rows are trained in two parts of 128 (`BatchSplit`), each part's rows gathered
     /// from the shuffled order by the thread that trains them and the parts' gradients summed by the
-    /// optimizer; 600 = 2·256 + 88, so the last mini-batch is whole.
+    /// optimizer; 600 = 2·256 + 88, so the last mini-batch is whole. The first layer is wide enough (40 × 80)
+    /// for a mini-batch of 256 to split.
     func testSplitMiniBatchesMatchNumPyReference() throws {
-        XCTAssertEqual(BatchSplit(rows: 256).count, 2)
-        try assertMatchesReference(samples: 600, miniBatchSize: 256)
+        try assertMatchesReference(samples: 600, miniBatchSize: 256, inputs: 40, hidden: 80) { plan in
+            XCTAssertEqual(BatchSplit(rows: 256, rowWork: plan.rowWork).count, 2)
+            XCTAssertEqual(BatchSplit(rows: 88, rowWork: plan.rowWork).count, 1)
+        }
     }
 
-    private func assertMatchesReference(samples count: Int, miniBatchSize: Int64, file: StaticString = #filePath,
+    private func assertMatchesReference(samples count: Int, miniBatchSize: Int64, inputs: Int = 6, hidden: Int = 8,
+                                        checkPlan: (NetworkPlan) -> Void = { _ in }, file: StaticString = #filePath,
                                         line: UInt = #line) throws {
         let net = TestNetwork(layers: [
-            .dense("frozen0", inputs: 6, outputs: 8, updatable: false),
+            .dense("frozen0", inputs: inputs, outputs: hidden, updatable: false),
             .leakyReLU("act0", alpha: 0.1),
-            .dense("dense1", inputs: 8, outputs: 7, updatable: true),
+            .dense("dense1", inputs: hidden, outputs: 7, updatable: true),
             .relu("act1"),
             .dense("frozen2", inputs: 7, outputs: 6, updatable: false),
             .sigmoid("act2"),
             .dense("dense3", inputs: 6, outputs: 4, updatable: true),
             .softmax("probs"),
-        ], inputShape: [6], labels: ["a", "b", "c", "d"], learningRate: 0.2, miniBatchSize: miniBatchSize,
+        ], inputShape: [Int64(inputs)], labels: ["a", "b", "c", "d"], learningRate: 0.2, miniBatchSize: miniBatchSize,
            momentum: 0.7, epochs: 3, shuffle: true)
         let model = try NeuralNetworkModel(spec: net.spec)
-        let samples = randomSamples(count, width: 6, labels: net.labels, seed: 5)
+        checkPlan(model.plan)
+        let samples = randomSamples(count, width: inputs, labels: net.labels, seed: 5)
         let batch = try model.prepareBatch(samples, maxSamples: 1000)
         var overrides = Attune_V1_UpdateParameters()
         overrides.seed = 987_654_321
@@ -52,7 +57,7 @@ final class ReferenceTests: XCTestCase {
 
         let problem: [String: Any] = [
             "layers": net.referenceLayers(),
-            "inputs": (0..<batch.count).map { r in batch.inputs[(r * 6)..<((r + 1) * 6)].map(Double.init) },
+            "inputs": (0..<batch.count).map { r in batch.inputs[(r * inputs)..<((r + 1) * inputs)].map(Double.init) },
             "targets": batch.targets,
             "epochs": parameters.epochs, "learning_rate": parameters.learningRate,
             "mini_batch_size": parameters.miniBatchSize, "momentum": parameters.momentum,

@@ -6,18 +6,29 @@ import XCTest
 @testable import TrainingTestSupport
 
 // A large mini-batch is trained in parts of its rows (`BatchSplit`), each into gradients of its own, summed
-// after: the parts are fixed by the row count alone, and the summed gradient is the whole mini-batch's mean
+// after: the parts are fixed by the row count and the net alone, and the summed gradient is the whole mini-batch's mean
 // loss's, checked against central finite differences of a float64 twin (GradientTests' step and tolerance).
 extension GradientTests {
-    func testBatchSplitDependsOnTheRowCountAlone() {
-        XCTAssertEqual(BatchSplit(rows: 8).count, 1)
-        XCTAssertEqual(BatchSplit(rows: 255).count, 1)
-        XCTAssertEqual(BatchSplit(rows: 256).count, 2)
-        XCTAssertEqual(BatchSplit(rows: 511).count, 2)
-        XCTAssertEqual(BatchSplit(rows: 512).count, 4)
-        XCTAssertEqual(BatchSplit(rows: 4096).count, 4)
-        for rows in [256, 300, 511, 512, 1000] {
-            let split = BatchSplit(rows: rows)
+    func testBatchSplitDependsOnTheRowsAndTheNetAlone() {
+        // 784-128-10 (101,632 multiply-adds a row): its products split by columns below 64 rows.
+        let dense = 784 * 128 + 128 * 10
+        XCTAssertEqual(BatchSplit(rows: 8, rowWork: dense).count, 1)
+        XCTAssertEqual(BatchSplit(rows: 63, rowWork: dense).count, 1)
+        XCTAssertEqual(BatchSplit(rows: 64, rowWork: dense).count, 2)
+        XCTAssertEqual(BatchSplit(rows: 256, rowWork: dense).count, 2)
+        XCTAssertEqual(BatchSplit(rows: 511, rowWork: dense).count, 2)
+        XCTAssertEqual(BatchSplit(rows: 512, rowWork: dense).count, 4)
+        XCTAssertEqual(BatchSplit(rows: 4096, rowWork: dense).count, 4)
+        // 64-32-10 (2,368): too little work a part below 216 rows.
+        let small = 64 * 32 + 32 * 10
+        XCTAssertEqual(BatchSplit(rows: 214, rowWork: small).count, 1)
+        XCTAssertEqual(BatchSplit(rows: 256, rowWork: small).count, 2)
+        // The conv bench net (28×28, 16 channels of 3×3, dense 3136-32-10): from 64 rows.
+        let conv = 16 * 784 * 9 + 3136 * 32 + 32 * 10
+        XCTAssertEqual(BatchSplit(rows: 8, rowWork: conv).count, 1)
+        XCTAssertEqual(BatchSplit(rows: 64, rowWork: conv).count, 2)
+        for rows in [64, 256, 300, 511, 512, 1000] {
+            let split = BatchSplit(rows: rows, rowWork: dense)
             let parts = (0..<split.count).map { split[$0] }
             XCTAssertEqual(parts.first?.lowerBound, 0)
             XCTAssertEqual(parts.last?.upperBound, rows)
@@ -30,7 +41,7 @@ extension GradientTests {
     /// error on a dense output.
     func testSplitMiniBatchGradientsAreTheWholeBatchMeanLoss() throws {
         let rows = 300
-        XCTAssertEqual(BatchSplit(rows: rows).count, 2)
+        XCTAssertEqual(BatchSplit(rows: rows, rowWork: 45, minimumPartWork: 0).count, 2)
         for loss in [TestLoss.crossEntropy, .meanSquaredError] {
             let classifier = loss == .crossEntropy
             let net = TestNetwork(layers: [
@@ -43,8 +54,9 @@ extension GradientTests {
             let samples = classifier ? randomSamples(rows, width: 6, labels: net.labels, seed: 8)
                 : randomRegressionSamples(rows, width: 6, targetWidth: 3, seed: 8)
             let batch = try model.prepareBatch(samples, maxSamples: rows)
+            // So small a net is split only when told to.
             let workspace = Workspace(plan: model.plan, maxBatch: rows, parameters: model.plan.baseParameters,
-                                      training: true)
+                                      training: true, minimumPartWork: 0)
             batch.inputs.withUnsafeBufferPointer { workspace.activations[0].pointer.update(from: $0.baseAddress!, count: $0.count) }
             let summed = classifier
                 ? batch.targets.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targets: $0.baseAddress!) }

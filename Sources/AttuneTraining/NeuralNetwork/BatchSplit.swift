@@ -2,16 +2,27 @@ import Foundation
 
 // Fixed parts of a large mini-batch, each trained forward and back on its own rows (see `Workspace.trainStep`).
 //
-// Why rows and not products: at mini-batch 256 a dense net's steps between its big products (activations,
-// the loss, small layers, bias sums) would run on one thread while the other waits; a part of the rows runs
-// every step of the chain, so the threads meet once per mini-batch, when the parts' gradients are summed.
-// Each part is at least `minimumRows` rows, where one core's product of the part is about as efficient as
-// the whole one (BLIS: about 100 GFLOP/s at 128 rows of 784-128-10, within 2% of 256).
+// Why rows and not products: a dense net's steps between its big products (activations, the loss, small
+// layers, bias sums) would run on one thread while the other waits, and a convolution's per-sample loops
+// have no product big enough to cut; a part of the rows runs every step of the chain, so the threads meet
+// once per mini-batch, when the parts' gradients are summed.
 //
-// The parts follow from the mini-batch's size alone, never from the threads there are, and the gradients
-// are summed in part order, so a version's bits do not depend on the thread count (as with `ProductSplit`).
+// When, measured on 2 cores against the mini-batch trained whole (its big products cut by `ProductSplit`):
+// - A part needs `minimumRows` rows: below that a dense layer's products in BLIS lose more per row than the
+//   second core gives (784-128-10 at mini-batch 32 stays whole, its products split by columns).
+// - A part needs `minimumPartWork` multiply-adds, a few microseconds of work, so that the hand-off is
+//   nothing next to it: the 64-32-10 net (2,368 a row) splits from 216 rows on; at 256 it trains 1.7× as
+//   fast split as whole. The conv bench net (213,000 a row) splits at mini-batch 64, 1.9× as fast.
+// - Four parts only when each has `rowsForFourParts`: at mini-batch 256 four parts of 64 rows were 3% slower
+//   than two of 128 on two cores (each part packs the weights again).
+//
+// The parts follow from the mini-batch's size and the net's shape alone, never from the threads there are,
+// and the gradients are summed in part order, so a version's bits do not depend on the thread count (as
+// with `ProductSplit`).
 struct BatchSplit {
-    static let minimumRows = 128
+    static let minimumRows = 32
+    static let minimumPartWork = 1 << 18
+    static let rowsForFourParts = 128
     /// A power of two, so two threads get equal shares.
     static let maximumParts = 4
 
@@ -21,10 +32,15 @@ struct BatchSplit {
     let rows: Int
     let count: Int
 
-    init(rows: Int) {
+    /// `rowWork`: the multiply-adds of one row's forward pass (`NetworkPlan.rowWork`); `minimumPartWork`
+    /// other than the default only in tests, to split a small net.
+    init(rows: Int, rowWork: Int, minimumPartWork: Int = Self.minimumPartWork) {
         self.rows = rows
         var count = 1
-        while Self.enabled, count < Self.maximumParts, rows / (count * 2) >= Self.minimumRows { count *= 2 }
+        if Self.enabled, rows / 2 >= Self.minimumRows, rows / 2 * rowWork >= minimumPartWork {
+            count = 2
+            if rows / 4 >= Self.rowsForFourParts { count = 4 }
+        }
         self.count = count
     }
 

@@ -57,6 +57,18 @@ struct NetworkPlan: Sendable {
     var outputWidth: Int { widths[widths.count - 1] }
     var classCount: Int { outputWidth }
     var inputWidth: Int { widths[0] }
+
+    /// Multiply-adds of one row's forward pass through the dense and convolution layers (what `BatchSplit`
+    /// weighs a mini-batch by).
+    var rowWork: Int {
+        steps.reduce(0) { work, step in
+            switch step {
+            case .dense(let layer): work + layer.inputs * layer.outputs
+            case .convolution(let layer): work + layer.outputChannels * layer.output.count * layer.patchSize
+            default: work
+            }
+        }
+    }
 }
 
 /// A fixed-size float buffer owned by one task; raw memory so the inner loops see plain pointers.
@@ -107,15 +119,23 @@ final class Workspace {
     /// This step's input rows, when they are read where they lie (`InputRows.inPlace`) instead of boundary 0.
     private var inputsInPlace: UnsafePointer<Float>?
 
-    init(plan: NetworkPlan, maxBatch: Int, parameters: [Float], training: Bool) {
+    /// What `BatchSplit` weighs a mini-batch by: one row's multiply-adds, and a part's least.
+    private let rowWork: Int, minimumPartWork: Int
+
+    /// `minimumPartWork` other than the default only in tests, to split a small net's mini-batches.
+    init(plan: NetworkPlan, maxBatch: Int, parameters: [Float], training: Bool,
+         minimumPartWork: Int = BatchSplit.minimumPartWork) {
         // Every product of a task goes through a workspace: settle BLAS threading before the first one.
         _ = BLASRuntime.threadPolicy
         self.plan = plan
         self.maxBatch = maxBatch
+        self.minimumPartWork = minimumPartWork
         activations = plan.widths.map { FloatBuffer(count: $0 * maxBatch) }
         deltas = training ? plan.widths.map { FloatBuffer(count: $0 * maxBatch) } : []
         params = FloatBuffer(parameters)
-        let grads = FloatBuffer(count: training ? parameters.count : 0), parts = training ? BatchSplit(rows: maxBatch).count : 1
+        rowWork = plan.rowWork
+        let grads = FloatBuffer(count: training ? parameters.count : 0)
+        let parts = training ? BatchSplit(rows: maxBatch, rowWork: rowWork, minimumPartWork: minimumPartWork).count : 1
         let partGrads = (1..<parts).map { _ in FloatBuffer(count: parameters.count) }
         self.grads = grads
         self.partGrads = partGrads
@@ -200,10 +220,10 @@ final class Workspace {
         trainStep(batch: batch, targets: .values(targetValues), inputs: inputs)
     }
 
-    /// A mini-batch of at least twice `BatchSplit.minimumRows` rows is trained in parts of its rows, each
+    /// A mini-batch big enough (`BatchSplit`) is trained in parts of its rows, each
     /// forward and back on its own into gradients of its own, which are then summed in part order.
     func trainStep(batch: Int, targets: Targets, inputs: InputRows = .loaded) -> Double {
-        let split = BatchSplit(rows: batch)
+        let split = BatchSplit(rows: batch, rowWork: rowWork, minimumPartWork: minimumPartWork)
         precondition(split.count <= partGrads.count + 1, "trainStep: \(batch) rows in a workspace for \(maxBatch)")
         let width = plan.widths[0], x = activations[0].pointer
         inputsInPlace = inputs.inPlace(batch: batch, width: width)
