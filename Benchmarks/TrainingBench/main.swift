@@ -124,6 +124,14 @@ func train(_ arguments: [String]) throws {
     let batch = try model.prepareBatch(samples, maxSamples: count)
     let net = URL(fileURLWithPath: path).deletingPathExtension().lastPathComponent
     let flops = trainingFlopsPerSample(spec)
+    // One task untimed first: the first one pays for the pool's threads, BLIS's buffers and the pages.
+    if let first = miniBatches.first {
+        var overrides = Attune_V1_UpdateParameters()
+        overrides.epochs = 1
+        overrides.miniBatchSize = Int64(first)
+        overrides.shuffle = false
+        _ = try UpdateTask(model: model, state: nil, batch: batch, parameters: try model.resolveParameters(overrides)).run { _ in }
+    }
     for miniBatch in miniBatches {
         var overrides = Attune_V1_UpdateParameters()
         overrides.epochs = Int64(epochs)
