@@ -26,11 +26,21 @@ final class ReferenceTests: XCTestCase {
         }
     }
 
+    /// The first layer trains and is big enough for BLAS (40 × 128): a split mini-batch cuts it by its outputs
+    /// between the threads (`FirstLayerSplit`), each part's outputs over all the rows forward, then its rows of dW
+    /// over all the rows and their update; the rest of the chain by rows.
+    func testFirstLayerSplitMatchesNumPyReference() throws {
+        try assertMatchesReference(samples: 600, miniBatchSize: 256, inputs: 40, hidden: 128, firstTrains: true) { plan in
+            XCTAssertEqual(BatchSplit(rows: 256, rowWork: plan.rowWork).count, 2)
+            XCTAssertEqual(FirstLayerSplit(plan: plan, parts: 2)?.parts, 2)
+        }
+    }
+
     private func assertMatchesReference(samples count: Int, miniBatchSize: Int64, inputs: Int = 6, hidden: Int = 8,
-                                        checkPlan: (NetworkPlan) -> Void = { _ in }, file: StaticString = #filePath,
-                                        line: UInt = #line) throws {
+                                        firstTrains: Bool = false, checkPlan: (NetworkPlan) -> Void = { _ in },
+                                        file: StaticString = #filePath, line: UInt = #line) throws {
         let net = TestNetwork(layers: [
-            .dense("frozen0", inputs: inputs, outputs: hidden, updatable: false),
+            .dense(firstTrains ? "dense0" : "frozen0", inputs: inputs, outputs: hidden, updatable: firstTrains),
             .leakyReLU("act0", alpha: 0.1),
             .dense("dense1", inputs: hidden, outputs: 7, updatable: true),
             .relu("act1"),

@@ -37,25 +37,18 @@ final class Adam: OptimizerStep {
         split = RangeSplit(slots.map { $0.offset..<($0.offset + $0.count) })
     }
 
-    func step(params: UnsafeMutablePointer<Float>, grads: Gradient, rows: Int) {
+    /// Bias corrections of the current step, set by `beginStep`.
+    private var correction1: Float = 1, correction2: Float = 1
+
+    func beginStep() {
         stepCount += 1
         let t = Double(stepCount)
-        let correction1 = Float(1 - Foundation.pow(beta1Double, t))
-        let correction2 = Float(1 - Foundation.pow(beta2Double, t))
-        let parts = split.parts
-        if split.parts(rows: rows) == 1 {
-            for part in parts {
-                update(part, params: params, grads: grads, correction1: correction1, correction2: correction2)
-            }
-            return
-        }
-        PartPool.shared.run(parts: parts.count) {
-            self.update(parts[$0], params: params, grads: grads, correction1: correction1, correction2: correction2)
-        }
+        correction1 = Float(1 - Foundation.pow(beta1Double, t))
+        correction2 = Float(1 - Foundation.pow(beta2Double, t))
     }
 
-    private func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: Gradient,
-                        correction1: Float, correction2: Float) {
+    func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: Gradient) {
+        let correction1 = correction1, correction2 = correction2
         let m = firstMoment.pointer, v = secondMoment.pointer
         // Eight values at a time where eight remain, with the same float operations per value (see SGD).
         let b1 = Lanes(repeating: beta1), b2 = Lanes(repeating: beta2)

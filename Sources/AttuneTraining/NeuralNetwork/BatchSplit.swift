@@ -5,7 +5,8 @@ import Foundation
 // Why rows and not products: a dense net's steps between its big products (activations, the loss, small
 // layers, bias sums) would run on one thread while the other waits, and a convolution's per-sample loops
 // have no product big enough to cut; a part of the rows runs every step of the chain, so the threads meet
-// once per mini-batch, when the parts' gradients are summed.
+// once per mini-batch, when the parts' gradients are summed (and around a big first layer, which is cut by
+// its outputs instead: `FirstLayerSplit`).
 //
 // When, measured on 2 cores against the mini-batch trained whole (its big products cut by `ProductSplit`):
 // - A part needs `minimumRows` rows: below that a dense layer's products in BLIS lose more per row than the

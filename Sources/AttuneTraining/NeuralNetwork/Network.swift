@@ -121,6 +121,9 @@ final class Workspace {
 
     /// What `BatchSplit` weighs a mini-batch by: one row's multiply-adds, and a part's least.
     private let rowWork: Int, minimumPartWork: Int
+    /// For each part count above 1, how a split mini-batch's first layer is cut by its outputs instead
+    /// of its rows (nil when the plan's first step is not such a layer).
+    private let firstLayerSplits: [Int: FirstLayerSplit]
 
     /// `minimumPartWork` other than the default only in tests, to split a small net's mini-batches.
     init(plan: NetworkPlan, maxBatch: Int, parameters: [Float], training: Bool,
@@ -143,17 +146,25 @@ final class Workspace {
         scratches = (0..<parts).map { _ in FloatBuffer(count: scratchCount) }
         let others = partGrads.map { UnsafePointer($0.pointer) }
         gradients = (0..<parts).map { Gradient(grads.pointer, others: Array(others.prefix($0))) }
+        var firstLayerSplits: [Int: FirstLayerSplit] = [:]
+        var count = 2
+        while training, count <= parts {
+            firstLayerSplits[count] = FirstLayerSplit(plan: plan, parts: count)
+            count *= 2
+        }
+        self.firstLayerSplits = firstLayerSplits
     }
 
     /// Runs steps `0..<end` on the `batch` rows already in boundary 0.
     func forward(batch: Int, through end: Int) {
-        forward(rows: 0..<batch, through: end, scratch: scratch.pointer, whole: false)
+        forward(rows: 0..<batch, from: 0, through: end, scratch: scratch.pointer, whole: false)
     }
 
-    /// Runs steps `0..<end` on rows `rows` of boundary 0.
-    private func forward(rows: Range<Int>, through end: Int, scratch: UnsafeMutablePointer<Float>, whole: Bool) {
+    /// Runs steps `start..<end` on rows `rows` of boundary `start`.
+    private func forward(rows: Range<Int>, from start: Int, through end: Int, scratch: UnsafeMutablePointer<Float>,
+                         whole: Bool) {
         let batch = rows.count
-        for (i, step) in plan.steps.prefix(end).enumerated() {
+        for (i, step) in plan.steps.enumerated() where i >= start && i < end {
             let x = UnsafePointer(activation(i, rows)), y = activation(i + 1, rows)
             let n = batch * plan.widths[i]
             switch step {
@@ -220,9 +231,13 @@ final class Workspace {
         trainStep(batch: batch, targets: .values(targetValues), inputs: inputs)
     }
 
-    /// A mini-batch big enough (`BatchSplit`) is trained in parts of its rows, each
-    /// forward and back on its own into gradients of its own, which are then summed in part order.
-    func trainStep(batch: Int, targets: Targets, inputs: InputRows = .loaded) -> Double {
+    /// A mini-batch big enough (`BatchSplit`) is trained in parts of its rows, each forward and back on its
+    /// own into gradients of its own, which are then summed in part order; a big first layer is cut by its
+    /// outputs instead (`FirstLayerSplit`).
+    ///
+    /// With `optimizer`, the step ends with its update of the parameters. Without (tests), the gradients are
+    /// left in `grads` and, for a split mini-batch, in the parts' buffers (`sumGradientParts`).
+    func trainStep(batch: Int, targets: Targets, inputs: InputRows = .loaded, optimizer: OptimizerStep? = nil) -> Double {
         let split = BatchSplit(rows: batch, rowWork: rowWork, minimumPartWork: minimumPartWork)
         precondition(split.count <= partGrads.count + 1, "trainStep: \(batch) rows in a workspace for \(maxBatch)")
         let width = plan.widths[0], x = activations[0].pointer
@@ -232,19 +247,53 @@ final class Workspace {
         if split.count == 1 {
             splitParts = 1
             if copies { inputs.gather(0..<batch, width: width, into: x) }
-            return train(rows: 0..<batch, of: batch, targets: targets, grads: grads.pointer,
-                         scratch: scratch.pointer, whole: false)
+            let loss = train(rows: 0..<batch, of: batch, targets: targets, grads: grads.pointer,
+                             scratch: scratch.pointer, whole: false, from: 0)
+            optimizer?.step(params: params.pointer, grads: gradient, rows: batch)
+            return loss
         }
         let losses = UnsafeMutableBufferPointer<Double>.allocate(capacity: split.count)
         defer { losses.deallocate() }
+        splitParts = split.count
+        let first = firstLayerSplit(parts: split.count)
+        if let first {
+            // The first layer by its outputs over every row, so its rows must all be in place first.
+            if copies { PartPool.shared.run(parts: split.count) { inputs.gather(split[$0], width: width, into: x) } }
+            PartPool.shared.run(parts: first.parts) { self.firstLayerForward(first, part: $0, batch: batch) }
+        }
         PartPool.shared.run(parts: split.count) { part in
-            if copies { inputs.gather(split[part], width: width, into: x) }
+            if copies && first == nil { inputs.gather(split[part], width: width, into: x) }
             losses[part] = self.train(rows: split[part], of: batch, targets: targets,
                                       grads: part == 0 ? self.grads.pointer : self.partGrads[part - 1].pointer,
-                                      scratch: self.scratches[part].pointer, whole: true)
+                                      scratch: self.scratches[part].pointer, whole: true, from: first == nil ? 0 : 1)
         }
-        splitParts = split.count
+        if let first {
+            optimizer?.beginStep()
+            PartPool.shared.run(parts: first.parts) { self.firstLayerBackward(first, part: $0, batch: batch, optimizer: optimizer) }
+        } else {
+            optimizer?.step(params: params.pointer, grads: gradient, rows: batch)
+        }
         return losses.reduce(0, +)
+    }
+
+    private func firstLayerSplit(parts: Int) -> FirstLayerSplit? {
+        FirstLayerSplit.enabled ? firstLayerSplits[parts] : nil
+    }
+
+    /// Outputs `first.outputs[part]` of the first layer over all `batch` rows.
+    private func firstLayerForward(_ first: FirstLayerSplit, part: Int, batch: Int) {
+        first.layer.forward(x: activation(0, 0..<batch), y: activation(1, 0..<batch), batch: batch,
+                            params: params.pointer, columns: first.outputs[part])
+    }
+
+    /// Rows `first.outputs[part]` of the first layer's dW and db over all `batch` rows, and the optimizer's
+    /// update of those weights and biases; the last part also updates every other trainable range, from
+    /// the row parts' summed gradients.
+    private func firstLayerBackward(_ first: FirstLayerSplit, part: Int, batch: Int, optimizer: OptimizerStep?) {
+        first.layer.weightGradient(x: activation(0, 0..<batch), dy: delta(1, 0..<batch), batch: batch,
+                                   grads: grads.pointer, rows: first.outputs[part])
+        optimizer?.update(first.ranges[part], params: params.pointer, grads: gradients[0])
+        if part == first.parts - 1 { optimizer?.update(first.rest, params: params.pointer, grads: gradient) }
     }
 
     /// The last step's gradient: `grads`, plus the other parts' when it was trained in parts, which the
@@ -258,18 +307,21 @@ final class Workspace {
     /// tests, which read `grads`; training leaves the sum to the optimizer).
     func sumGradientParts() {
         let others = gradient.others
+        let ranges = firstLayerSplit(parts: splitParts)?.rest ?? plan.slots.map { $0.offset..<($0.offset + $0.count) }
         splitParts = 1
-        for slot in plan.slots {
+        for range in ranges {
             for other in others {
-                for i in slot.offset..<(slot.offset + slot.count) { grads.pointer[i] += other[i] }
+                for i in range { grads.pointer[i] += other[i] }
             }
         }
     }
 
     /// Forward and back through rows `rows` of a mini-batch of `total` rows, the gradients (of the mean
     /// loss over all `total` rows) into `grads`. Returns the summed loss of these rows.
+    /// `from`: the first step to run, forward and back (1: the first layer is `FirstLayerSplit`'s, and
+    /// back-propagation ends with its output's gradient, boundary 1).
     private func train(rows: Range<Int>, of total: Int, targets: Targets, grads: UnsafeMutablePointer<Float>,
-                       scratch: UnsafeMutablePointer<Float>, whole: Bool) -> Double {
+                       scratch: UnsafeMutablePointer<Float>, whole: Bool, from: Int) -> Double {
         let last = plan.steps.count - 1
         let batch = rows.count
         let loss: Double
@@ -277,13 +329,13 @@ final class Workspace {
         var i: Int
         switch (plan.loss, targets) {
         case (.crossEntropy?, .classes(let classes)):
-            forward(rows: rows, through: last, scratch: scratch, whole: whole)
+            forward(rows: rows, from: from, through: last, scratch: scratch, whole: whole)
             loss = SoftmaxCrossEntropy.forwardBackward(
                 z: activation(last, rows), targets: classes + rows.lowerBound, p: activation(last + 1, rows),
                 dz: delta(last, rows), batch: batch, width: plan.widths[last], meanOver: total)
             i = last - 1
         case (.meanSquaredError?, .values(let values)):
-            forward(rows: rows, through: plan.steps.count, scratch: scratch, whole: whole)
+            forward(rows: rows, from: from, through: plan.steps.count, scratch: scratch, whole: whole)
             let y = UnsafePointer(activation(last + 1, rows)), width = plan.outputWidth
             let t = values + rows.lowerBound * width
             loss = MeanSquaredErrorLoss.forward(y: y, t: t, batch: batch, width: width)
@@ -293,7 +345,7 @@ final class Workspace {
         default:
             preconditionFailure("trainStep: targets \(targets) do not fit the plan's loss \(String(describing: plan.loss))")
         }
-        while i >= plan.firstTrainableStep {
+        while i >= max(plan.firstTrainableStep, from) {
             let x = UnsafePointer(activation(i, rows)), y = UnsafePointer(activation(i + 1, rows))
             let dy = UnsafePointer(delta(i + 1, rows))
             let dx: UnsafeMutablePointer<Float>? = i > plan.firstTrainableStep ? delta(i, rows) : nil

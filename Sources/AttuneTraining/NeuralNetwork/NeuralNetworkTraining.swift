@@ -19,7 +19,7 @@ extension NeuralNetworkModel {
         let miniBatch = max(1, min(parameters.miniBatchSize, n))
         let workspace = Workspace(plan: plan, maxBatch: miniBatch,
                                   parameters: try self.parameters(applying: state), training: true)
-        var optimizer = Self.optimizer(for: parameters, plan: plan)
+        let optimizer = Self.optimizer(for: parameters, plan: plan)
         var rows = MiniBatchRows(plan: plan, batch: batch, capacity: miniBatch)
         var generator = SplitMix64(seed: parameters.seed)
         var order = Array(0..<n)
@@ -45,11 +45,10 @@ extension NeuralNetworkModel {
                     let samples = order[first..<(first + count)]
                     rows.load(samples)
                     let loss = samples.withUnsafeBufferPointer {
-                        rows.trainStep(workspace, rows: count,
+                        rows.trainStep(workspace, rows: count, optimizer: optimizer,
                                        inputs: .gathered(inputs: inputs.baseAddress!, samples: $0.baseAddress!))
                     }
                     guard loss.isFinite else { throw UpdateTaskError.diverged(epoch: epoch, batch: batchNumber) }
-                    optimizer.step(params: workspace.params.pointer, grads: workspace.gradient, rows: count)
                     total += loss
                     progress(.miniBatchEnd(epoch: epoch, batch: batchNumber, loss: loss / Double(count)))
                     first += count
@@ -114,11 +113,15 @@ private struct MiniBatchRows {
         }
     }
 
-    /// The forward and backward pass over the first `rows` rows loaded, their inputs from `inputs`; returns
-    /// their summed loss.
-    func trainStep(_ workspace: Workspace, rows: Int, inputs: Workspace.InputRows) -> Double {
+    /// The forward and backward pass over the first `rows` rows loaded, their inputs from `inputs`, and the
+    /// optimizer's step; returns their summed loss.
+    func trainStep(_ workspace: Workspace, rows: Int, optimizer: OptimizerStep, inputs: Workspace.InputRows) -> Double {
         usesValues
-            ? targetRows.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targetValues: $0.baseAddress!, inputs: inputs) }
-            : targets.withUnsafeBufferPointer { workspace.trainStep(batch: rows, targets: $0.baseAddress!, inputs: inputs) }
+            ? targetRows.withUnsafeBufferPointer {
+                workspace.trainStep(batch: rows, targets: .values($0.baseAddress!), inputs: inputs, optimizer: optimizer)
+            }
+            : targets.withUnsafeBufferPointer {
+                workspace.trainStep(batch: rows, targets: .classes($0.baseAddress!), inputs: inputs, optimizer: optimizer)
+            }
     }
 }

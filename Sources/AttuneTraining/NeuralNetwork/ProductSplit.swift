@@ -31,6 +31,13 @@ struct ProductSplit {
         self.count = count
     }
 
+    /// `parts` blocks, or fewer when the side has fewer than `parts` units of `alignment`.
+    init(length: Int, parts: Int) {
+        self.length = length
+        units = (length + Self.alignment - 1) / Self.alignment
+        count = max(1, min(parts, units))
+    }
+
     /// The columns (or rows) of part `part`, in 0..<count.
     subscript(part: Int) -> Range<Int> {
         let start = Self.alignment * (units * part / count), end = Self.alignment * (units * (part + 1) / count)

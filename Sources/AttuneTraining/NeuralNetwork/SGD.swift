@@ -8,7 +8,7 @@
 // task's result depends only on its inputs. With momentum 0 this is plain SGD: w ← w − learningRate · g.
 // A learning-rate schedule changes `learningRate` between epochs; the velocity carries on, as it does
 // on a device across resume(withParameters:).
-struct SGD: OptimizerStep {
+final class SGD: OptimizerStep {
     var learningRate: Float
     let momentum: Float
     let velocity: FloatBuffer
@@ -21,18 +21,11 @@ struct SGD: OptimizerStep {
         split = RangeSplit(slots.map { $0.offset..<($0.offset + $0.count) })
     }
 
-    func step(params: UnsafeMutablePointer<Float>, grads: Gradient, rows: Int) {
-        if split.parts(rows: rows) == 1 {
-            for part in split.parts { update(part, params: params, grads: grads) }
-            return
-        }
-        let parts = split.parts
-        PartPool.shared.run(parts: parts.count) { self.update(parts[$0], params: params, grads: grads) }
-    }
+    func beginStep() {}
 
     /// Eight values at a time where eight remain (the same float operations per value, so the same bits):
     /// the compiler cannot vectorize the plain loop, since it cannot tell that the buffers do not overlap.
-    private func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: Gradient) {
+    func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: Gradient) {
         let v = velocity.pointer
         let m = Lanes(repeating: momentum), lr = Lanes(repeating: learningRate)
         for range in ranges {
@@ -53,11 +46,32 @@ struct SGD: OptimizerStep {
 }
 
 /// One optimizer step over the trainable ranges of the flat parameter buffer, given the gradients of a
-/// mini-batch of `rows` rows; the optimizer keeps whatever state it needs (velocity, moments) between steps.
-protocol OptimizerStep {
+/// mini-batch; the optimizer keeps whatever state it needs (velocity, moments) between steps. A step is
+/// `beginStep` and then `update` over every trainable range exactly once, in any cut: each value is
+/// updated from its own gradient and state alone (`step` cuts them by `split`; a split mini-batch's
+/// deferred weights are updated slice by slice, `DeferredWeights`).
+protocol OptimizerStep: AnyObject {
     /// Set before each epoch from the task's schedule (float32, as the per-value arithmetic is).
     var learningRate: Float { get set }
-    func step(params: UnsafeMutablePointer<Float>, grads: Gradient, rows: Int)
+    /// The trainable ranges, cut into the parts `step` runs in parallel.
+    var split: RangeSplit { get }
+    /// Once per mini-batch, before its updates (Adam counts its steps here).
+    func beginStep()
+    func update(_ ranges: [Range<Int>], params: UnsafeMutablePointer<Float>, grads: Gradient)
+}
+
+extension OptimizerStep {
+    /// The whole step over every trainable range, for a mini-batch of `rows` rows: in `split`'s parts on
+    /// the pool's threads when its products were split too (`RangeSplit.parts(rows:)`).
+    func step(params: UnsafeMutablePointer<Float>, grads: Gradient, rows: Int) {
+        beginStep()
+        let parts = split.parts
+        if split.parts(rows: rows) == 1 {
+            for part in parts { update(part, params: params, grads: grads) }
+            return
+        }
+        PartPool.shared.run(parts: parts.count) { self.update(parts[$0], params: params, grads: grads) }
+    }
 }
 
 /// A mini-batch's gradient over the flat parameter buffer: `first`, plus the gradients of the mini-batch's

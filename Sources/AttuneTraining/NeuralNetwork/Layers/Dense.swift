@@ -58,7 +58,7 @@ struct DenseLayer: Sendable {
     }
 
     /// Output columns `columns` of y: rows `columns` of W.
-    private func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int,
+    func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int,
                          params: UnsafePointer<Float>, columns: Range<Int>) {
         let w = params + weightOffset + columns.lowerBound * inputs
         let y = y + columns.lowerBound
@@ -115,7 +115,7 @@ struct DenseLayer: Sendable {
     }
 
     /// Rows `rows` of dW = dyᵀ · x (columns `rows` of dy), and the same entries of db.
-    private func weightGradient(x: UnsafePointer<Float>, dy: UnsafePointer<Float>, batch: Int,
+    func weightGradient(x: UnsafePointer<Float>, dy: UnsafePointer<Float>, batch: Int,
                                 grads: UnsafeMutablePointer<Float>, rows: Range<Int>) {
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans,
                     Int32(rows.count), Int32(inputs), Int32(batch),
