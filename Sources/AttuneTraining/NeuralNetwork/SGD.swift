@@ -48,8 +48,8 @@ final class SGD: OptimizerStep {
 /// One optimizer step over the trainable ranges of the flat parameter buffer, given the gradients of a
 /// mini-batch; the optimizer keeps whatever state it needs (velocity, moments) between steps. A step is
 /// `beginStep` and then `update` over every trainable range exactly once, in any cut: each value is
-/// updated from its own gradient and state alone (`step` cuts them by `split`; a split mini-batch's
-/// deferred weights are updated slice by slice, `DeferredWeights`).
+/// updated from its own gradient and state alone (`step` cuts them by `split`; a split mini-batch's first
+/// layer is updated by each thread's outputs, `FirstLayerSplit`).
 protocol OptimizerStep: AnyObject {
     /// Set before each epoch from the task's schedule (float32, as the per-value arithmetic is).
     var learningRate: Float { get set }
