@@ -34,7 +34,7 @@ struct FirstLayerSplit {
             let weights = (layer.weightOffset + units.lowerBound * layer.inputs)..<(layer.weightOffset + units.upperBound * layer.inputs)
             return layer.hasBias ? [weights, (layer.biasOffset + units.lowerBound)..<(layer.biasOffset + units.upperBound)] : [weights]
         }
-        let own = Set(ranges.joined().map(\.lowerBound)).union([layer.weightOffset] + (layer.hasBias ? [layer.biasOffset] : []))
+        let own = [layer.weightOffset] + (layer.hasBias ? [layer.biasOffset] : [])
         rest = plan.slots.filter { !own.contains($0.offset) }.map { $0.offset..<($0.offset + $0.count) }
     }
 }
