@@ -124,23 +124,21 @@ func train(_ arguments: [String]) throws {
     let batch = try model.prepareBatch(samples, maxSamples: count)
     let net = URL(fileURLWithPath: path).deletingPathExtension().lastPathComponent
     let flops = trainingFlopsPerSample(spec)
-    // One task untimed first: the first one pays for the pool's threads, BLIS's buffers and the pages.
-    if let first = miniBatches.first {
-        var overrides = Attune_V1_UpdateParameters()
-        overrides.epochs = 1
-        overrides.miniBatchSize = Int64(first)
-        overrides.shuffle = false
-        _ = try UpdateTask(model: model, state: nil, batch: batch, parameters: try model.resolveParameters(overrides)).run { _ in }
-    }
-    for miniBatch in miniBatches {
+    // The task's parameters: `epochs` over the rows in file order, at one mini-batch size.
+    func task(epochs: Int, miniBatch: Int) throws -> UpdateTask {
         var overrides = Attune_V1_UpdateParameters()
         overrides.epochs = Int64(epochs)
         overrides.miniBatchSize = Int64(miniBatch)
         overrides.shuffle = false
-        let parameters = try model.resolveParameters(overrides)
+        return UpdateTask(model: model, state: nil, batch: batch, parameters: try model.resolveParameters(overrides))
+    }
+    // One task untimed first: the first one pays for the pool's threads, BLIS's buffers and the pages.
+    if let first = miniBatches.first { _ = try task(epochs: 1, miniBatch: first).run { _ in } }
+    for miniBatch in miniBatches {
+        let timed = try task(epochs: epochs, miniBatch: miniBatch)
         var best: UpdateResult?
         for _ in 0..<repeats {
-            let result = try UpdateTask(model: model, state: nil, batch: batch, parameters: parameters).run { _ in }
+            let result = try timed.run { _ in }
             if best.map({ result.durationSeconds < $0.durationSeconds }) ?? true { best = result }
         }
         let result = best!

@@ -24,7 +24,7 @@ struct BatchSplit {
     static let minimumRows = 32
     static let minimumPartWork = 1 << 18
     static let rowsForFourParts = 128
-    /// A power of two, so two threads get equal shares.
+    /// Four: a power of two, so two threads get equal shares.
     static let maximumParts = 4
 
     /// `ATTUNE_BATCH_SPLIT=0` trains every mini-batch whole (to compare the two on one build).
@@ -40,7 +40,7 @@ struct BatchSplit {
         var count = 1
         if Self.enabled, rows / 2 >= Self.minimumRows, rows / 2 * rowWork >= minimumPartWork {
             count = 2
-            if rows / 4 >= Self.rowsForFourParts { count = 4 }
+            if rows / Self.maximumParts >= Self.rowsForFourParts { count = Self.maximumParts }
         }
         self.count = count
     }
