@@ -37,7 +37,7 @@ public enum TrainingThreads {
 public enum TrainingRuntime {
     public static var summary: String {
         _ = BLASRuntime.threadPolicy
-        return "\(BLASRuntime.summary); \(TrainingThreads.summary)"
+        return "\(BLASRuntime.summary); \(DenseLayer.denseKernelSummary); \(TrainingThreads.summary)"
     }
 
     /// How often the training threads split work so far, and why the helpers were left out when they were.

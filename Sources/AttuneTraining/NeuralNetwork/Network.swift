@@ -124,6 +124,9 @@ final class Workspace {
     /// For each part count above 1, how a split mini-batch's first layer is cut by its outputs instead
     /// of its rows (nil when the plan's first step is not such a layer).
     private let firstLayerSplits: [Int: FirstLayerSplit]
+    /// The first layer's weights turned over, each part's rows of W at that part's offset, for the dense
+    /// kernel (`DenseLayer.denseKernelEnabled`); empty otherwise.
+    private let firstLayerPack: FloatBuffer
 
     /// `minimumPartWork` other than the default only in tests, to split a small net's mini-batches.
     init(plan: NetworkPlan, maxBatch: Int, parameters: [Float], training: Bool,
@@ -153,6 +156,8 @@ final class Workspace {
             count *= 2
         }
         self.firstLayerSplits = firstLayerSplits
+        let packed = firstLayerSplits.values.first.map { $0.layer.inputs * $0.layer.outputs } ?? 0
+        firstLayerPack = FloatBuffer(count: DenseLayer.denseKernelEnabled ? packed : 0)
     }
 
     /// Runs steps `0..<end` on the `batch` rows already in boundary 0.
@@ -282,8 +287,13 @@ final class Workspace {
 
     /// Outputs `first.outputs[part]` of the first layer over all `batch` rows.
     private func firstLayerForward(_ first: FirstLayerSplit, part: Int, batch: Int) {
-        first.layer.forward(x: activation(0, 0..<batch), y: activation(1, 0..<batch), batch: batch,
-                            params: params.pointer, columns: first.outputs[part])
+        let x = activation(0, 0..<batch), y = activation(1, 0..<batch), columns = first.outputs[part]
+        if DenseLayer.denseKernelEnabled {
+            first.layer.forward(x: x, y: y, batch: batch, params: params.pointer, columns: columns,
+                                packed: firstLayerPack.pointer + columns.lowerBound * first.layer.inputs)
+        } else {
+            first.layer.forward(x: x, y: y, batch: batch, params: params.pointer, columns: columns)
+        }
     }
 
     /// Rows `first.outputs[part]` of the first layer's dW and db over all `batch` rows, and the optimizer's

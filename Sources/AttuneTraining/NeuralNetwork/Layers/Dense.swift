@@ -1,5 +1,6 @@
 import AttuneKernels
 internal import CBLAS
+internal import CDenseKernels
 import Foundation
 
 // Fully connected layer (Core ML `innerProduct`).
@@ -43,6 +44,16 @@ struct DenseLayer: Sendable {
 
     var isSmall: Bool { Self.smallProductsEnabled && inputs * outputs <= Self.smallWeights }
 
+    /// The split first layer's forward product in our own AVX-512 kernel (`attune_dense_forward`) where the
+    /// processor has it; `ATTUNE_DENSE_KERNELS=0` sends it to BLIS (to compare the two on one build).
+    static let denseKernelEnabled = attune_dense_kernels_supported() != 0
+        && ProcessInfo.processInfo.environment["ATTUNE_DENSE_KERNELS"] != "0"
+
+    /// One clause for logs and benchmarks.
+    static var denseKernelSummary: String {
+        "split first layer's forward: " + (denseKernelEnabled ? "Attune's AVX-512 kernel" : "BLIS")
+    }
+
     /// `whole`: one product, never cut (the rows are already one part of a split mini-batch, `BatchSplit`).
     func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int,
                  params: UnsafePointer<Float>, whole: Bool = false) {
@@ -77,6 +88,20 @@ struct DenseLayer: Sendable {
                     Int32(batch), Int32(columns.count), Int32(inputs),
                     1, x, Int32(inputs), w, Int32(inputs),
                     beta, y, Int32(outputs))
+    }
+
+    /// Output columns `columns` of y through `attune_dense_forward`, which reads those rows of W from a
+    /// transposed copy made here in `packed` (room for `columns.count × inputs` floats). Only where
+    /// `denseKernelEnabled`; the sums run in another order than BLIS's, so training's split forward uses it
+    /// for every step of a task or for none (the choice is the processor's, fixed for the process).
+    func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int,
+                 params: UnsafePointer<Float>, columns: Range<Int>, packed: UnsafeMutablePointer<Float>) {
+        precondition(Self.denseKernelEnabled, "the dense kernel needs AVX-512")
+        attune_dense_pack_transposed(params + weightOffset + columns.lowerBound * inputs, inputs, columns.count,
+                                     inputs, packed)
+        attune_dense_forward(x, inputs, batch, inputs, packed, columns.count,
+                             hasBias ? params + biasOffset + columns.lowerBound : nil,
+                             y + columns.lowerBound, outputs)
     }
 
     /// `grads` is nil for a frozen layer (only `dx` is wanted); `dx` is nil when no layer below needs it.
