@@ -59,7 +59,7 @@ struct WorkerCommand: AsyncParsableCommand {
     func run() async throws {
         Attune.bootstrapLogging()
         let logger = Logger(label: "attune.worker")
-        logger.info("\(TrainingThreads.summary)")
+        logger.info("training: \(TrainingRuntime.summary)")
         // A malformed key list stops the worker here, before it takes a job.
         let storageKeys = try StorageKeys.load()
         if !noMigrate {
