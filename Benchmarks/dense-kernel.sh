@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The evidence for Attune's own forward kernel (docs/training.md, "Which BLAS"): one thread's GFLOP/s on the
-# split first layer's forward product, BLIS's cblas_sgemm (the bias copied in, beta 1, as Dense does it)
-# against attune_dense_forward with its transposed copy of W, rounds alternating in this one run.
+# The evidence for Attune's own dense kernels (docs/training.md, "Which BLAS"): one thread's GFLOP/s on the
+# split first layer's two products, BLIS's cblas_sgemm against attune_dense_forward (with its transposed copy
+# of W) and attune_dense_weight_gradient, rounds alternating in this one run (Benchmarks/dense_kernel.c).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d /tmp/attune-dense-kernel.XXXXXX)

@@ -1,8 +1,11 @@
-// Attune's forward kernel (Sources/CDenseKernels) against BLIS's cblas_sgemm on the split first layer's
-// forward product, one thread: y = x · Wᵀ + b for a part's outputs over every row, as FirstLayerSplit
-// runs it. The input rows are new each call (a 12.5 MB set of 4,000 rows, read in turn), as in training; the
-// kernel's time includes turning the part's rows of W over. Rounds alternate the two; each line prints both
-// best rates and the median of the rounds' ratios. Arguments: ROWS OUTPUTS INPUTS ... (ROWS ≤ 4000).
+// Attune's dense kernels (Sources/CDenseKernels) against BLIS's cblas_sgemm on the split first layer's two
+// products, one thread, as FirstLayerSplit runs them: a part's outputs over every row of the mini-batch.
+// - forward, y = x · Wᵀ + b: BLIS as Dense calls it (the bias copied in, beta 1); the kernel's time includes
+//   turning the part's rows of W over;
+// - weight gradient, dW = dyᵀ · x, once with new input rows each call and once with the same rows every call
+//   (in a training step the forward product has just read them, so they are in the core's cache).
+// New rows come from a 12.5 MB set of 4,000 rows, read in turn. Rounds alternate BLIS and the kernel; each
+// product prints both best rates and the median of the rounds' ratios. Arguments: ROWS OUTPUTS INPUTS ...
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +13,8 @@
 #include "dense_kernels.h"
 
 void bli_thread_set_num_threads(long threads);
+
+enum { rounds = 9, set = 4000 };
 
 static double now(void) {
     struct timespec t;
@@ -22,54 +27,99 @@ static int ascending(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+struct product { long rows, units, inputs; float *x, *w, *wt, *b, *y, *dy, *dw; };
+
+static const float *rows_of(const struct product *p, long call, int fresh) {
+    return p->x + (fresh ? call % (set / p->rows) : 0) * p->rows * p->inputs;
+}
+
+static void blis_forward(const struct product *p, long call) {
+    for (long r = 0; r < p->rows; r++)
+        for (long u = 0; u < p->units; u++) p->y[r * p->units + u] = p->b[u];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)p->rows, (int)p->units, (int)p->inputs, 1,
+                rows_of(p, call, 1), (int)p->inputs, p->w, (int)p->inputs, 1, p->y, (int)p->units);
+}
+
+static void kernel_forward(const struct product *p, long call) {
+    attune_dense_pack_transposed(p->w, p->inputs, p->units, p->inputs, p->wt);
+    attune_dense_forward(rows_of(p, call, 1), p->inputs, p->rows, p->inputs, p->wt, p->units, p->b, p->y, p->units);
+}
+
+static void blis_gradient(const struct product *p, long call, int fresh) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)p->units, (int)p->inputs, (int)p->rows, 1, p->dy,
+                (int)p->units, rows_of(p, call, fresh), (int)p->inputs, 0, p->dw, (int)p->inputs);
+}
+
+static void kernel_gradient(const struct product *p, long call, int fresh) {
+    attune_dense_weight_gradient(p->dy, p->units, p->units, rows_of(p, call, fresh), p->inputs, p->rows, p->inputs,
+                                 p->dw, p->inputs);
+}
+
+static void blis_fresh(const struct product *p, long call) { blis_gradient(p, call, 1); }
+static void kernel_fresh(const struct product *p, long call) { kernel_gradient(p, call, 1); }
+static void blis_cached(const struct product *p, long call) { blis_gradient(p, call, 0); }
+static void kernel_cached(const struct product *p, long call) { kernel_gradient(p, call, 0); }
+
+/// Prints "BLIS kernel ratio" for one product.
+static void race(const struct product *p, void (*theirs)(const struct product *, long),
+                 void (*mine)(const struct product *, long)) {
+    double flops = 2.0 * p->rows * p->units * p->inputs, best_theirs = 1e9, best_mine = 1e9, ratios[rounds];
+    long calls = (long)(2e9 / flops) + 1;
+    for (int round = 0; round < rounds; round++) {
+        double start = now();
+        for (long c = 0; c < calls; c++) theirs(p, c);
+        double a = (now() - start) / calls;
+        start = now();
+        for (long c = 0; c < calls; c++) mine(p, c);
+        double b = (now() - start) / calls;
+        if (a < best_theirs) best_theirs = a;
+        if (b < best_mine) best_mine = b;
+        ratios[round] = a / b;
+    }
+    qsort(ratios, rounds, sizeof(double), ascending);
+    printf(" %7.1f %7.1f %6.2f×", flops / best_theirs / 1e9, flops / best_mine / 1e9, ratios[rounds / 2]);
+}
+
 int main(int argc, char **argv) {
     if (argc < 4 || (argc - 1) % 3 != 0) {
         fprintf(stderr, "usage: %s ROWS OUTPUTS INPUTS [ROWS OUTPUTS INPUTS ...]\n", argv[0]);
         return 2;
     }
     if (!attune_dense_kernels_supported()) {
-        printf("this processor lacks AVX-512: Attune runs this product in BLIS\n");
+        printf("this processor lacks AVX-512: Attune runs these products in BLIS\n");
         return 0;
     }
     bli_thread_set_num_threads(1);
-    enum { rounds = 9, set = 4000 };
-    printf("%-22s %14s %16s %22s\n", "rows×outputs×inputs", "BLIS GFLOP/s", "kernel GFLOP/s", "kernel / BLIS (median)");
+    printf("GFLOP/s, one thread: BLIS, the kernel, and the median of the rounds' ratios kernel / BLIS (speed)\n");
+    printf("%-14s %-24s %-24s %-24s\n", "", "forward", "weight gradient, new x", "weight gradient, x cached");
+    printf("%-14s", "rows×out×in");
+    for (int i = 0; i < 3; i++) printf(" %7s %7s %7s", "BLIS", "kernel", "ratio");
+    printf("\n");
     for (int a = 1; a + 2 < argc; a += 3) {
-        long rows = atol(argv[a]), units = atol(argv[a + 1]), inputs = atol(argv[a + 2]);
-        float *x = aligned_alloc(64, sizeof(float) * set * inputs), *w = aligned_alloc(64, sizeof(float) * units * inputs);
-        float *wt = aligned_alloc(64, sizeof(float) * units * inputs), *b = aligned_alloc(64, sizeof(float) * units);
-        float *y = aligned_alloc(64, sizeof(float) * rows * units);
-        for (long i = 0; i < set * inputs; i++) x[i] = (float)(i % 1009) / 1009.0f;
-        for (long i = 0; i < units * inputs; i++) w[i] = (float)(i % 97) * 0.001f - 0.05f;
-        for (long i = 0; i < units; i++) b[i] = 0.01f * (float)i;
-        double flops = 2.0 * rows * units * inputs, blis = 1e9, kernel = 1e9, ratios[rounds];
-        long calls = (long)(2e9 / flops) + 1, batches = set / rows;
-        for (int round = 0; round < rounds; round++) {
-            double start = now();
-            for (long c = 0; c < calls; c++) {
-                const float *xc = x + (c % batches) * rows * inputs;
-                for (long r = 0; r < rows; r++)
-                    for (long u = 0; u < units; u++) y[r * units + u] = b[u];
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)units, (int)inputs, 1, xc,
-                            (int)inputs, w, (int)inputs, 1, y, (int)units);
-            }
-            double theirs = (now() - start) / calls;
-            start = now();
-            for (long c = 0; c < calls; c++) {
-                const float *xc = x + (c % batches) * rows * inputs;
-                attune_dense_pack_transposed(w, inputs, units, inputs, wt);
-                attune_dense_forward(xc, inputs, rows, inputs, wt, units, b, y, units);
-            }
-            double mine = (now() - start) / calls;
-            if (theirs < blis) blis = theirs;
-            if (mine < kernel) kernel = mine;
-            ratios[round] = theirs / mine;
+        struct product p = { atol(argv[a]), atol(argv[a + 1]), atol(argv[a + 2]) };
+        if (p.rows < 1 || p.rows > set || p.units < 1 || p.inputs < 1) {
+            fprintf(stderr, "%s×%s×%s: need 1 ≤ ROWS ≤ %d and positive sizes\n", argv[a], argv[a + 1], argv[a + 2], set);
+            return 2;
         }
-        qsort(ratios, rounds, sizeof(double), ascending);
+        p.x = aligned_alloc(64, sizeof(float) * set * p.inputs);
+        p.w = aligned_alloc(64, sizeof(float) * p.units * p.inputs);
+        p.wt = aligned_alloc(64, sizeof(float) * p.units * p.inputs);
+        p.b = aligned_alloc(64, sizeof(float) * p.units);
+        p.y = aligned_alloc(64, sizeof(float) * p.rows * p.units);
+        p.dy = aligned_alloc(64, sizeof(float) * p.rows * p.units);
+        p.dw = aligned_alloc(64, sizeof(float) * p.units * p.inputs);
+        for (long i = 0; i < set * p.inputs; i++) p.x[i] = (float)(i % 1009) / 1009.0f;
+        for (long i = 0; i < p.units * p.inputs; i++) p.w[i] = (float)(i % 97) * 0.001f - 0.05f;
+        for (long i = 0; i < p.units; i++) p.b[i] = 0.01f * (float)i;
+        for (long i = 0; i < p.rows * p.units; i++) p.dy[i] = (float)(i % 89) * 0.001f - 0.04f;
         char shape[64];
-        snprintf(shape, sizeof shape, "%ld×%ld×%ld", rows, units, inputs);
-        printf("%-22s %14.1f %16.1f %21.2f×\n", shape, flops / blis / 1e9, flops / kernel / 1e9, ratios[rounds / 2]);
-        free(x); free(w); free(wt); free(b); free(y);
+        snprintf(shape, sizeof shape, "%ld×%ld×%ld", p.rows, p.units, p.inputs);
+        printf("%-14s", shape);
+        race(&p, blis_forward, kernel_forward);
+        race(&p, blis_fresh, kernel_fresh);
+        race(&p, blis_cached, kernel_cached);
+        printf("\n");
+        free(p.x); free(p.w); free(p.wt); free(p.b); free(p.y); free(p.dy); free(p.dw);
     }
     return 0;
 }

@@ -1,14 +1,18 @@
 #include "dense_kernels.h"
 
-// Why our own kernel for this one product: BLIS computes x · Wᵀ from packed copies of both operands, made
+// Why our own kernels for these two products: BLIS computes each from packed copies of both operands, made
 // again on every call. In a training step the first layer's input rows are new each step, and with the layer
-// cut by its outputs (FirstLayerSplit) each call has only 64 outputs to spread that packing over. This
-// kernel reads the input rows where they lie and the weights from a transposed copy of the call's own rows
-// of W (a quarter of the rows' size at mini-batch 256, turned over in registers). With AVX-512's 32 vector
-// registers a tile of 6 rows × 64 outputs keeps 24 sums in registers and loads 10 values per 24 FMAs.
-// Measured on the 784-128-10 net's forward part (256 rows × 64 outputs × 784 inputs, one Zen 4 core, X new
-// each call): 110 GFLOP/s against BLIS's 98, the transposed copy included. The weight gradient, written the
-// same way (8 outputs × 48 inputs a tile, no packing), only matched BLIS, so it stays with BLIS.
+// cut by its outputs (FirstLayerSplit) each call has only 64 outputs to spread that packing over. These
+// kernels read the input rows where they lie, twice a step (the forward product, then the weight gradient,
+// which finds them still in the core's cache), and pack nothing big:
+// - forward, y = x · Wᵀ + b: the weights come from a transposed copy of the call's own rows of W (a quarter of
+//   the rows' size at mini-batch 256, turned over in registers); a tile of 6 rows × 64 outputs keeps 24 sums
+//   in AVX-512's 32 registers and loads 10 values per 24 FMAs;
+// - weight gradient, dW = dyᵀ · x: a tile of 8 outputs × 48 inputs, 24 sums, 11 loads per 24 FMAs, dy and x
+//   read in place.
+// Measured (Benchmarks/dense-kernel.sh, docs/training.md): the forward beats BLIS on one core even with new
+// rows each call; the weight gradient only matches it there, but in a training step, where the rows are
+// cached, the task runs faster with both kernels than with the forward alone.
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -130,9 +134,70 @@ WIDE void attune_dense_forward(const float *x, long ldx, long rows, long inputs,
     }
 }
 
+// One tile of the weight gradient: NU outputs × NV vectors of inputs, summed over every row in order.
+WIDE INLINE void gradient_tile(const float *dy, long lddy, const float *x, long ldx, long rows, float *dw,
+                               long lddw, long width, const int NU, const int NV) {
+    __mmask16 m0 = lanes(width, 0), m1 = lanes(width, 1), m2 = lanes(width, 2);
+    __m512 zero = _mm512_setzero_ps();
+    __m512 c[8][3];
+    for (int i = 0; i < NU; i++) { c[i][0] = zero; c[i][1] = zero; c[i][2] = zero; }
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + r * ldx, *d = dy + r * lddy;
+        __m512 x0 = _mm512_maskz_loadu_ps(m0, xr), x1 = zero, x2 = zero;
+        if (NV > 1) x1 = _mm512_maskz_loadu_ps(m1, xr + 16);
+        if (NV > 2) x2 = _mm512_maskz_loadu_ps(m2, xr + 32);
+        for (int i = 0; i < NU; i++) {
+            __m512 s = _mm512_set1_ps(d[i]);
+            c[i][0] = _mm512_fmadd_ps(s, x0, c[i][0]);
+            if (NV > 1) c[i][1] = _mm512_fmadd_ps(s, x1, c[i][1]);
+            if (NV > 2) c[i][2] = _mm512_fmadd_ps(s, x2, c[i][2]);
+        }
+    }
+    for (int i = 0; i < NU; i++) {
+        float *out = dw + i * lddw;
+        _mm512_mask_storeu_ps(out, m0, c[i][0]);
+        if (NV > 1) _mm512_mask_storeu_ps(out + 16, m1, c[i][1]);
+        if (NV > 2) _mm512_mask_storeu_ps(out + 32, m2, c[i][2]);
+    }
+}
+
+#define GRADIENT_UNITS(NV) \
+    switch (nu) { \
+    case 8: gradient_tile(d, lddy, xk, ldx, rows, out, lddw, width, 8, NV); break; \
+    case 7: gradient_tile(d, lddy, xk, ldx, rows, out, lddw, width, 7, NV); break; \
+    case 6: gradient_tile(d, lddy, xk, ldx, rows, out, lddw, width, 6, NV); break; \
+    case 5: gradient_tile(d, lddy, xk, ldx, rows, out, lddw, width, 5, NV); break; \
+    case 4: gradient_tile(d, lddy, xk, ldx, rows, out, lddw, width, 4, NV); break; \
+    case 3: gradient_tile(d, lddy, xk, ldx, rows, out, lddw, width, 3, NV); break; \
+    case 2: gradient_tile(d, lddy, xk, ldx, rows, out, lddw, width, 2, NV); break; \
+    default: gradient_tile(d, lddy, xk, ldx, rows, out, lddw, width, 1, NV); break; \
+    }
+
+WIDE void attune_dense_weight_gradient(const float *dy, long lddy, long units, const float *x, long ldx, long rows,
+                                       long inputs, float *dw, long lddw) {
+    // Inputs outside, outputs inside: each tile of outputs reads the same 48 columns of the rows, from L2.
+    for (long k0 = 0; k0 < inputs; k0 += 48) {
+        long width = inputs - k0 < 48 ? inputs - k0 : 48;
+        int vectors = (int)((width + 15) / 16);
+        const float *xk = x + k0;
+        for (long u0 = 0; u0 < units; u0 += 8) {
+            long nu = units - u0 < 8 ? units - u0 : 8;
+            const float *d = dy + u0;
+            float *out = dw + u0 * lddw + k0;
+            switch (vectors) {
+            case 3: GRADIENT_UNITS(3) break;
+            case 2: GRADIENT_UNITS(2) break;
+            default: GRADIENT_UNITS(1) break;
+            }
+        }
+    }
+}
+
 #else
 int attune_dense_kernels_supported(void) { return 0; }
 void attune_dense_pack_transposed(const float *w, long ldw, long units, long inputs, float *wt) {}
 void attune_dense_forward(const float *x, long ldx, long rows, long inputs, const float *wt, long units,
                           const float *bias, float *y, long ldy) {}
+void attune_dense_weight_gradient(const float *dy, long lddy, long units, const float *x, long ldx, long rows,
+                                  long inputs, float *dw, long lddw) {}
 #endif

@@ -4,10 +4,11 @@ import XCTest
 @testable import AttuneTraining
 @testable import TrainingTestSupport
 
-/// The split first layer's forward kernel (`attune_dense_forward` behind `DenseLayer.forward(…packed:)`),
-/// against sums taken in Double (an independent reference), on shapes that reach every edge of its tiles:
-/// rows not a multiple of 6, outputs in 1 to 4 vectors with a part vector, inputs not a multiple of the
-/// transposition's 8 × 8 blocks, a column range that starts inside the layer, with and without a bias.
+/// The split first layer's kernels (`attune_dense_forward` behind `DenseLayer.forward(…packed:)`,
+/// `attune_dense_weight_gradient` behind `weightGradient(…inKernel:)`), against sums taken in Double (an
+/// independent reference), on shapes that reach every edge of their tiles: rows not a multiple of 6, outputs
+/// in 1 to 4 vectors with a part vector and not a multiple of 8, inputs not a multiple of 48 or of the
+/// transposition's 8 × 8 blocks, a range of outputs that starts inside the layer, with and without a bias.
 final class DenseKernelTests: XCTestCase {
     struct Shape { let rows, inputs, outputs: Int; let columns: Range<Int>; let bias: Bool }
 
@@ -64,9 +65,46 @@ final class DenseKernelTests: XCTestCase {
         }
     }
 
-    /// The kernel and BLIS agree on the layer's product (the training step uses one or the other for a whole
+    func testWeightGradientMatchesDoubleSums() {
+        var random = TestRandom(seed: 28)
+        for shape in Self.shapes {
+            let x = random.uniform(count: shape.rows * shape.inputs, -1, 1)
+            let dy = random.uniform(count: shape.rows * shape.outputs, -1, 1)
+            let weights = shape.outputs * shape.inputs
+            let layer = DenseLayer(name: "d", specIndex: 0, inputs: shape.inputs, outputs: shape.outputs,
+                                   hasBias: shape.bias, weightOffset: 0, biasOffset: weights, trainable: true)
+            let grads = FloatBuffer([Float](repeating: 1234.5, count: weights + shape.outputs))
+            x.withUnsafeBufferPointer { xp in
+                dy.withUnsafeBufferPointer {
+                    layer.weightGradient(x: xp.baseAddress!, dy: $0.baseAddress!, batch: shape.rows,
+                                         grads: grads.pointer, rows: shape.columns, inKernel: true)
+                }
+            }
+            var worst = 0.0, untouched = true
+            for o in 0..<shape.outputs {
+                for i in 0..<shape.inputs {
+                    let got = grads.pointer[o * shape.inputs + i]
+                    guard shape.columns.contains(o) else {
+                        untouched = untouched && got == 1234.5
+                        continue
+                    }
+                    var sum = 0.0, magnitude = 0.0
+                    for r in 0..<shape.rows {
+                        let term = Double(dy[r * shape.outputs + o]) * Double(x[r * shape.inputs + i])
+                        sum += term
+                        magnitude += abs(term)
+                    }
+                    worst = max(worst, abs(Double(got) - sum) / max(magnitude, 1e-30))
+                }
+            }
+            XCTAssertLessThan(worst, 1e-6, "\(shape): relative error \(worst)")
+            XCTAssertTrue(untouched, "\(shape): rows of dW outside \(shape.columns) were written")
+        }
+    }
+
+    /// The kernels and BLIS agree on the layer's products (the training step uses one or the other for a whole
     /// process), within float32 rounding.
-    func testForwardAgreesWithBLAS() {
+    func testKernelsAgreeWithBLAS() {
         var random = TestRandom(seed: 27)
         let rows = 256, inputs = 784, outputs = 128
         let x = random.uniform(count: rows * inputs, 0, 1)
@@ -86,5 +124,22 @@ final class DenseKernelTests: XCTestCase {
         var worst: Float = 0
         for i in 0..<(rows * outputs) { worst = max(worst, abs(mine.pointer[i] - theirs.pointer[i])) }
         XCTAssertLessThan(worst, 1e-4, "largest difference \(worst) on outputs of magnitude ~1")
+
+        // The weight gradient of the same layer, both ways.
+        let dy = random.uniform(count: rows * outputs, -0.01, 0.01)
+        let kernelGrads = FloatBuffer(count: w.count + b.count), blasGrads = FloatBuffer(count: w.count + b.count)
+        x.withUnsafeBufferPointer { xp in
+            dy.withUnsafeBufferPointer { dp in
+                for units in [0..<64, 64..<128] {
+                    layer.weightGradient(x: xp.baseAddress!, dy: dp.baseAddress!, batch: rows, grads: kernelGrads.pointer,
+                                         rows: units, inKernel: true)
+                    layer.weightGradient(x: xp.baseAddress!, dy: dp.baseAddress!, batch: rows, grads: blasGrads.pointer,
+                                         rows: units)
+                }
+            }
+        }
+        var worstGradient: Float = 0
+        for i in 0..<w.count { worstGradient = max(worstGradient, abs(kernelGrads.pointer[i] - blasGrads.pointer[i])) }
+        XCTAssertLessThan(worstGradient, 1e-5, "largest dW difference \(worstGradient) on entries of magnitude ~0.05")
     }
 }

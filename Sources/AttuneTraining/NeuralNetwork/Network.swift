@@ -301,7 +301,7 @@ final class Workspace {
     /// the row parts' summed gradients.
     private func firstLayerBackward(_ first: FirstLayerSplit, part: Int, batch: Int, optimizer: OptimizerStep?) {
         first.layer.weightGradient(x: activation(0, 0..<batch), dy: delta(1, 0..<batch), batch: batch,
-                                   grads: grads.pointer, rows: first.outputs[part])
+                                   grads: grads.pointer, rows: first.outputs[part], inKernel: DenseLayer.denseKernelEnabled)
         optimizer?.update(first.ranges[part], params: params.pointer, grads: gradients[0])
         if part == first.parts - 1 { optimizer?.update(first.rest, params: params.pointer, grads: gradient) }
     }

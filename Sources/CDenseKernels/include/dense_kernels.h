@@ -1,9 +1,10 @@
 #ifndef ATTUNE_DENSE_KERNELS_H
 #define ATTUNE_DENSE_KERNELS_H
 
-// A big dense layer's forward product in training, on processors with AVX-512 (see dense_kernels.c for why).
+// A big dense layer's two training products, on processors with AVX-512 (see dense_kernels.c for why).
 // Row-major throughout; `ld*` is a matrix's row stride in floats. Each output is one sum in a fixed order
-// (the bias, then inputs 0, 1, ...), so its bits depend on the operands alone, not on how the product is cut.
+// (forward: the bias, then inputs 0, 1, ...; weight gradient: rows 0, 1, ...), so its bits depend on the
+// operands alone, not on how the product is cut into calls.
 
 /// 1 when this processor and its operating system run the kernels below (AVX-512F and FMA, ZMM state saved).
 int attune_dense_kernels_supported(void);
@@ -14,5 +15,9 @@ void attune_dense_pack_transposed(const float *w, long ldw, long units, long inp
 /// y[r·ldy + u] = bias[u] + Σ_k x[r·ldx + k] · wt[k·units + u], r < rows, u < units (bias may be NULL: 0).
 void attune_dense_forward(const float *x, long ldx, long rows, long inputs, const float *wt, long units,
                           const float *bias, float *y, long ldy);
+
+/// dw[u·lddw + k] = Σ_r dy[r·lddy + u] · x[r·ldx + k], u < units, k < inputs, summed over r < rows in order.
+void attune_dense_weight_gradient(const float *dy, long lddy, long units, const float *x, long ldx, long rows,
+                                  long inputs, float *dw, long lddw);
 
 #endif

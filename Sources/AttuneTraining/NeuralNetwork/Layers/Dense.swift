@@ -44,14 +44,15 @@ struct DenseLayer: Sendable {
 
     var isSmall: Bool { Self.smallProductsEnabled && inputs * outputs <= Self.smallWeights }
 
-    /// The split first layer's forward product in our own AVX-512 kernel (`attune_dense_forward`) where the
-    /// processor has it; `ATTUNE_DENSE_KERNELS=0` sends it to BLIS (to compare the two on one build).
+    /// The split first layer's two products in our own AVX-512 kernels (`attune_dense_forward`,
+    /// `attune_dense_weight_gradient`) where the processor has them; `ATTUNE_DENSE_KERNELS=0` sends them to
+    /// BLIS (to compare the two on one build).
     static let denseKernelEnabled = attune_dense_kernels_supported() != 0
         && ProcessInfo.processInfo.environment["ATTUNE_DENSE_KERNELS"] != "0"
 
     /// One clause for logs and benchmarks.
     static var denseKernelSummary: String {
-        "split first layer's forward: " + (denseKernelEnabled ? "Attune's AVX-512 kernel" : "BLIS")
+        "split first layer's products: " + (denseKernelEnabled ? "Attune's AVX-512 kernels" : "BLIS")
     }
 
     /// `whole`: one product, never cut (the rows are already one part of a split mini-batch, `BatchSplit`).
@@ -96,7 +97,7 @@ struct DenseLayer: Sendable {
     /// for every step of a task or for none (the choice is the processor's, fixed for the process).
     func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int,
                  params: UnsafePointer<Float>, columns: Range<Int>, packed: UnsafeMutablePointer<Float>) {
-        precondition(Self.denseKernelEnabled, "the dense kernel needs AVX-512")
+        precondition(Self.denseKernelEnabled, "the dense kernels need AVX-512")
         attune_dense_pack_transposed(params + weightOffset + columns.lowerBound * inputs, inputs, columns.count,
                                      inputs, packed)
         attune_dense_forward(x, inputs, batch, inputs, packed, columns.count,
@@ -140,12 +141,18 @@ struct DenseLayer: Sendable {
     }
 
     /// Rows `rows` of dW = dyᵀ · x (columns `rows` of dy), and the same entries of db.
+    /// `inKernel`: through `attune_dense_weight_gradient` (training's split first layer, where
+    /// `denseKernelEnabled`), which reads x and dy where they lie; BLIS otherwise.
     func weightGradient(x: UnsafePointer<Float>, dy: UnsafePointer<Float>, batch: Int,
-                                grads: UnsafeMutablePointer<Float>, rows: Range<Int>) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans,
-                    Int32(rows.count), Int32(inputs), Int32(batch),
-                    1, dy + rows.lowerBound, Int32(outputs), x, Int32(inputs),
-                    0, grads + weightOffset + rows.lowerBound * inputs, Int32(inputs))
+                        grads: UnsafeMutablePointer<Float>, rows: Range<Int>, inKernel: Bool = false) {
+        let dw = grads + weightOffset + rows.lowerBound * inputs
+        if inKernel {
+            precondition(Self.denseKernelEnabled, "the dense kernels need AVX-512")
+            attune_dense_weight_gradient(dy + rows.lowerBound, outputs, rows.count, x, inputs, batch, inputs, dw, inputs)
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Int32(rows.count), Int32(inputs), Int32(batch),
+                        1, dy + rows.lowerBound, Int32(outputs), x, Int32(inputs), 0, dw, Int32(inputs))
+        }
         biasGradient(dy: dy, batch: batch, grads: grads, rows: rows)
     }
 
