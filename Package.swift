@@ -53,8 +53,8 @@ let package = Package(
         // only where CPUFeatures says the processor has them.
         .target(name: "CPUFeatures"),
         .target(name: "AttuneKernels", dependencies: ["CPUFeatures"], swiftSettings: kernelSettings),
-        // The split first layer's forward product on AVX-512 processors (dense_kernels.c says why). Its
-        // functions carry their own target attributes; -O2 also in debug builds, where tests run it.
+        // The split first layer's forward product and weight gradient on AVX-512 processors (dense_kernels.c
+        // says why). Its functions carry their own target attributes; -O2 also in debug builds, where tests run it.
         .target(name: "CDenseKernels", cSettings: [.unsafeFlags(["-O2"])]),
         .target(name: "AttuneTraining", dependencies: ["AttuneSpec", "AttuneImage", "AttuneKernels", "CBLAS", "CDenseKernels"]),
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",

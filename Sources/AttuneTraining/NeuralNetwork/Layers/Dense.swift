@@ -20,7 +20,9 @@ import Foundation
 // the choice follows the layer's shape alone, never
 // the batch, so a sample's outputs have the same bits in training, validation and prediction. A larger
 // layer's products go through cblas_sgemm; one big enough is cut into fixed blocks that threads run in
-// parallel (`ProductSplit`, `PartPool`), with the same bits however many threads run them.
+// parallel (`ProductSplit`, `PartPool`), with the same bits however many threads run them. The exception is
+// training's split first layer (`FirstLayerSplit`): on a processor with AVX-512 its forward product and
+// weight gradient run in Attune's own kernels (`CDenseKernels`), which read the input rows where they lie.
 // Gradients overwrite their buffers (one backward per mini-batch), so nothing has to be zeroed between steps.
 struct DenseLayer: Sendable {
     let name: String
