@@ -41,27 +41,10 @@ final class DenseKernelTests: XCTestCase {
                 layer.forward(x: $0.baseAddress!, y: y.pointer, batch: shape.rows, params: params.pointer,
                               columns: shape.columns, packed: packed.pointer)
             }
-            var worst = 0.0, untouched = true
-            for r in 0..<shape.rows {
-                for o in 0..<shape.outputs {
-                    let got = y.pointer[r * shape.outputs + o]
-                    guard shape.columns.contains(o) else {
-                        untouched = untouched && got == 1234.5
-                        continue
-                    }
-                    var sum = shape.bias ? Double(b[o]) : 0
-                    var magnitude = abs(sum)
-                    for i in 0..<shape.inputs {
-                        let term = Double(x[r * shape.inputs + i]) * Double(w[o * shape.inputs + i])
-                        sum += term
-                        magnitude += abs(term)
-                    }
-                    // float32 rounding of a sum of `inputs` terms: a few ulps of the terms' magnitude.
-                    worst = max(worst, abs(Double(got) - sum) / max(magnitude, 1e-30))
-                }
-            }
-            XCTAssertLessThan(worst, 1e-6, "\(shape): relative error \(worst)")
-            XCTAssertTrue(untouched, "\(shape): outputs outside \(shape.columns) were written")
+            assertMatchesSums(shape, "y", rows: shape.rows, columns: shape.outputs, terms: shape.inputs,
+                              written: { _, o in shape.columns.contains(o) }, got: { r, o in y.pointer[r * shape.outputs + o] },
+                              start: { _, o in shape.bias ? Double(b[o]) : 0 },
+                              term: { r, o, i in Double(x[r * shape.inputs + i]) * Double(w[o * shape.inputs + i]) })
         }
     }
 
@@ -80,25 +63,10 @@ final class DenseKernelTests: XCTestCase {
                                          grads: grads.pointer, rows: shape.columns, inKernel: true)
                 }
             }
-            var worst = 0.0, untouched = true
-            for o in 0..<shape.outputs {
-                for i in 0..<shape.inputs {
-                    let got = grads.pointer[o * shape.inputs + i]
-                    guard shape.columns.contains(o) else {
-                        untouched = untouched && got == 1234.5
-                        continue
-                    }
-                    var sum = 0.0, magnitude = 0.0
-                    for r in 0..<shape.rows {
-                        let term = Double(dy[r * shape.outputs + o]) * Double(x[r * shape.inputs + i])
-                        sum += term
-                        magnitude += abs(term)
-                    }
-                    worst = max(worst, abs(Double(got) - sum) / max(magnitude, 1e-30))
-                }
-            }
-            XCTAssertLessThan(worst, 1e-6, "\(shape): relative error \(worst)")
-            XCTAssertTrue(untouched, "\(shape): rows of dW outside \(shape.columns) were written")
+            assertMatchesSums(shape, "dW", rows: shape.outputs, columns: shape.inputs, terms: shape.rows,
+                              written: { o, _ in shape.columns.contains(o) }, got: { o, i in grads.pointer[o * shape.inputs + i] },
+                              start: { _, _ in 0 },
+                              term: { o, i, r in Double(dy[r * shape.outputs + o]) * Double(x[r * shape.inputs + i]) })
         }
     }
 
@@ -141,5 +109,31 @@ final class DenseKernelTests: XCTestCase {
         var worstGradient: Float = 0
         for i in 0..<w.count { worstGradient = max(worstGradient, abs(kernelGrads.pointer[i] - blasGrads.pointer[i])) }
         XCTAssertLessThan(worstGradient, 1e-5, "largest dW difference \(worstGradient) on entries of magnitude ~0.05")
+    }
+
+    /// Each written entry (i, j) of a rows × columns result against `start(i, j) + Σ_t term(i, j, t)` summed in
+    /// Double, relative to the terms' magnitude (float32 rounding of a sum: a few ulps of it); every other entry
+    /// must still hold the 1234.5 the buffer was filled with.
+    private func assertMatchesSums(_ shape: Shape, _ what: String, rows: Int, columns: Int, terms: Int,
+                                   written: (Int, Int) -> Bool, got: (Int, Int) -> Float, start: (Int, Int) -> Double,
+                                   term: (Int, Int, Int) -> Double, file: StaticString = #filePath, line: UInt = #line) {
+        var worst = 0.0, untouched = true
+        for i in 0..<rows {
+            for j in 0..<columns {
+                guard written(i, j) else {
+                    untouched = untouched && got(i, j) == 1234.5
+                    continue
+                }
+                var sum = start(i, j), magnitude = abs(sum)
+                for t in 0..<terms {
+                    let value = term(i, j, t)
+                    sum += value
+                    magnitude += abs(value)
+                }
+                worst = max(worst, abs(Double(got(i, j)) - sum) / max(magnitude, 1e-30))
+            }
+        }
+        XCTAssertLessThan(worst, 1e-6, "\(shape): \(what)'s relative error \(worst)", file: file, line: line)
+        XCTAssertTrue(untouched, "\(shape): entries of \(what) outside \(shape.columns) were written", file: file, line: line)
     }
 }
