@@ -81,7 +81,8 @@ WIDE INLINE void forward_tile(const float *x, long ldx, long inputs, const float
     for (int i = 0; i < NR; i++) { c[i][0] = b0; c[i][1] = b1; c[i][2] = b2; c[i][3] = b3; }
     for (long k = 0; k < inputs; k++) {
         const float *w = wt + k * units;
-        __m512 w0 = _mm512_maskz_loadu_ps(m0, w), w1 = b0, w2 = b0, w3 = b0;
+        // Vectors past NV are never read: the compiler drops them.
+        __m512 w0 = _mm512_maskz_loadu_ps(m0, w), w1 = _mm512_setzero_ps(), w2 = w1, w3 = w1;
         if (NV > 1) w1 = _mm512_maskz_loadu_ps(m1, w + 16);
         if (NV > 2) w2 = _mm512_maskz_loadu_ps(m2, w + 32);
         if (NV > 3) w3 = _mm512_maskz_loadu_ps(m3, w + 48);

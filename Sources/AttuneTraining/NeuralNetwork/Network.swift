@@ -122,7 +122,7 @@ final class Workspace {
     /// What `BatchSplit` weighs a mini-batch by: one row's multiply-adds, and a part's least.
     private let rowWork: Int, minimumPartWork: Int
     /// For each part count above 1, how a split mini-batch's first layer is cut by its outputs instead
-    /// of its rows (nil when the plan's first step is not such a layer).
+    /// of its rows (none when the plan's first step is not such a layer, or `FirstLayerSplit` is off).
     private let firstLayerSplits: [Int: FirstLayerSplit]
     /// The first layer's weights turned over, each part's rows of W at that part's offset, for the dense
     /// kernel (`DenseLayer.denseKernelEnabled`); empty otherwise.
@@ -151,7 +151,7 @@ final class Workspace {
         gradients = (0..<parts).map { Gradient(grads.pointer, others: Array(others.prefix($0))) }
         var firstLayerSplits: [Int: FirstLayerSplit] = [:]
         var count = 2
-        while training, count <= parts {
+        while training, FirstLayerSplit.enabled, count <= parts {
             firstLayerSplits[count] = FirstLayerSplit(plan: plan, parts: count)
             count *= 2
         }
@@ -260,7 +260,7 @@ final class Workspace {
         let losses = UnsafeMutableBufferPointer<Double>.allocate(capacity: split.count)
         defer { losses.deallocate() }
         splitParts = split.count
-        let first = firstLayerSplit(parts: split.count)
+        let first = firstLayerSplits[split.count]
         if let first {
             // The first layer by its outputs over every row, so its rows must all be in place first.
             if copies { PartPool.shared.run(parts: split.count) { inputs.gather(split[$0], width: width, into: x) } }
@@ -281,19 +281,12 @@ final class Workspace {
         return losses.reduce(0, +)
     }
 
-    private func firstLayerSplit(parts: Int) -> FirstLayerSplit? {
-        FirstLayerSplit.enabled ? firstLayerSplits[parts] : nil
-    }
-
     /// Outputs `first.outputs[part]` of the first layer over all `batch` rows.
     private func firstLayerForward(_ first: FirstLayerSplit, part: Int, batch: Int) {
-        let x = activation(0, 0..<batch), y = activation(1, 0..<batch), columns = first.outputs[part]
-        if DenseLayer.denseKernelEnabled {
-            first.layer.forward(x: x, y: y, batch: batch, params: params.pointer, columns: columns,
-                                packed: firstLayerPack.pointer + columns.lowerBound * first.layer.inputs)
-        } else {
-            first.layer.forward(x: x, y: y, batch: batch, params: params.pointer, columns: columns)
-        }
+        let columns = first.outputs[part]
+        first.layer.forward(x: activation(0, 0..<batch), y: activation(1, 0..<batch), batch: batch,
+                            params: params.pointer, columns: columns,
+                            packed: DenseLayer.denseKernelEnabled ? firstLayerPack.pointer + columns.lowerBound * first.layer.inputs : nil)
     }
 
     /// Rows `first.outputs[part]` of the first layer's dW and db over all `batch` rows, and the optimizer's
@@ -317,7 +310,7 @@ final class Workspace {
     /// tests, which read `grads`; training leaves the sum to the optimizer).
     func sumGradientParts() {
         let others = gradient.others
-        let ranges = firstLayerSplit(parts: splitParts)?.rest ?? plan.slots.map { $0.offset..<($0.offset + $0.count) }
+        let ranges = firstLayerSplits[splitParts]?.rest ?? plan.slots.map { $0.offset..<($0.offset + $0.count) }
         splitParts = 1
         for range in ranges {
             for other in others {

@@ -71,40 +71,29 @@ struct DenseLayer: Sendable {
         }
     }
 
-    /// Output columns `columns` of y: rows `columns` of W.
+    /// Output columns `columns` of y: rows `columns` of W. With `packed` (training's split first layer, where
+    /// `denseKernelEnabled`; room for `columns.count × inputs` floats) through `attune_dense_forward`, which
+    /// reads those rows of W from a transposed copy made there; through BLIS otherwise. The two sum in other
+    /// orders, so a task uses one for every step (the choice is the processor's, fixed for the process).
     func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int,
-                         params: UnsafePointer<Float>, columns: Range<Int>) {
+                 params: UnsafePointer<Float>, columns: Range<Int>, packed: UnsafeMutablePointer<Float>? = nil) {
         let w = params + weightOffset + columns.lowerBound * inputs
         let y = y + columns.lowerBound
-        let beta: Float
-        if hasBias {
-            // Seed every output row with the bias so the product adds onto it (beta = 1).
-            let b = params + biasOffset + columns.lowerBound
-            for row in 0..<batch {
-                (y + row * outputs).update(from: b, count: columns.count)
-            }
-            beta = 1
-        } else {
-            beta = 0
+        let bias: UnsafePointer<Float>? = hasBias ? params + biasOffset + columns.lowerBound : nil
+        if let packed {
+            precondition(Self.denseKernelEnabled, "the dense kernels need AVX-512")
+            attune_dense_pack_transposed(w, inputs, columns.count, inputs, packed)
+            attune_dense_forward(x, inputs, batch, inputs, packed, columns.count, bias, y, outputs)
+            return
+        }
+        // Seed every output row with the bias so the product adds onto it (beta = 1).
+        if let bias {
+            for row in 0..<batch { (y + row * outputs).update(from: bias, count: columns.count) }
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans,
                     Int32(batch), Int32(columns.count), Int32(inputs),
                     1, x, Int32(inputs), w, Int32(inputs),
-                    beta, y, Int32(outputs))
-    }
-
-    /// Output columns `columns` of y through `attune_dense_forward`, which reads those rows of W from a
-    /// transposed copy made here in `packed` (room for `columns.count × inputs` floats). Only where
-    /// `denseKernelEnabled`; the sums run in another order than BLIS's, so training's split forward uses it
-    /// for every step of a task or for none (the choice is the processor's, fixed for the process).
-    func forward(x: UnsafePointer<Float>, y: UnsafeMutablePointer<Float>, batch: Int,
-                 params: UnsafePointer<Float>, columns: Range<Int>, packed: UnsafeMutablePointer<Float>) {
-        precondition(Self.denseKernelEnabled, "the dense kernels need AVX-512")
-        attune_dense_pack_transposed(params + weightOffset + columns.lowerBound * inputs, inputs, columns.count,
-                                     inputs, packed)
-        attune_dense_forward(x, inputs, batch, inputs, packed, columns.count,
-                             hasBias ? params + biasOffset + columns.lowerBound : nil,
-                             y + columns.lowerBound, outputs)
+                    bias == nil ? 0 : 1, y, Int32(outputs))
     }
 
     /// `grads` is nil for a frozen layer (only `dx` is wanted); `dx` is nil when no layer below needs it.
