@@ -50,13 +50,15 @@ let package = Package(
                 dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf")]),
         .target(name: "AttuneImage", dependencies: ["AttuneSpec", "CPNG", "CTurboJPEG"]),
         // The small layers' products (SmallProducts), built for x86-64-v3 (AVX2 and FMA) on x86-64 and run
-        // only where CPUFeatures says the processor has them.
-        .target(name: "CPUFeatures"),
+        // only where CPUFeatures says the processor has them. CPUFeatures also asks BLIS, in a child process,
+        // which configuration it would pick (TrainingKernels).
+        .target(name: "CPUFeatures", linkerSettings: [.linkedLibrary("blis")]),
         .target(name: "AttuneKernels", dependencies: ["CPUFeatures"], swiftSettings: kernelSettings),
         // The split first layer's forward product and weight gradient on AVX-512 processors (dense_kernels.c
         // says why). Its functions carry their own target attributes; -O2 also in debug builds, where tests run it.
         .target(name: "CDenseKernels", cSettings: [.unsafeFlags(["-O2"])]),
-        .target(name: "AttuneTraining", dependencies: ["AttuneSpec", "AttuneImage", "AttuneKernels", "CBLAS", "CDenseKernels"]),
+        .target(name: "AttuneTraining", dependencies: ["AttuneSpec", "AttuneImage", "AttuneKernels", "CBLAS", "CDenseKernels",
+                                                       "CPUFeatures"]),
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
                                                     .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),

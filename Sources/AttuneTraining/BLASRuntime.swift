@@ -21,6 +21,8 @@ enum BLASRuntime {
     /// however many tasks start at the same time). `Workspace` reads it before its first product.
     /// The value says what was done, for logs.
     static let threadPolicy: String = {
+        // Before BLIS's first call: the kernel set may tell BLIS which configuration to run (BLIS_ARCH_TYPE).
+        _ = TrainingKernels.active
         if ProcessInfo.processInfo.environment[threadVariable] != nil {
             return "\(threadVariable) set: BLIS threads left as configured"
         }
@@ -32,10 +34,12 @@ enum BLASRuntime {
     /// Threads BLIS splits one product across.
     static var threads: Int { Int(bli_thread_get_num_threads()) }
 
+    /// The configuration BLIS runs (what it settled on at its first call).
+    static var configuration: String { String(cString: bli_arch_string(bli_arch_query_id())) }
+
     /// One line for logs and benchmarks: "BLIS 0.9.0 (zen3 kernels), 1 thread(s)".
     static var summary: String {
         let version = String(cString: bli_info_get_version_str())
-        let kernels = String(cString: bli_arch_string(bli_arch_query_id()))
-        return "BLIS \(version) (\(kernels) kernels), \(threads) thread(s)"
+        return "BLIS \(version) (\(configuration) kernels), \(threads) thread(s)"
     }
 }

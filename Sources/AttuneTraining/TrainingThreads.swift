@@ -37,7 +37,28 @@ public enum TrainingThreads {
 public enum TrainingRuntime {
     public static var summary: String {
         _ = BLASRuntime.threadPolicy
-        return "\(BLASRuntime.summary); \(DenseLayer.denseKernelSummary); \(TrainingThreads.summary)"
+        return "\(TrainingKernels.active.summary); \(BLASRuntime.summary); \(DenseLayer.denseKernelSummary); "
+            + TrainingThreads.summary
+    }
+
+    /// The labels of the worker's `attune_training_kernels_info` gauge: the kernel set, the BLIS configuration
+    /// it runs, and where the set came from ("auto" or the override).
+    public static var kernelLabels: [(String, String)] {
+        _ = BLASRuntime.threadPolicy
+        let active = TrainingKernels.active
+        return [("kernel_set", active.set.rawValue), ("blis", BLASRuntime.configuration),
+                ("source", active.overridden ? "override" : "auto")]
+    }
+
+    /// Said at warning level when training runs below what the processor can: BLIS on a configuration below
+    /// the kernel set's class (the operator's BLIS_ARCH_TYPE, or a probe that failed). Nil when all is well.
+    public static var warning: String? {
+        _ = BLASRuntime.threadPolicy
+        let active = TrainingKernels.active, running = BLASRuntime.configuration
+        let best = KernelSet.best(for: active.features)
+        guard best != .portable, !best.blisClass.contains(running), active.set != .portable else { return nil }
+        return "BLIS runs its \(running) kernels on a processor with \(best.requires): training runs several "
+            + "times slower than it can (unset BLIS_ARCH_TYPE to let Attune choose)"
     }
 
     /// How often the training threads split work so far, and why the helpers were left out when they were.

@@ -1,3 +1,4 @@
+import AttuneTraining
 import Foundation
 import Metrics
 
@@ -30,6 +31,9 @@ final class WorkerMetrics: Sendable {
         })
         slots = (0..<slotCount).map { SlotGauges(slot: $0) }
         brokerConnected.record(0)
+        // Prometheus' info pattern: the labels carry the value. Dashboards and `attune doctor` read which
+        // kernels this worker trains on without its logs.
+        Gauge(label: "attune_training_kernels_info", dimensions: TrainingRuntime.kernelLabels).record(1)
     }
 
     func settled(_ result: JobResult) {

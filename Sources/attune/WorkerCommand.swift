@@ -52,6 +52,10 @@ struct WorkerCommand: AsyncParsableCommand {
             throw ValidationError("--metrics-port must lie in 0...65535")
         }
         _ = try TrainingThreads.resolve(ProcessInfo.processInfo.environment)
+        // An override this processor cannot run (or a BLIS configuration this BLIS lacks) stops the worker here.
+        do { _ = try TrainingKernels.resolve(ProcessInfo.processInfo.environment) } catch {
+            throw ValidationError("\(error)")
+        }
         // A typo in any node's URL fails now, not at the first failover to that node.
         do { _ = try BrokerAddresses(broker.resolved()) } catch { throw ValidationError("\(error)") }
     }
@@ -60,6 +64,7 @@ struct WorkerCommand: AsyncParsableCommand {
         Attune.bootstrapLogging()
         let logger = Logger(label: "attune.worker")
         logger.info("training: \(TrainingRuntime.summary)")
+        if let warning = TrainingRuntime.warning { logger.warning("training: \(warning)") }
         // A malformed key list stops the worker here, before it takes a job.
         let storageKeys = try StorageKeys.load()
         if !noMigrate {

@@ -41,15 +41,15 @@ struct DenseLayer: Sendable {
     static let smallWeights = 4096
 
     /// `ATTUNE_SMALL_PRODUCTS=0` sends every product to BLAS (to compare the two on one build).
-    static let smallProductsEnabled = SmallProducts.isSupported
+    static let smallProductsEnabled = SmallProducts.isSupported && TrainingKernels.active.runsSmallProducts
         && ProcessInfo.processInfo.environment["ATTUNE_SMALL_PRODUCTS"] != "0"
 
     var isSmall: Bool { Self.smallProductsEnabled && inputs * outputs <= Self.smallWeights }
 
     /// The split first layer's two products in our own AVX-512 kernels (`attune_dense_forward`,
-    /// `attune_dense_weight_gradient`) where the processor has them; `ATTUNE_DENSE_KERNELS=0` sends them to
+    /// `attune_dense_weight_gradient`) in the `avx512` kernel set; `ATTUNE_DENSE_KERNELS=0` sends them to
     /// BLIS (to compare the two on one build).
-    static let denseKernelEnabled = attune_dense_kernels_supported() != 0
+    static let denseKernelEnabled = attune_dense_kernels_supported() != 0 && TrainingKernels.active.runsDenseKernels
         && ProcessInfo.processInfo.environment["ATTUNE_DENSE_KERNELS"] != "0"
 
     /// One clause for logs and benchmarks.
