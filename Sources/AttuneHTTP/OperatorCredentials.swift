@@ -8,10 +8,6 @@ import HummingbirdBcrypt
 /// browser sends it by itself with the page, its fetches and its event stream (which cannot carry a bearer
 /// header), and because nginx, Prometheus and Flower read the same file.
 public struct OperatorCredentials: Sendable {
-    public struct FileError: Error, CustomStringConvertible {
-        public let description: String
-    }
-
     private let hashes: [String: String]
     /// Credentials that verified lately, by the SHA-256 of name and password: bcrypt is slow on purpose,
     /// and the dashboard asks every few seconds.
@@ -23,25 +19,34 @@ public struct OperatorCredentials: Sendable {
         self.hashes = hashes
     }
 
-    public static func load(path: String) throws -> OperatorCredentials {
+    /// Reads `path`. No error quotes a line of it: the lines are password hashes.
+    public static func load(path: String) throws(OperatorsFileError) -> OperatorCredentials {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
+            throw OperatorsFileError.missing(path: path)
+        }
+        // A bind mount whose source was missing leaves a directory where the file should be.
+        guard !isDirectory.boolValue else { throw OperatorsFileError.unreadable(path: path, reason: "it is a directory") }
         guard let data = FileManager.default.contents(atPath: path) else {
-            throw FileError(description: "cannot read the operators file \(path); make it with attune operator add --file \(path) NAME")
+            let reason = FileManager.default.isReadableFile(atPath: path) ? "it cannot be read" : "permission denied"
+            throw OperatorsFileError.unreadable(path: path, reason: reason)
         }
         var hashes: [String: String] = [:]
-        for (number, line) in String(decoding: data, as: UTF8.self).split(separator: "\n").enumerated() {
+        // Swift reads "\r\n" as one Character, so splitting on "\n" alone would read a file saved with Windows
+        // line ends as a single line.
+        let lines = String(decoding: data, as: UTF8.self).split(omittingEmptySubsequences: false, whereSeparator: \.isNewline)
+        for (number, line) in lines.enumerated() {
             let text = line.trimmingCharacters(in: .whitespaces)
             if text.isEmpty || text.hasPrefix("#") { continue }
             let parts = text.split(separator: ":", maxSplits: 1)
             guard parts.count == 2, ["$2a$", "$2b$", "$2y$"].contains(where: parts[1].hasPrefix) else {
-                throw FileError(description: "\(path) line \(number + 1) is not NAME:BCRYPT-HASH (htpasswd -B, or attune operator add)")
+                throw OperatorsFileError.malformed(path: path, line: number + 1)
             }
             // htpasswd writes $2y$, the same algorithm as $2b$ (a PHP-era name), which is what the verifier knows.
             let hash = parts[1].hasPrefix("$2y$") ? "$2b$" + parts[1].dropFirst(4) : String(parts[1])
             hashes[String(parts[0])] = hash
         }
-        guard !hashes.isEmpty else {
-            throw FileError(description: "\(path) names no operator; add one with attune operator add --file \(path) NAME")
-        }
+        guard !hashes.isEmpty else { throw OperatorsFileError.empty(path: path) }
         return OperatorCredentials(hashes: hashes)
     }
 
@@ -79,6 +84,40 @@ private final class VerifiedCredentials: Sendable {
         until.withLock { until in
             if until.count > 1000 { until = until.filter { $0.value > Date() } }
             until[digest] = Date().addingTimeInterval(300)
+        }
+    }
+}
+
+/// Why the operators file gives no credentials. `attune serve` then serves devices without an admin
+/// listener, so the reason must say which file and how to mend it.
+public enum OperatorsFileError: Error, CustomStringConvertible, Sendable, Equatable {
+    case missing(path: String)
+    /// It exists but cannot be read: a directory, or permissions.
+    case unreadable(path: String, reason: String)
+    /// Only blank and comment lines.
+    case empty(path: String)
+    /// A line (1-based) that is not `NAME:BCRYPT-HASH`.
+    case malformed(path: String, line: Int)
+
+    public var path: String {
+        switch self {
+        case let .missing(path), let .unreadable(path, _), let .empty(path), let .malformed(path, _): path
+        }
+    }
+
+    public var description: String {
+        let add = "attune operator add --file \(path) NAME"
+        switch self {
+        case .missing:
+            return "the operators file \(path) is missing; make it with \(add)"
+        case let .unreadable(_, reason):
+            return "the operators file \(path) is unreadable (\(reason)); make it a file this process can read, "
+                + "with \(add)"
+        case .empty:
+            return "the operators file \(path) is empty: it names no operator; add one with \(add)"
+        case let .malformed(_, line):
+            return "the operators file \(path) is malformed: line \(line) is not NAME:BCRYPT-HASH; "
+                + "delete that line and add the operator again with \(add) (or htpasswd -B)"
         }
     }
 }

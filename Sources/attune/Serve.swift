@@ -14,7 +14,8 @@ struct Serve: AsyncParsableCommand {
             application's backend with its device key, attune app key create), /v1/models/NAME and \
             /v1/collections/NAME (any token of the application, attune token create), /healthz and /readyz; \
             nothing else. The dashboard and its /api/* listen on --admin-host:--admin-port (loopback by \
-            default) for the operators of --operators only; without that file there is no dashboard.
+            default) for the operators of --operators only. Without that file, or if it is missing, \
+            unreadable, empty or malformed, serve still serves devices, starts no admin listener, and logs why.
             """)
     @OptionGroup var database: DatabaseOptions
     @Option(help: "Device port (0: any free one, logged).") var port: Int = 8080
@@ -39,20 +40,36 @@ struct Serve: AsyncParsableCommand {
         let delivery = ModelDelivery(databaseURL: database.resolved(), keys: keys)
         var services: [any Service] = [DeliveryServer.application(host: host, port: port, delivery: delivery,
                                                                             idle: .seconds(idleTimeout), logger: logger)]
-        if !noDashboard {
-            if let file = operators ?? ProcessInfo.processInfo.environment["ATTUNE_OPERATORS_FILE"] {
-                let credentials = try OperatorCredentials.load(path: file)
-                services.append(AdminServer.application(host: adminHost, port: adminPort, operators: credentials,
-                                                        delivery: delivery, amqpURL: broker.resolved(), chartJS: chartJS,
-                                                        metrics: metrics, logger: logger))
-            } else {
-                logger.warning("no operators' dashboard: give --operators FILE (attune operator add --file FILE NAME)")
-            }
+        if !noDashboard, let credentials = operatorCredentials(logger: logger) {
+            services.append(AdminServer.application(host: adminHost, port: adminPort, operators: credentials,
+                                                    delivery: delivery, amqpURL: broker.resolved(), chartJS: chartJS,
+                                                    metrics: metrics, logger: logger))
         }
         await delivery.start(logger: logger)
         defer { delivery.stop() }
         try await ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint],
                                                     logger: logger)).run()
+    }
+
+    /// The admin listener's operators, or nil (having said why) when it must not start. A bad operators file
+    /// never stops serve: devices would lose their models over the operators' page, and a supervisor would
+    /// restart it in a loop. It never opens the admin listener either, as that would have no valid credential.
+    private func operatorCredentials(logger: Logger) -> OperatorCredentials? {
+        let given = operators ?? ProcessInfo.processInfo.environment["ATTUNE_OPERATORS_FILE"]
+        guard let file = given, !file.isEmpty else {
+            let advice = "make one with attune operator add --file FILE NAME and restart with --operators FILE "
+                + "(or ATTUNE_OPERATORS_FILE)"
+            logger.warning("no admin listener: no operators file given; devices are still served. For the dashboard, \(advice)")
+            return nil
+        }
+        do {
+            return try OperatorCredentials.load(path: file)
+        } catch {
+            let message: Logger.Message = "no admin listener: \(error.description), then restart attune serve; devices are still served"
+            // A file someone wrote wrongly is a mistake; one not made yet is a step still to take.
+            if case .malformed = error { logger.error(message) } else { logger.warning(message) }
+            return nil
+        }
     }
 }
 

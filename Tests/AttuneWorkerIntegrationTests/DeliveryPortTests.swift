@@ -32,13 +32,16 @@ final class DeliveryPortTests: XCTestCase {
     }
 
     /// Starts `attune serve` on free ports and waits until it says them (the admin port too when `extra`
-    /// names an operators file); a server that stops first fails the test with its output.
+    /// names an operators file, unless `expectAdmin` says otherwise); a server that stops first fails the
+    /// test with its output.
     /// - Parameter environment: variables to set (a value) or remove (nil) for the server.
+    /// - Parameter adminPort: the admin listener's port (0: any free one).
     static func startServer(databaseURL: String, amqpURL: String, extra: [String] = [],
-                            environment: [String: String?] = [:]) throws -> Server {
+                            environment: [String: String?] = [:], adminPort: Int = 0,
+                            expectAdmin: Bool? = nil) throws -> Server {
         let process = Process()
         process.executableURL = Paths.attuneExecutable
-        process.arguments = ["serve", "--port", "0", "--host", "127.0.0.1", "--admin-port", "0",
+        process.arguments = ["serve", "--port", "0", "--host", "127.0.0.1", "--admin-port", "\(adminPort)",
                              "--database-url", databaseURL, "--amqp-url", amqpURL] + extra
         if !environment.isEmpty {
             var merged = ProcessInfo.processInfo.environment
@@ -57,7 +60,7 @@ final class DeliveryPortTests: XCTestCase {
                     .flatMap { Int(text.value[$0].split(separator: ":").last ?? "") }
             }
         }
-        let wantsAdmin = extra.contains("--operators")
+        let wantsAdmin = expectAdmin ?? extra.contains("--operators")
         while port("serving models") == nil || (wantsAdmin && port("dashboard") == nil) {
             let chunk = output.fileHandleForReading.availableData
             if chunk.isEmpty {
