@@ -2,13 +2,21 @@
 # Training speed against NumPy and PyTorch on the CPU, all in one run: five rounds
 # (ATTUNE_BENCH_RUNS) in a row, each measuring the CPU's FMA peak, then training every net at every mini-batch size in Attune
 # (attune-training-bench, a release build of the training modules alone), NumPy (the dense nets) and
-# PyTorch, taking turns on the same rows; then one table with each peer's median rate, Attune's ratio
-# to each peer as min / median / max over the rounds, the GFLOP/s of 784-128-10 at mini-batch 256 against
+# PyTorch, taking turns on the same rows, and 784-128-10 through the fleet (jobs trained by a real
+# `attune worker` on a throwaway PostgreSQL and RabbitMQ, each timed by the duration the worker recorded with
+# its version); then one table with each peer's median rate, Attune's ratio to each peer as min / median /
+# max over the rounds, the kernels each peer ran on, the GFLOP/s of 784-128-10 at mini-batch 256 against
 # the peak, and the targets (docs/benchmarks.md#training-speed).
 #
 #   Benchmarks/training.sh              about a quarter of an hour after the first build
 #   ATTUNE_BENCH_TORCH=0                leaves PyTorch out (PyPI's Linux wheel is a large download: it
 #                                       carries the CUDA libraries; PyTorch runs on the CPU here)
+#   ATTUNE_BENCH_FLEET=0                leaves the fleet path out (it builds the whole `attune` in release)
+#   ATTUNE_BENCH_FLEET_NETS             the nets the fleet trains (default: 784-128-10 at 8, 32 and 256)
+#   ATTUNE_BENCH_VARIANTS="generic zen3" Attune again in each round with BLIS forced to each configuration
+#                                       (BLIS_ARCH_TYPE), peers "attune-blis-NAME": how the kernel sets were
+#                                       chosen (docs/benchmarks.md#kernel-sets); "set-avx2" and the like force
+#                                       a kernel set instead (ATTUNE_TRAINING_KERNELS)
 #   ATTUNE_BENCH_NETS, ATTUNE_BENCH_SAMPLES, ATTUNE_BENCH_RUNS, ATTUNE_BENCH_REPEATS   other nets
 #                                       ("file:epochs:batch,batch ..."), rows, rounds, turns per round
 #                                       (of 2 tasks a peer); ATTUNE_BENCH_LINES=FILE keeps the raw lines
@@ -34,6 +42,25 @@ if [[ "$torch" == "1" ]] && ! "$python" -c "import torch" 2>/dev/null &&
   echo "peer torch skipped: pip install torch failed" >>"$work/lines.txt"
   torch=0
 fi
+fleet=${ATTUNE_BENCH_FLEET:-1}
+fleet_nets=${ATTUNE_BENCH_FLEET_NETS:-"mlp-784-128-10.mlmodel:3:8,32,256"}
+if [[ "$fleet" == "1" ]]; then
+  swift build -c release --product attune >"$work/build-attune.txt" 2>&1 ||
+    { cat "$work/build-attune.txt" >&2; exit 1; }
+  attune=$(swift build -c release --show-bin-path)/attune
+  eval "$(scripts/services.sh start "$work/services")"
+  trap 'kill "${worker_pid:-}" 2>/dev/null; scripts/services.sh stop "$work/services" >/dev/null 2>&1; rm -rf "$work"' EXIT
+  "$attune" migrate >/dev/null
+  "$attune" topology >/dev/null
+  "$python" Benchmarks/python/training_fleet.py setup "$attune" "$work" "$work" --nets "$fleet_nets" --samples "$samples"
+  # One slot: a task has the cores to itself, as in process. The jobs carry every row in one body.
+  "$attune" worker --concurrency 1 --no-migrate --max-body-bytes $((128 << 20)) >"$work/worker.log" 2>&1 &
+  worker_pid=$!
+  # The worker's first line names its kernels; the table prints it beside the other peers'.
+  for _ in $(seq 100); do grep -q "training:" "$work/worker.log" && break; sleep 0.1; done
+  sed -n 's/.*training: \(kernel set.*\)/peer attune-fleet blas: \1/p' "$work/worker.log" | head -n 1 >>"$work/lines.txt"
+fi
+variants=${ATTUNE_BENCH_VARIANTS:-}
 # PyTorch gets as many threads as Attune's training uses (one per core); NumPy's OpenBLAS uses every core.
 threads=$(nproc)
 
@@ -50,6 +77,19 @@ for run in $(seq "$runs"); do
     for _ in $(seq "$repeats"); do
       "$bench" train "$work/$file" --epochs "$epochs" --batches "${batches//,/ }" --samples "$samples" \
         --repeats 2 >>"$work/lines.txt"
+      for variant in $variants; do
+        case "$variant" in
+          set-*) forced=(env ATTUNE_TRAINING_KERNELS="${variant#set-}") peer="attune-$variant" ;;
+          *) forced=(env BLIS_ARCH_TYPE="$variant") peer="attune-blis-$variant" ;;
+        esac
+        "${forced[@]}" "$bench" train "$work/$file" --epochs "$epochs" --batches "${batches//,/ }" \
+          --samples "$samples" --repeats 2 --peer "$peer" >>"$work/lines.txt"
+      done
+      fleet_net=$(tr ' ' '\n' <<<"$fleet_nets" | grep "^$file:" || true)
+      if [[ "$fleet" == "1" && -n "$fleet_net" ]]; then
+        "$python" Benchmarks/python/training_fleet.py train "$attune" "$work" "$work" --nets "$fleet_net" \
+          --samples "$samples" --repeats 2 >>"$work/lines.txt"
+      fi
       # NumPy's wheel brings its own, newer OpenBLAS. OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, set on some
       # machines for older OpenBLAS builds, would force it onto a slower kernel, so it runs without them.
       env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$python" Benchmarks/python/training_peers.py numpy "$work" \

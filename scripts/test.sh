@@ -38,6 +38,23 @@ export ATTUNE_KEYS
 # XCTest only: a Swift Testing summary of "0 tests" would close the output and misreport the run.
 # The throughput benchmarks print figures only; Benchmarks/training.sh runs them in a release build.
 swift test --skip-build --disable-swift-testing --skip ThroughputBenchmarks "$@"
+# The float64 NumPy reference tests again under each other kernel set this processor runs (ATTUNE_TRAINING_KERNELS;
+# the run above had the set chosen for it): every set a user's server may get trains the same math. About 30 s.
+if [ $# -eq 0 ]; then
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+  sets=(portable)
+  [[ "$flags" == *" avx2 "* && "$flags" == *" fma "* ]] && sets+=(avx2)
+  for each in "${sets[@]}"; do
+    if ! ATTUNE_TRAINING_KERNELS=$each swift test --skip-build --disable-swift-testing --filter \
+        'AttuneTrainingIntegrationTests\.(ReferenceTests|LossOptimizerReferenceTests|LearningRateScheduleReferenceTests)|TrainingKernelsTests' \
+        >"$work/kernels-$each.log" 2>&1; then
+      grep -E "error|failed" "$work/kernels-$each.log" | head -n 40 >&2
+      echo "the reference tests failed with ATTUNE_TRAINING_KERNELS=$each" >&2
+      exit 1
+    fi
+    echo "kernel set $each: $(grep -E "Executed [0-9]+ tests" "$work/kernels-$each.log" | tail -n 1 | sed 's/^[[:space:]]*//')"
+  done
+fi
 # The fault suite, bounded (about a minute and a half): workers SIGKILLed and SIGTERMed; the workers' PostgreSQL
 # backends terminated 8 times (most while a commit runs); PostgreSQL restarted, crashed (immediate stop) and its
 # postmaster SIGKILLed, once each; RabbitMQ restarted once; then every job checked, and every job reported

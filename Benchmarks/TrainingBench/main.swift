@@ -3,7 +3,7 @@
 //
 //   attune-training-bench peak
 //       the CPU's FMA peak: cores × FMA units × vector width × clock, each part printed with where it came from
-//   attune-training-bench train FILE.mlmodel --epochs E [--samples N] [--batches "8 32 256"] [--repeats R]
+//   attune-training-bench train FILE.mlmodel --epochs E [--samples N] [--batches "8 32 256"] [--repeats R] [--peer NAME]
 //       update tasks of the model on the peers' rows, one `peer attune ...` line per mini-batch size
 //
 // The rows are Benchmarks/python/training_peers.py's formula, so every peer trains the same numbers:
@@ -106,6 +106,8 @@ func train(_ arguments: [String]) throws {
     let epochs = Int(option("--epochs", in: arguments) ?? "3") ?? 3
     let count = Int(option("--samples", in: arguments) ?? "4000") ?? 4000
     let repeats = Int(option("--repeats", in: arguments) ?? "3") ?? 3
+    // Another name for this run's lines (`attune-blis-zen3`): training.sh runs variants beside the plain peer.
+    let peer = option("--peer", in: arguments) ?? "attune"
     let miniBatches = (option("--batches", in: arguments) ?? "8 32 256").split(separator: " ").compactMap { Int($0) }
     let spec = try ModelFile.decode(try Data(contentsOf: URL(fileURLWithPath: path)))
     let model = try UpdatableModel(spec: spec)
@@ -142,12 +144,12 @@ func train(_ arguments: [String]) throws {
             if best.map({ result.durationSeconds < $0.durationSeconds }) ?? true { best = result }
         }
         let result = best!
-        print(String(format: "peer attune net=%@ batch=%d samples=%d epochs=%d seconds=%.6f loss=%.6f%@", net,
-                     miniBatch, result.samples, result.epochs, result.durationSeconds, result.finalLoss,
+        print(String(format: "peer %@ net=%@ batch=%d samples=%d epochs=%d seconds=%.6f loss=%.6f%@", peer,
+                     net, miniBatch, result.samples, result.epochs, result.durationSeconds, result.finalLoss,
                      flops.map { " flops_per_sample=\($0)" } ?? ""))
     }
-    print("peer attune blas: \(TrainingRuntime.summary)")
-    print("peer attune pool: \(TrainingRuntime.partsSummary)")
+    print("peer \(peer) blas: \(TrainingRuntime.summary)")
+    if peer == "attune" { print("peer attune pool: \(TrainingRuntime.partsSummary)") }
 }
 
 let arguments = Array(CommandLine.arguments.dropFirst())

@@ -66,12 +66,18 @@ public struct StorageKeys: Sendable {
         try self.init(keys)
     }
 
-    /// The keys of `ATTUNE_KEYS` or `ATTUNE_KEYS_FILE`; `.none` when neither is set (or both are empty).
+    /// The keys of `ATTUNE_KEYS` or `ATTUNE_KEYS_FILE`; `.none` when neither is set (or both are empty),
+    /// unless `ATTUNE_REQUIRE_KEYS=1` and not `ATTUNE_ALLOW_CLEARTEXT=1`: then `StorageKeysRequired`.
+    /// The requirement is a variable, not the default, so that a deployment (docker-compose.yml) can demand
+    /// keys while the demo and the tests, which set neither, keep running in clear text.
     public static func load(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> StorageKeys {
         let inline = environment["ATTUNE_KEYS"].flatMap { $0.isEmpty ? nil : $0 }
         let path = environment["ATTUNE_KEYS_FILE"].flatMap { $0.isEmpty ? nil : $0 }
+        let required = try flag("ATTUNE_REQUIRE_KEYS", in: environment)
+        let cleartextAllowed = try flag("ATTUNE_ALLOW_CLEARTEXT", in: environment)
         switch (inline, path) {
         case (nil, nil):
+            if required && !cleartextAllowed { throw StorageKeysRequired() }
             return .none
         case (_?, _?):
             throw KeyConfigurationError("both ATTUNE_KEYS and ATTUNE_KEYS_FILE are set; set one of them")
@@ -89,6 +95,16 @@ public struct StorageKeys: Sendable {
                 throw KeyConfigurationError("ATTUNE_KEYS_FILE \(path) holds no key; add ID:BASE64KEY lines or unset it")
             }
             return keys
+        }
+    }
+
+    /// A switch: unset, empty or `0` is off, `1` is on; anything else is refused rather than guessed, so that
+    /// `ATTUNE_ALLOW_CLEARTEXT=true` does not quietly mean off.
+    private static func flag(_ name: String, in environment: [String: String]) throws -> Bool {
+        switch environment[name] ?? "" {
+        case "", "0": return false
+        case "1": return true
+        default: throw KeyConfigurationError("\(name) is neither 1 nor 0; set it to 1 (on) or 0 (off)")
         }
     }
 
@@ -191,5 +207,17 @@ public struct KeyConfigurationError: Error, CustomStringConvertible, Sendable {
 
     init(_ description: String) {
         self.description = description
+    }
+}
+
+/// The deployment demands encryption at rest (`ATTUNE_REQUIRE_KEYS=1`, as docker-compose.yml sets it) and no
+/// key was given; the process refuses to start rather than write models in clear text.
+public struct StorageKeysRequired: Error, CustomStringConvertible, Sendable, Equatable {
+    public init() {}
+
+    public var description: String {
+        "no storage keys, and this deployment requires them (ATTUNE_REQUIRE_KEYS=1): set ATTUNE_KEYS to the output "
+            + "of attune keys generate (or ATTUNE_KEYS_FILE to a file of such lines) and keep a copy outside this "
+            + "host, or set ATTUNE_ALLOW_CLEARTEXT=1 to store models and states in clear text"
     }
 }

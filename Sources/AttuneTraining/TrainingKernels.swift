@@ -80,10 +80,12 @@ public enum KernelSet: String, CaseIterable, Sendable, CustomStringConvertible {
     }
 
     /// The configurations to force, best first, where BLIS's own pick is not of `blisClass`: the order measured
-    /// on the training bench (docs/benchmarks.md#kernel-sets).
+    /// on the training bench (docs/benchmarks.md#kernel-sets). skx comes last even for AVX-512: its kernels ran
+    /// 784-128-10 at mini-batch 8 and 32 at half zen3's speed (only at 256, where Attune's own AVX-512 kernels
+    /// do the big products, were they level).
     var blisPreferred: [String] {
         switch self {
-        case .avx512: ["zen3", "skx", "haswell"]
+        case .avx512: ["zen3", "haswell", "skx"]
         case .avx2: ["zen3", "haswell"]
         case .portable: ["generic"]
         }

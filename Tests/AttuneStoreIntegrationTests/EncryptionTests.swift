@@ -83,6 +83,31 @@ final class EncryptionTests: XCTestCase {
         XCTAssertNotEqual(generated, try StorageKey.generate(id: "k2026"), "keys are random")
     }
 
+    /// docker-compose.yml sets ATTUNE_REQUIRE_KEYS=1: no key is then a refusal to start that says what to do,
+    /// unless ATTUNE_ALLOW_CLEARTEXT=1 opts out. Without the variable (the demo, the tests) nothing changes.
+    func testRequiredKeysRefuseAStartWithoutKeysUnlessClearTextIsAllowed() throws {
+        let k1 = Self.entry("k1")
+        XCTAssertThrowsError(try StorageKeys.load(environment: ["ATTUNE_REQUIRE_KEYS": "1"])) { error in
+            XCTAssertEqual(error as? StorageKeysRequired, StorageKeysRequired())
+            for words in ["ATTUNE_REQUIRE_KEYS=1", "ATTUNE_KEYS", "attune keys generate", "ATTUNE_ALLOW_CLEARTEXT=1"] {
+                XCTAssertTrue("\(error)".contains(words), "\(error) lacks \(words)")
+            }
+        }
+        XCTAssertThrowsError(try StorageKeys.load(environment: ["ATTUNE_REQUIRE_KEYS": "1", "ATTUNE_KEYS": "",
+                                                                "ATTUNE_ALLOW_CLEARTEXT": "0"])) {
+            XCTAssertTrue($0 is StorageKeysRequired, "an empty ATTUNE_KEYS, as compose passes an unset one: \($0)")
+        }
+        XCTAssertFalse(try StorageKeys.load(environment: ["ATTUNE_REQUIRE_KEYS": "1", "ATTUNE_ALLOW_CLEARTEXT": "1"]).isEncrypting)
+        XCTAssertEqual(try StorageKeys.load(environment: ["ATTUNE_REQUIRE_KEYS": "1", "ATTUNE_KEYS": k1]).ids, ["k1"])
+        XCTAssertFalse(try StorageKeys.load(environment: ["ATTUNE_REQUIRE_KEYS": "0"]).isEncrypting)
+        XCTAssertFalse(try StorageKeys.load(environment: [:]).isEncrypting)
+        for (name, value) in [("ATTUNE_REQUIRE_KEYS", "yes"), ("ATTUNE_ALLOW_CLEARTEXT", "true")] {
+            XCTAssertThrowsError(try StorageKeys.load(environment: [name: value, "ATTUNE_KEYS": k1])) {
+                XCTAssertTrue("\($0)".contains("\(name) is neither 1 nor 0"), "\($0)")
+            }
+        }
+    }
+
     func testAnEnvelopeOpensOnlyAsTheObjectItWasSealedFor() throws {
         let keys = try Self.keys(Self.entry("k1"))
         let plaintext = Self.weights(600, seed: 1)
