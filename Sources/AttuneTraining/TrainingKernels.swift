@@ -215,21 +215,32 @@ public enum TrainingKernels {
     }
 
     /// This process's selection, settled before its first BLIS call (`BLASRuntime.threadPolicy` reads it first).
-    /// An invalid override counts as auto here; `attune worker` checks it with `resolve` at start and refuses.
-    public static let active: KernelSelection = {
+    public static var active: KernelSelection { settled.selection }
+
+    /// The override this process could not honour, running the processor's own choice instead: `attune worker`
+    /// refuses to start on it (other commands go on).
+    public static var refusedOverride: TrainingKernelsError? { settled.refused }
+
+    private static let settled: (selection: KernelSelection, refused: TrainingKernelsError?) = {
         let environment = ProcessInfo.processInfo.environment
-        let selection = (try? resolve(environment))
-            ?? (try? resolve(environment.filter { $0.key != variable && $0.key != blisVariable }))
-            ?? KernelSelection(set: .portable, blis: .unknown, overridden: false, features: .current)
+        var refused: TrainingKernelsError?
+        var selection: KernelSelection
+        do throws(TrainingKernelsError) {
+            selection = try resolve(environment)
+        } catch {
+            refused = error
+            selection = (try? resolve(environment.filter { $0.key != variable && $0.key != blisVariable }))
+                ?? KernelSelection(set: .portable, blis: .unknown, overridden: false, features: .current)
+        }
         switch selection.blis {
         case .forced(let name, _), .operatorSet(let name):
             // BLIS reads the variable as a number: a name the operator wrote becomes its id too.
             if let id = BLISArchitectures.id(of: name) { setenv(blisVariable, String(id), 1) }
         case .blisOwn, .unknown:
-            // An invalid value was ignored above; left set, it would abort BLIS at its first call.
+            // An invalid value was refused above; left set, it would abort BLIS at its first call.
             unsetenv(blisVariable)
         }
-        return selection
+        return (selection, refused)
     }()
 
     /// The selection for this processor and `environment`, asking BLIS in a child process what it would pick.

@@ -53,9 +53,7 @@ struct WorkerCommand: AsyncParsableCommand {
         }
         _ = try TrainingThreads.resolve(ProcessInfo.processInfo.environment)
         // An override this processor cannot run (or a BLIS configuration this BLIS lacks) stops the worker here.
-        do { _ = try TrainingKernels.resolve(ProcessInfo.processInfo.environment) } catch {
-            throw ValidationError("\(error)")
-        }
+        if let refused = TrainingKernels.refusedOverride { throw ValidationError("\(refused)") }
         // A typo in any node's URL fails now, not at the first failover to that node.
         do { _ = try BrokerAddresses(broker.resolved()) } catch { throw ValidationError("\(error)") }
     }

@@ -64,7 +64,9 @@ final class TrainingKernelsTests: XCTestCase {
 
     func testTheForcedConfigurationIsOneThisBLISHas() throws {
         let noZen = try select(avx512, blis: "generic", has: { $0 != "zen3" })
-        XCTAssertEqual(noZen.blis, .forced("skx", replacing: "generic"))
+        XCTAssertEqual(noZen.blis, .forced("haswell", replacing: "generic"))
+        let onlySKX = try select(avx512, blis: "generic", has: { $0 == "skx" || $0 == "generic" })
+        XCTAssertEqual(onlySKX.blis, .forced("skx", replacing: "generic"))
         let onlyHaswell = try select(avx2, blis: "generic", has: { $0 == "haswell" || $0 == "generic" })
         XCTAssertEqual(onlyHaswell.blis, .forced("haswell", replacing: "generic"))
         // A BLIS built with none of them keeps its pick (and the worker warns: TrainingRuntime.warning).
@@ -135,6 +137,7 @@ final class TrainingKernelsTests: XCTestCase {
         var given = environment
         if case .operatorSet = active.blis {} else { given["BLIS_ARCH_TYPE"] = nil }
         XCTAssertEqual(active, try TrainingKernels.resolve(given))
+        XCTAssertNil(TrainingKernels.refusedOverride)
         if let requested = environment[TrainingKernels.variable], requested != "auto" {
             XCTAssertEqual(active.set.rawValue, requested.lowercased())
         }

@@ -1,6 +1,7 @@
 import AttuneQueue
 import AttuneSpec
 import AttuneStore
+import AttuneTraining
 import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -84,6 +85,12 @@ final class MetricsTests: XCTestCase {
         XCTAssertEqual(value(during.body, #"attune_connection_up{server="rabbitmq"}"#), 1)
         XCTAssertEqual(value(during.body, #"attune_connection_up{server="postgresql",slot="0"}"#), 1)
         XCTAssertEqual(value(during.body, #"attune_jobs_total{outcome="committed"}"#) ?? 0, 0)
+        // The kernels it trains on, as Prometheus' info pattern: this machine's set, with the worker's own BLIS.
+        let kernels = during.body.split(separator: "\n").filter { $0.hasPrefix("attune_training_kernels_info{") }
+        XCTAssertEqual(kernels.count, 1, during.body)
+        XCTAssertTrue(kernels.first?.contains(#"kernel_set="\#(TrainingKernels.active.set)""#) == true, during.body)
+        XCTAssertTrue(kernels.first?.contains(#"source="auto""#) == true, during.body)
+        XCTAssertEqual(kernels.first.flatMap { Double($0.split(separator: " ").last ?? "") }, 1, during.body)
         let ready = try get(port, "/readyz")
         XCTAssertEqual(ready.status, 200, ready.body)
 
