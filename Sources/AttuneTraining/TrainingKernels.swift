@@ -222,6 +222,8 @@ public enum TrainingKernels {
     public static var refusedOverride: TrainingKernelsError? { settled.refused }
 
     private static let settled: (selection: KernelSelection, refused: TrainingKernelsError?) = {
+        // Every question for BLIS's probes now, before this process's BLIS starts (see `BLISArchitectures`).
+        _ = (BLISArchitectures.ownPick, BLISArchitectures.built)
         let environment = ProcessInfo.processInfo.environment
         var refused: TrainingKernelsError?
         var selection: KernelSelection
@@ -266,18 +268,30 @@ enum BLISArchitectures {
         return id < 0 ? nil : name(id: Int(id))
     }()
 
-    nonisolated(unsafe) private static var built: [String: Bool] = [:]
+    /// Whether BLIS runs each configuration Attune may choose when told to (one left out of the build aborts
+    /// BLIS: in the probe's child, not here). Asked all at once, while this process's BLIS has not started:
+    /// a child forked after that inherits the started BLIS and answers for it, whatever it is told.
+    static let built: [String: Bool] = {
+        var table: [String: Bool] = [:]
+        for name in BLISConfigurations.avx512Class.union(BLISConfigurations.avx2Class).union(["generic"]) {
+            guard let id = id(of: name) else { continue }
+            table[name] = attune_blis_probe_arch(Int32(id)) == Int32(id)
+        }
+        return table
+    }()
+
+    /// Another configuration, the operator's BLIS_ARCH_TYPE: asked once, when the kernels are settled.
+    nonisolated(unsafe) private static var asked: [String: Bool] = [:]
     private static let lock = NSLock()
 
-    /// Whether BLIS runs `name` when told to (a configuration left out of the build aborts BLIS: in the probe's
-    /// child, not here).
     static func has(_ name: String) -> Bool {
-        lock.lock()
-        defer { lock.unlock() }
         if let known = built[name] { return known }
         guard let id = id(of: name) else { return false }
+        lock.lock()
+        defer { lock.unlock() }
+        if let known = asked[name] { return known }
         let answer = attune_blis_probe_arch(Int32(id)) == Int32(id)
-        built[name] = answer
+        asked[name] = answer
         return answer
     }
 
