@@ -28,6 +28,8 @@ nets=${ATTUNE_BENCH_NETS:-"mlp-64-32-10.mlmodel:10:8,32,256 mlp-784-128-10.mlmod
 samples=${ATTUNE_BENCH_SAMPLES:-4000}
 runs=${ATTUNE_BENCH_RUNS:-5}
 work=$(mktemp -d /tmp/attune-bench-training.XXXXXX)
+# The throwaway PostgreSQL of the fleet path runs as the postgres user, which must reach its folder.
+chmod 755 "$work"
 trap 'rm -rf "$work"' EXIT
 "$python" Tests/python/coreml_fixtures.py "$work" >/dev/null 2>&1
 swift build -c release --product attune-training-bench >"$work/build.txt" 2>&1 ||
