@@ -41,6 +41,18 @@ public enum FleetPartitioning {
         return stored
     }
 
+    /// Makes generation 0's stray queues beyond its count partitions of the fleet (`attune topology repair`):
+    /// its count goes from `partitions` to `adopting`, and the workers consume the added queues at their next
+    /// look, training the jobs waiting there in their order. Only while generation 0 is current and no
+    /// repartition drains; returns whether the row changed (false: the topology moved meanwhile).
+    public static func adoptStrays(generation0From partitions: Int, to adopting: Int,
+                                   on connection: PostgresConnection) throws -> Bool {
+        try connection.query("""
+            UPDATE attune_topology SET partitions = $1, changed_at = now()
+            WHERE generation = 0 AND partitions = $2 AND draining_generation IS NULL
+            """, [adopting, partitions]).affectedRows == 1
+    }
+
     /// Starts a repartition to `partitions`: a new generation becomes current and the one before it starts
     /// draining. Returns the new layout; throws `RepartitionRefused` while another repartition drains, or
     /// when the fleet already runs on that count. Resuming one to the same count returns its layout.

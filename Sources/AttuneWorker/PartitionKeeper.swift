@@ -3,6 +3,7 @@ import AttuneSpec
 import AttuneStore
 import Foundation
 import Logging
+import Metrics
 
 /// Which partitions this worker consumes: it follows the fleet's partition layout in PostgreSQL, takes the
 /// partitions its leases (advisory locks) give it and lets go of the others once their jobs are settled,
@@ -19,6 +20,10 @@ final class PartitionKeeper {
     /// How long an old partition must look drained, across looks, before it is recorded: a delivery the
     /// broker sent but this worker had not read yet, or a retry on its way back, shows up by then.
     static let drainQuietPeriod: TimeInterval = 0.3
+    /// How often the worker asks the broker for partition queues the topology does not own (`strays(of:)`):
+    /// each question a clean broker answers with a refused passive declare, which RabbitMQ logs, so not at
+    /// every look.
+    static let strayLookInterval: TimeInterval = 60
 
     private let configuration: WorkerConfiguration
     private let logger: Logger
@@ -37,6 +42,11 @@ final class PartitionKeeper {
     private var quietSince: [JobPartition: Date] = [:]
     /// The draining generation's partitions known to be drained, as of the last look.
     private var knownDrained: Set<JobPartition> = []
+    private var lastStrayLook = Date.distantPast
+    private var strays: [StrayQueue] = []
+    /// Stray partition queues and the jobs stranded in them, for alerts (0 and 0 on a sound broker).
+    private let strayQueues = Gauge(label: "attune_stray_partition_queues")
+    private let strayJobs = Gauge(label: "attune_stray_partition_jobs")
 
     init(configuration: WorkerConfiguration, logger: Logger, mailbox: SlotMailbox, open: OpenDeliveries) {
         self.configuration = configuration
@@ -59,6 +69,7 @@ final class PartitionKeeper {
         if let stored = try? storedLayout() {
             layout = stored
             try JobQueues(connection).declare(layout: stored)
+            lookForStrays(on: connection)
         } else {
             try JobQueues(connection).declare()
         }
@@ -134,6 +145,7 @@ final class PartitionKeeper {
             guard let leases else { return }
             try follow(try FleetPartitioning.layout(on: leases.connection)
                        ?? FleetPartitioning.establish(on: leases.connection, proposing: layout.current.partitions), connection)
+            if Date().timeIntervalSince(lastStrayLook) >= Self.strayLookInterval { lookForStrays(on: connection) }
             if let draining = layout.draining {
                 knownDrained = Set(try FleetPartitioning.drained(generation: draining.number, on: leases.connection)
                     .map { JobPartition(generation: draining.number, index: $0) })
@@ -165,6 +177,25 @@ final class PartitionKeeper {
             leases?.close()
             leases = nil
         }
+    }
+
+    /// Says, at error level, which partition queues the broker has that the topology does not own, with the
+    /// jobs stranded there; says when they are gone. A broker that cannot answer is no reason to stop training.
+    private func lookForStrays(on connection: AMQPConnection) {
+        lastStrayLook = Date()
+        let found: [StrayQueue]
+        do { found = try JobQueues(connection).strays(of: layout) } catch {
+            logger.warning("cannot look for stray partition queues: \(error)")
+            return
+        }
+        strayQueues.record(found.count)
+        strayJobs.record(found.reduce(0) { $0 + $1.messages })
+        if !found.isEmpty {
+            logger.error("\(JobQueues.explain(found, layout: layout))")
+        } else if !strays.isEmpty {
+            logger.info("the stray partition queues are gone")
+        }
+        strays = found
     }
 
     private func stopConsuming(_ partition: JobPartition, _ consumers: PartitionConsumers) throws {

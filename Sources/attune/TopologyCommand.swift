@@ -7,7 +7,7 @@ import Foundation
 struct TopologyCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "topology",
-        subcommands: [Declare.self, Status.self, Repartition.self],
+        subcommands: [Declare.self, Status.self, Repartition.self, Repair.self],
         defaultSubcommand: Declare.self)
 
     struct Declare: ParsableCommand {
@@ -51,6 +51,9 @@ struct TopologyCommand: ParsableCommand {
                 layout = stored
                 let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-topology")
                 defer { connection.close() }
+                // Declaring beside queues the topology does not own would leave their jobs stranded, silently.
+                let strays = try JobQueues(connection).strays(of: layout)
+                guard strays.isEmpty else { throw CommandFailure(description: JobQueues.explain(strays, layout: layout)) }
                 try JobQueues(connection).declare(layout: layout)
             }
             let declarations = JobQueues.declarations(layout: layout)
@@ -81,11 +84,14 @@ struct TopologyCommand: ParsableCommand {
             // The partitions workers take jobs from, then (during a repartition) those where new jobs wait.
             let shown = layout.consumed.all + (layout.draining == nil ? [] : layout.current.all)
             var depth: [JobPartition: (messages: Int, consumers: Int)] = [:]
+            var strays: [StrayQueue] = []
             if !noBroker {
                 let broker = try BrokerAddresses.connect(self.broker.resolved(), connectionName: "attune-topology-status")
                 defer { broker.close() }
                 for partition in shown { depth[partition] = try broker.queueDepth(partition.queue) }
+                strays = try JobQueues(broker).strays(of: layout)
             }
+            defer { if !strays.isEmpty { print("STRAY: " + JobQueues.explain(strays, layout: layout)) } }
             var holderOf: [JobPartition: LeaseHolder] = [:]
             for holder in holders { for partition in holder.partitions { holderOf[partition] = holder } }
             print("PARTITION              HELD BY                          WAITING  CONSUMERS")
@@ -277,5 +283,52 @@ struct TopologyCommand: ParsableCommand {
         }
 
         private func say(_ line: String) { FileHandle.standardError.write(Data((line + "\n").utf8)) }
+    }
+
+    struct Repair: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Train the jobs stranded in partition queues the topology does not own, in each user's order, and remove those queues.",
+            discussion: """
+                For generation 0's queues beyond the fleet's count, left on the broker by an earlier deployment                 that declared more partitions (`attune topology status` and every worker name them). Two steps,                 both the fleet's own: the strays become partitions of generation 0 (PostgreSQL's count grows to                 include them), so the workers consume them at their next look and train their jobs in order; then                 `attune topology repartition` back to the count the fleet had, which drains generation 0 (the                 strays included) before new jobs are taken from the new generation, and removes its queues.                 Workers must be running for the drain. Strays of another generation are named, not moved.
+                """)
+
+        @OptionGroup var database: DatabaseOptions
+        @OptionGroup var broker: BrokerOptions
+        @Option(help: "Seconds to wait for the drain (as attune topology repartition).") var timeout: Double = 900
+
+        func run() throws {
+            let database = try PostgresConnection(url: self.database.resolved())
+            defer { database.close() }
+            guard let layout = try FleetPartitioning.layout(on: database) else {
+                throw CommandFailure(description: "the fleet has no topology yet: run `attune topology declare` first")
+            }
+            let broker = try BrokerAddresses.connect(self.broker.resolved(), connectionName: "attune-topology-repair")
+            let strays = try JobQueues(broker).strays(of: layout)
+            broker.close()
+            guard !strays.isEmpty else {
+                FileHandle.standardError.write(Data("no stray partition queue: nothing to repair\n".utf8))
+                return
+            }
+            let count = layout.current.partitions
+            let adoptable = strays.allSatisfy { $0.partition.generation == 0 }
+                && strays.map(\.partition.index) == Array(count..<(count + strays.count))
+            guard layout.current.number == 0, layout.draining == nil, adoptable else {
+                throw CommandFailure(description: JobQueues.explain(strays, layout: layout) + """
+                    . `repair` moves only generation 0's queues past its count while generation 0 is current and no \
+                    repartition drains; move these by hand (a shovel into \(Topology.jobsExchange), in queue order)
+                    """)
+            }
+            guard try FleetPartitioning.adoptStrays(generation0From: count, to: count + strays.count, on: database) else {
+                throw CommandFailure(description: "the topology changed meanwhile; run this command again")
+            }
+            FileHandle.standardError.write(Data("""
+                generation 0 now has \(count + strays.count) partitions: the workers take the \(strays.reduce(0) { $0 + $1.messages }) \
+                stranded job(s) in order at their next look; now repartitioning back to \(count)
+
+                """.utf8))
+            var arguments = ["--partitions", "\(count)", "--timeout", "\(timeout)"]
+            arguments += ["--database-url", self.database.resolved(), "--amqp-url", self.broker.resolved()]
+            try Repartition.parse(arguments).run()
+        }
     }
 }
