@@ -27,6 +27,8 @@ final class OpenDeliveries {
     }
 
     var isEmpty: Bool { unsettled.isEmpty }
+    /// Deliveries in hand: each one the broker counts against its job's delivery limit should this worker die.
+    var count: Int { unsettled.count }
 
     /// Takes a job's delivery in hand.
     func hold(_ delivery: Delivery, from partition: JobPartition?) {

@@ -43,6 +43,8 @@ final class PartitionKeeper {
     /// The draining generation's partitions known to be drained, as of the last look.
     private var knownDrained: Set<JobPartition> = []
     private var lastStrayLook = Date.distantPast
+    /// The prefetch the connection gives the consumers it starts next (nil: not set on this connection yet).
+    private var consumerPrefetch: Int?
     private var strays: [StrayQueue] = []
     /// Stray partition queues and the jobs stranded in them, for alerts (0 and 0 on a sound broker).
     private let strayQueues = Gauge(label: "attune_stray_partition_queues")
@@ -86,6 +88,7 @@ final class PartitionKeeper {
     /// A new connection consumes nothing yet; the next look takes the partitions.
     func connected(_ connection: AMQPConnection) {
         consumers = PartitionConsumers(connection: connection)
+        consumerPrefetch = nil
         lastLeaseLook = .distantPast
     }
 
@@ -160,6 +163,12 @@ final class PartitionKeeper {
                 try stopConsuming(partition, consumers)
             }
             releaseDrainedPartitions()
+            // A consumer keeps the prefetch it started with: the budget is shared among the partitions to hold.
+            let prefetch = configuration.consumerPrefetch(consuming: target.count)
+            if prefetch != consumerPrefetch, target.contains(where: { !consumers.consuming.contains($0) }) {
+                try connection.setPrefetch(UInt16(clamping: prefetch))
+                consumerPrefetch = prefetch
+            }
             for partition in target.sorted() where !consumers.consuming.contains(partition) {
                 if try leases.tryAcquire(partition) {
                     try consumers.consume(partition)

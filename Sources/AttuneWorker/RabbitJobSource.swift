@@ -39,6 +39,7 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
     private let open = OpenDeliveries()
     private let partitions: PartitionKeeper
     private let settler: BrokerSettler
+    private var mostInHand = 0
 
     init(configuration: WorkerConfiguration, logger: Logger, metrics: WorkerMetrics = WorkerMetrics(slotCount: 1)) {
         self.configuration = configuration
@@ -113,7 +114,8 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
             try partitions.declareQueues(on: connection)
             try JobQueues(connection).declareRetryQueues(delaysMs: configuration.retry.delaysMs)
             try connection.enableConfirms()
-            try connection.setPrefetch(UInt16(clamping: configuration.prefetch))
+            // For the cancel requests' consumer; the partition consumers get theirs as they start (PartitionKeeper).
+            try connection.setPrefetch(UInt16(clamping: configuration.prefetch ?? configuration.deliveryBudget))
         } catch {
             connection.close()
             throw error
@@ -153,6 +155,7 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
             let (jobs, held) = try cancelRequests.take(arrived, remember: cancels.remember(cancelOf:reason:))
             for tag in held { open.insert(tag) }
             mailbox.deliver(try partitions.sort(jobs, on: connection), generation: open.generation)
+            countInHand()
             let settled = stop ? try cancelRequests.handBackHeld()
                 : try cancelRequests.retryHeld(remember: cancels.remember(cancelOf:reason:))
             for tag in settled { open.markSettled(tag) }
@@ -174,6 +177,15 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
         mailbox.wakeup.wait(socket: connection.socketDescriptor, timeout: min(heartbeat, partitions.lookInterval))
         mailbox.wakeup.reset()
         mailbox.awake()
+    }
+
+    private func countInHand() {
+        let inHand = open.count
+        metrics.deliveriesInHand.record(inHand)
+        if inHand > mostInHand {
+            mostInHand = inHand
+            metrics.mostDeliveriesInHand.record(inHand)
+        }
     }
 
     private func slotsHoldWork() -> Bool { mailbox.inboxesHoldJobs || !open.isEmpty }

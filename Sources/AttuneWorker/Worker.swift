@@ -40,7 +40,9 @@ public final class Worker: Sendable {
 
     /// Blocks until `requestStop()` and until every job in hand is settled.
     public func run() {
-        logger.info("worker \(configuration.workerName) starting \(configuration.concurrency) slot(s) on a fleet of \(configuration.layout.current.partitions) partitions")
+        let deliveries = configuration.prefetch.map { "\($0) deliveries in hand per partition (--prefetch)" }
+            ?? "at most \(configuration.deliveryBudget) deliveries in hand (two batches a slot), shared by its partitions"
+        logger.info("worker \(configuration.workerName) starting \(configuration.concurrency) slot(s) on a fleet of \(configuration.layout.current.partitions) partitions; \(deliveries)")
         configuration.storageKeys.logSummary(to: logger)
         let group = DispatchGroup()
         let slots = (0..<max(1, configuration.concurrency)).map {

@@ -10,8 +10,10 @@ public struct WorkerConfiguration: Sendable {
     /// Training slots: threads that train jobs in parallel, each with its own PostgreSQL connection.
     /// One AMQP connection serves them all.
     public var concurrency: Int
-    /// Unacknowledged deliveries the broker may hand each partition consumer ahead of the slots.
-    public var prefetch: Int
+    /// Unacknowledged deliveries the broker may hand each partition consumer ahead of the slots, fixed by the
+    /// operator (`--prefetch`); nil, the default: the worker's `deliveryBudget` shared among the partitions it
+    /// consumes (`consumerPrefetch`).
+    public var prefetch: Int?
     /// Most jobs a slot takes, trains and commits (in one transaction) at once.
     public var batchSize: Int
     /// Name reported in events and stored with each version (host and pid by default).
@@ -38,7 +40,7 @@ public struct WorkerConfiguration: Sendable {
     /// the worker follows it as it changes (a repartition), declaring and sharing the partition queues it names.
     public var layout: PartitionLayout = .single(Topology.defaultPartitionCount)
 
-    public init(databaseURL: String, amqpURL: String, concurrency: Int = 1, prefetch: Int = 32, batchSize: Int = 32,
+    public init(databaseURL: String, amqpURL: String, concurrency: Int = 1, prefetch: Int? = nil, batchSize: Int = 32,
                 workerName: String = WorkerConfiguration.defaultWorkerName(),
                 limits: JobLimits = JobLimits(), retry: RetryPolicy = RetryPolicy(),
                 miniBatchEventInterval: TimeInterval = 0.5, heartbeatSeconds: Int = 30,
@@ -54,6 +56,21 @@ public struct WorkerConfiguration: Sendable {
         self.miniBatchEventInterval = miniBatchEventInterval
         self.heartbeatSeconds = heartbeatSeconds
         self.maxTaskSeconds = maxTaskSeconds
+    }
+
+    /// The most deliveries the worker means to hold at once, across every partition it consumes: what its
+    /// slots will train soon, two batches each. A delivery held is one the broker counts against the job's
+    /// delivery limit if this worker dies, trained or not: a prefetch counted per partition (quorum queues
+    /// take no channel-wide one) let one worker on 64 partitions hold over a thousand, and under frequent
+    /// kills jobs reached the limit while they waited (docs/guarantees.md).
+    public var deliveryBudget: Int { max(1, concurrency) * max(1, batchSize) * 2 }
+
+    /// What the broker may hand each new partition consumer when the worker consumes `partitions` in all: the
+    /// operator's `prefetch`, else the budget shared among them, at least one each (a consumer with none
+    /// would take nothing). So a worker holds at most `max(deliveryBudget, partitions)` deliveries.
+    public func consumerPrefetch(consuming partitions: Int) -> Int {
+        if let prefetch { return prefetch }
+        return max(1, deliveryBudget / max(1, partitions))
     }
 
     /// 25 minutes: five below the 30-minute `consumer_timeout`, leaving room for loading and the commit.

@@ -21,6 +21,10 @@ final class WorkerMetrics: Sendable {
     /// A job in its slot: from taken to settled (its batch's lookup, training and commit).
     let jobDuration = Timer(label: "attune_job_duration_seconds", preferredDisplayUnit: .seconds)
     let brokerConnected = Gauge(label: "attune_connection_up", dimensions: [("server", "rabbitmq")])
+    /// Deliveries the worker holds unacked now, and the most it has held since it started: bounded by its
+    /// budget (`WorkerConfiguration.deliveryBudget`), however many partitions it consumes.
+    let deliveriesInHand = Gauge(label: "attune_deliveries_in_hand")
+    let mostDeliveriesInHand = Gauge(label: "attune_deliveries_in_hand_max")
     private let slots: [SlotGauges]
 
     static let outcomes = ["committed", "duplicate", "rejected", "transient", "operator_fault", "cancelled", "handed_back"]

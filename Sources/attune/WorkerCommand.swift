@@ -22,7 +22,8 @@ struct WorkerCommand: AsyncParsableCommand {
     @OptionGroup var broker: BrokerOptions
     @Option(help: "Training slots: threads training jobs in parallel, each with its own PostgreSQL connection.")
     var concurrency: Int = 1
-    @Option(help: "Deliveries the broker may hand each partition consumer ahead of the slots.") var prefetch: Int = 32
+    @Option(help: "Deliveries the broker may hand each partition consumer ahead of the slots (default: two batches a slot, shared among the partitions the worker consumes).")
+    var prefetch: Int?
     @Option(help: "Most jobs a slot trains and commits in one transaction.") var batchSize: Int = 32
     @Option(help: "Name reported in events and stored with versions (default host-pid).") var name: String?
     @Option(help: "Most samples one job may carry.") var maxSamples: Int = 10_000
@@ -45,7 +46,7 @@ struct WorkerCommand: AsyncParsableCommand {
         guard shutdownDeadline >= 0 else { throw ValidationError("--shutdown-deadline must be 0 or more seconds") }
         guard maxTaskSeconds >= 0 else { throw ValidationError("--max-task-seconds must be 0 (no limit) or more") }
         guard (1...65_535).contains(heartbeat) else { throw ValidationError("--heartbeat must lie in 1...65535") }
-        guard (1...65_535).contains(prefetch) else { throw ValidationError("--prefetch must lie in 1...65535") }
+        if let prefetch, !(1...65_535).contains(prefetch) { throw ValidationError("--prefetch must lie in 1...65535") }
         guard batchSize >= 1 else { throw ValidationError("--batch-size must be at least 1") }
         guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
         if let metricsPort, !(0...65_535).contains(metricsPort) {

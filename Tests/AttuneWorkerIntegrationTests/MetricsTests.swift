@@ -2,6 +2,7 @@ import AttuneQueue
 import AttuneSpec
 import AttuneStore
 import AttuneTraining
+import AttuneWorker
 import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -112,6 +113,36 @@ final class MetricsTests: XCTestCase {
         let rejected = try get(port, "/metrics").body
         XCTAssertEqual(value(rejected, #"attune_jobs_total{outcome="rejected"}"#), 1, rejected)
         XCTAssertEqual(value(rejected, "attune_dead_letters_total"), 1)
+    }
+
+    /// A worker holds what its slots will train soon, however many partitions it consumes: one slot alone on
+    /// the 64 partitions, draining jobs spread over all of them, never held more than its budget (two batches
+    /// of 32) or one per partition. The same drain with `--prefetch 32` (a fixed prefetch per partition, the
+    /// old default) holds far more: the count sees the difference.
+    func testAWorkerHoldsItsDeliveryBudgetAcrossAllItsPartitions() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        func drain(_ extra: [String]) throws -> Double {
+            var jobs: [String] = []
+            for index in 0..<1_200 {
+                let job = Digits.job(user: "budget-\(index % 300)", model: fleet.model, rows: (index % 40)..<(index % 40 + 4))
+                try fleet.publish(job)
+                jobs.append(job.jobID)
+            }
+            let (worker, port) = try startWorker(fleet, databaseURL: fleet.databaseURL, extra: ["--concurrency", "1"] + extra)
+            defer { if worker.isRunning { worker.terminate(); worker.waitUntilExit() } }
+            let events = try fleet.events(untilEnded: jobs.count, timeout: 180)
+            XCTAssertEqual(Set(events.filter { $0.kind == .completed }.map(\.jobID)), Set(jobs))
+            let metrics = try get(port, "/metrics").body
+            return try XCTUnwrap(value(metrics, "attune_deliveries_in_hand_max"), metrics)
+        }
+        let budgeted = try drain([])
+        XCTAssertLessThanOrEqual(budgeted, Double(max(WorkerConfiguration(databaseURL: "", amqpURL: "").deliveryBudget,
+                                                      Topology.defaultPartitionCount)))
+        XCTAssertGreaterThan(budgeted, 1)
+        let perPartition = try drain(["--prefetch", "32"])
+        XCTAssertGreaterThan(perPartition, 2 * Double(Topology.defaultPartitionCount), "a fixed prefetch per partition holds more")
+        print("most deliveries in hand draining 1,200 jobs over 64 partitions: \(Int(budgeted)) with the budget, \(Int(perPartition)) with --prefetch 32")
     }
 
     func testReadinessSaysWhichServerIsMissing() throws {
