@@ -70,6 +70,8 @@ let package = Package(
         .target(name: "AttuneWorker", dependencies: ["AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue",
                                                      .product(name: "Logging", package: "swift-log"),
                                                      .product(name: "Metrics", package: "swift-metrics")]),
+        // `attune doctor`'s checks: facts from both servers and the training runtime, judged by pure functions.
+        .target(name: "AttuneDoctor", dependencies: ["AttuneSpec", "AttuneStore", "AttuneQueue", "AttuneTraining", "AttuneWorker"]),
         // The worker's HTTP side (metrics, health): Hummingbird and swift-prometheus stay out of the worker.
         .target(name: "AttuneHTTP", dependencies: ["AttuneSpec", "AttuneStore", "AttuneTraining", "AttuneWorker",
                                                    .product(name: "Hummingbird", package: "hummingbird"),
@@ -90,6 +92,7 @@ let package = Package(
                           path: "Benchmarks/TrainingBench"),
         .executableTarget(name: "attune", dependencies: [
             "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue", "AttuneWorker", "AttuneImage", "AttuneHTTP",
+            "AttuneDoctor",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -115,6 +118,8 @@ let package = Package(
                                                            .product(name: "Hummingbird", package: "hummingbird"),
                                                            .product(name: "Prometheus", package: "swift-prometheus"),
                                                            .product(name: "Logging", package: "swift-log")]),
+        // attune doctor's judgements, from the facts that make each fail.
+        .testTarget(name: "AttuneDoctorTests", dependencies: ["AttuneDoctor", "AttuneQueue", "AttuneSpec"]),
         // The worker's decisions against in-memory fakes of its store.
         .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore", "AttuneSpec",
                                                               "WorkerTestSupport"]),

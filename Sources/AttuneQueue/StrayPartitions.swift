@@ -10,6 +10,12 @@ public struct StrayQueue: Equatable, Sendable, CustomStringConvertible {
     public let messages: Int
     public let consumers: Int
 
+    public init(partition: JobPartition, messages: Int, consumers: Int) {
+        self.partition = partition
+        self.messages = messages
+        self.consumers = consumers
+    }
+
     public var description: String {
         "\(partition.queue) (\(messages) job(s) waiting, \(consumers) consumer(s))"
     }

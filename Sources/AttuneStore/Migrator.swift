@@ -136,6 +136,29 @@ public struct Migrator: Sendable {
         return appliedNow + (try applyFunctions(conn))
     }
 
+    /// What `migrate` would apply now, applying nothing: the migrations not recorded, and the function
+    /// definitions whose text is not the one last applied (`attune doctor`).
+    public func pending(_ conn: PostgresConnection) throws -> (migrations: [String], functions: [String]) {
+        let recorded = { (table: String, columns: String) throws -> [[String]] in
+            let exists = try conn.query("SELECT to_regclass($1) IS NOT NULL AS present", [table]).rows.first?.bool("present") ?? false
+            guard exists else { return [] }
+            let result = try conn.query("SELECT \(columns) FROM \(table)")
+            return try result.rows.map { row in try (0..<result.columnNames.count).map { try row.string($0) } }
+        }
+        let applied = Set(try recorded("attune_schema_migrations", "name").map { $0[0] })
+        let digests = Dictionary(try recorded("attune_schema_functions", "name, sha256").map { ($0[0], $0[1]) }) { $1 }
+        let migrations = try migrations().map(\.name).filter { !applied.contains($0) }
+        let functions = try functionDefinitions().filter { definition in
+            guard let sql = try? String(contentsOf: definition.url, encoding: .utf8) else { return true }
+            return digests[definition.name] != Self.digest(sql)
+        }.map { "functions/\($0.name)" }
+        return (migrations, functions)
+    }
+
+    private static func digest(_ sql: String) -> String {
+        SHA256.hash(data: Data(sql.utf8)).map { String(format: "%02x", $0) }.joined()
+    }
+
     /// Runs each function definition whose text is not the one last applied; returns their names.
     private func applyFunctions(_ conn: PostgresConnection) throws -> [String] {
         try conn.query("""
@@ -153,7 +176,7 @@ public struct Migrator: Sendable {
             } catch {
                 throw MigratorError.unreadableDirectory(definition.url, "\(error)")
             }
-            let digest = SHA256.hash(data: Data(sql.utf8)).map { String(format: "%02x", $0) }.joined()
+            let digest = Self.digest(sql)
             let recorded = try conn.query("SELECT sha256 FROM attune_schema_functions WHERE name = $1", [definition.name])
                 .rows.first.map { try $0.string("sha256") }
             if recorded == digest { continue }

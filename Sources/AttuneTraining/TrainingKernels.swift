@@ -249,7 +249,7 @@ public enum TrainingKernels {
     /// Throws what an operator must fix: an unknown or unsupported set, an unknown BLIS configuration.
     public static func resolve(_ environment: [String: String]) throws(TrainingKernelsError) -> KernelSelection {
         var operatorBLIS: String?
-        if let value = environment[blisVariable] {
+        if let value = environment[blisVariable], !value.trimmingCharacters(in: .whitespaces).isEmpty {
             guard let name = BLISArchitectures.name(of: value) else { throw .unknownBLISConfiguration(value: value) }
             guard BLISArchitectures.has(name) else { throw .blisConfigurationMissing(name) }
             operatorBLIS = name
