@@ -13,12 +13,7 @@ import XCTest
 final class StrayPartitionTests: XCTestCase {
     func testStrandedJobsAreNamedThenRepairedInEachUsersOrder() throws {
         let fleet = try FleetHarness()
-        defer {
-            fleet.stop()
-            if let layout = try? FleetPartitioning.layout(on: fleet.registry.connection), layout.current.number > 0 {
-                try? FleetHarness.removeGeneration(layout.current, amqpURL: fleet.amqpURL)
-            }
-        }
+        defer { fleet.stopBackAtGenerationZero() }
         let urls = ["--database-url", fleet.databaseURL, "--amqp-url", fleet.amqpURL]
         // The harness declared the default 64 on the broker; the database now says 32 (a fresh database on
         // an old vhost, or a restore).
@@ -65,10 +60,8 @@ final class StrayPartitionTests: XCTestCase {
         let completed = (before + after).filter { $0.kind == .completed }
         XCTAssertEqual(completed.count, total, "every job committed")
         XCTAssertEqual(Set(completed.map(\.jobID)).count, total, "each once")
-        let committed = try FleetAudit(registry: fleet.registry, model: fleet.model).committedJobs()
         for user in users {
-            let inVersionOrder = committed.filter { $0.user == user }.sorted { $0.version < $1.version }.map(\.jobID)
-            XCTAssertEqual(inVersionOrder, published[user], "\(user)'s jobs committed in publish order")
+            XCTAssertEqual(try fleet.committedInVersionOrder(of: user), published[user], "\(user)'s jobs committed in publish order")
         }
         XCTAssertEqual(try FleetPartitioning.layout(on: fleet.registry.connection), .single(32, generation: 1))
         let clean = try ChildProcess.run(Paths.attuneExecutable, ["topology", "declare"] + urls)

@@ -72,6 +72,22 @@ final class FleetHarness {
         try listener.consume(queue: queue)
     }
 
+    /// `stop()`, then, when the test moved the fleet past generation 0 (a repartition, a repair), removes the
+    /// later generation: the next test's harness declares generation 0 again, and a later generation's
+    /// exchange would take its jobs.
+    func stopBackAtGenerationZero() {
+        stop()
+        if let layout = try? FleetPartitioning.layout(on: registry.connection), layout.current.number > 0 {
+            try? Self.removeGeneration(layout.current, amqpURL: amqpURL)
+        }
+    }
+
+    /// `user`'s committed job ids, in version order: the order the fleet applied them.
+    func committedInVersionOrder(of user: String) throws -> [String] {
+        try FleetAudit(registry: registry, model: model).committedJobs()
+            .filter { $0.user == user }.sorted { $0.version < $1.version }.map(\.jobID)
+    }
+
     /// Deletes a later generation's exchange and queues from the broker.
     static func removeGeneration(_ generation: PartitionLayout.Generation, amqpURL: String) throws {
         let cleaner = try AMQPConnection(url: amqpURL, connectionName: "test-cleanup")
