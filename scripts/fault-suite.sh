@@ -29,7 +29,8 @@
 # to either while the new one is bound and the old one not yet unbound, and to the new one). The checks
 # below then also cover the repartition: nothing lost or done twice, and every user's model a replay of its
 # jobs in publish order. It fails unless the repartition ends with the new generation alone.
-# --prefetch: the workers' --prefetch (deliveries in hand per partition consumed; the worker's default 32).
+# --prefetch: the workers' --prefetch (deliveries in hand per partition consumed); without it each worker holds its
+#   default budget, two batches a slot across all its partitions.
 # --every-worker-commits: fail unless every worker process started committed at least one version (a run
 # with more workers than the old 16 partitions, every one of them busy).
 #
@@ -223,7 +224,7 @@ publish_jobs() {
 }
 # Jobs queued before the workers start, as after an outage: the first worker takes what it can. With
 # --every-worker-commits the fleet shares the partitions out first, or that first worker would hold most of the
-# jobs in hand (a prefetch per partition consumer) before the last one has started.
+# jobs in hand (its budget, or with --prefetch a prefetch per partition consumer) before the last one has started.
 ((every_worker_commits)) || publish_jobs
 
 generation=0
