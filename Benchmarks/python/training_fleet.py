@@ -59,7 +59,9 @@ def recorded_seconds(job_id, timeout=600):
         if out:
             seconds, loss = out.split("|")
             return float(seconds), float(loss)
-        time.sleep(0.05)
+        # Slow polling on purpose: each look starts a psql process, and one every few milliseconds took the
+        # cores from the worker's training threads (it times the task itself, so the look's delay costs nothing).
+        time.sleep(0.5)
     raise SystemExit(f"job {job_id} was not committed within {timeout} s: see the worker's log")
 
 
