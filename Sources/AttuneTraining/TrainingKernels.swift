@@ -200,8 +200,8 @@ public enum TrainingKernels {
         if let operatorBLIS {
             blis = .operatorSet(operatorBLIS)
         } else if let blisPick {
-            let keep = set == .portable && !overridden ? true : set.blisClass.contains(blisPick)
-            if keep {
+            // A CPU without AVX2 gets what BLIS knows best for it; every other set keeps a pick of its own class.
+            if (set == .portable && !overridden) || set.blisClass.contains(blisPick) {
                 blis = .blisOwn(blisPick)
             } else if let replacement = set.blisPreferred.first(where: blisHas) {
                 blis = replacement == blisPick ? .blisOwn(blisPick) : .forced(replacement, replacing: blisPick)
@@ -226,7 +226,7 @@ public enum TrainingKernels {
         _ = (BLISArchitectures.ownPick, BLISArchitectures.built)
         let environment = ProcessInfo.processInfo.environment
         var refused: TrainingKernelsError?
-        var selection: KernelSelection
+        let selection: KernelSelection
         do throws(TrainingKernelsError) {
             selection = try resolve(environment)
         } catch {
