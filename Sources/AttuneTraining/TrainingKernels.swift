@@ -1,5 +1,6 @@
 internal import CPUFeatures
 import Foundation
+import Synchronization
 
 // Which kernels train on this processor, decided once per process from what CPUID says it can run and what
 // BLIS would pick by itself, never from the processor's model name.
@@ -281,18 +282,17 @@ enum BLISArchitectures {
     }()
 
     /// Another configuration, the operator's BLIS_ARCH_TYPE: asked once, when the kernels are settled.
-    nonisolated(unsafe) private static var asked: [String: Bool] = [:]
-    private static let lock = NSLock()
+    private static let asked = Mutex<[String: Bool]>([:])
 
     static func has(_ name: String) -> Bool {
         if let known = built[name] { return known }
         guard let id = id(of: name) else { return false }
-        lock.lock()
-        defer { lock.unlock() }
-        if let known = asked[name] { return known }
-        let answer = attune_blis_probe_arch(Int32(id)) == Int32(id)
-        asked[name] = answer
-        return answer
+        return asked.withLock { asked in
+            if let known = asked[name] { return known }
+            let answer = attune_blis_probe_arch(Int32(id)) == Int32(id)
+            asked[name] = answer
+            return answer
+        }
     }
 
     static func name(id: Int) -> String? { attune_blis_arch_name(Int32(id)).map { String(cString: $0) } }
