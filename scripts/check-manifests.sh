@@ -91,3 +91,13 @@ if missing:
 PY
   echo "docker-compose ${file_args[*]}: valid; 15672 and 8081 on 127.0.0.1 only; storage keys required (ATTUNE_REQUIRE_KEYS=1)"
 done
+# The alert rules (deploy/prometheus): valid, and each alert fires on a troubled fleet's series and stays quiet
+# on a healthy one's (promtool's unit tests). Debian's prometheus brings promtool.
+command -v promtool >/dev/null || {
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 ||
+    { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2; }
+}
+promtool check rules deploy/prometheus/attune-alerts.yml >/dev/null
+(cd deploy/prometheus && promtool test rules attune-alerts.test.yml >/dev/null) ||
+  { (cd deploy/prometheus && promtool test rules attune-alerts.test.yml) >&2; exit 1; }
+echo "deploy/prometheus/attune-alerts.yml: $(grep -c '^      - alert:' deploy/prometheus/attune-alerts.yml) alerts valid, each unit-tested (promtool test rules)"
