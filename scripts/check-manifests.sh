@@ -101,3 +101,6 @@ promtool check rules deploy/prometheus/attune-alerts.yml >/dev/null
 (cd deploy/prometheus && promtool test rules attune-alerts.test.yml >/dev/null) ||
   { (cd deploy/prometheus && promtool test rules attune-alerts.test.yml) >&2; exit 1; }
 echo "deploy/prometheus/attune-alerts.yml: $(grep -c '^      - alert:' deploy/prometheus/attune-alerts.yml) alerts valid, each unit-tested (promtool test rules)"
+"$venv/bin/python" -c "import json, sys; d = json.load(open(sys.argv[1])); assert d['panels'] and all(p['targets'] for p in d['panels'])" \
+  deploy/grafana/attune-fleet.json
+echo "deploy/grafana/attune-fleet.json: a dashboard of $(grep -c '"type": "\(timeseries\|stat\|table\)"' deploy/grafana/attune-fleet.json) panels"

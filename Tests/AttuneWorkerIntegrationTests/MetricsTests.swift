@@ -105,11 +105,12 @@ final class MetricsTests: XCTestCase {
         XCTAssertEqual(value(after, "attune_job_duration_seconds_count"), 1)
         XCTAssertEqual(value(after, #"attune_slot_state{slot="0",state="idle"}"#), 1)
         XCTAssertEqual(value(after, "attune_dead_letters_total"), 0)
-        // The alert rules (deploy/prometheus) name only metrics the fleet exports: the worker's here, serve's
-        // attune_delivery_requests_total in DeliveryPortTests.
-        let rules = try String(contentsOf: Paths.repository.appendingPathComponent("deploy/prometheus/attune-alerts.yml"),
-                               encoding: .utf8)
-        let named = Set(rules.matches(of: /attune_[a-z_]+/).map { String($0.output) })
+        // The alert rules (deploy/prometheus) and the dashboard (deploy/grafana) name only metrics the fleet
+        // exports: the worker's here, serve's attune_delivery_requests_total in DeliveryPortTests.
+        let queries = try ["deploy/prometheus/attune-alerts.yml", "deploy/grafana/attune-fleet.json"].map {
+            try String(contentsOf: Paths.repository.appendingPathComponent($0), encoding: .utf8)
+        }.joined(separator: "\n")
+        let named = Set(queries.matches(of: /attune_[a-z_]+/).map { String($0.output) })
             .subtracting(["attune_delivery_requests_total"])
         XCTAssertFalse(named.isEmpty)
         for metric in named.sorted() {
