@@ -65,12 +65,17 @@ public struct WorkerConfiguration: Sendable {
     /// kills jobs reached the limit while they waited (docs/guarantees.md).
     public var deliveryBudget: Int { max(1, concurrency) * max(1, batchSize) * 2 }
 
+    /// The least each partition consumer gets: a user with a backlog in one partition still has several jobs
+    /// in hand, so a slot trains them and commits them in one transaction instead of one round trip each (a
+    /// prefetch of 1 took them one at a time). Four is what the long fault run passed with as a fixed prefetch.
+    public var partitionPrefetchFloor: Int { min(4, max(1, batchSize)) }
+
     /// What the broker may hand each new partition consumer when the worker consumes `partitions` in all: the
-    /// operator's `prefetch`, else the budget shared among them, at least one each (a consumer with none
-    /// would take nothing). So a worker holds at most `max(deliveryBudget, partitions)` deliveries.
+    /// operator's `prefetch`, else the budget shared among them, at least `partitionPrefetchFloor` each. So a
+    /// worker holds at most `max(deliveryBudget, partitionPrefetchFloor × partitions)` deliveries.
     public func consumerPrefetch(consuming partitions: Int) -> Int {
         if let prefetch { return prefetch }
-        return max(1, deliveryBudget / max(1, partitions))
+        return max(partitionPrefetchFloor, deliveryBudget / max(1, partitions))
     }
 
     /// 25 minutes: five below the 30-minute `consumer_timeout`, leaving room for loading and the commit.
