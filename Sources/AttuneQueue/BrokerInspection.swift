@@ -20,25 +20,14 @@ extension JobQueues {
 
     /// The fleet's partition queues (those it consumes) that the broker lacks.
     public func missingPartitions(of layout: PartitionLayout) throws -> [JobPartition] {
-        try layout.consumed.all.filter { partition in
-            do {
-                _ = try connection.queueDepth(partition.queue)
-                return false
-            } catch let error as AMQPError where error.replyCode == 404 {
-                return true
-            }
-        }
+        try layout.consumed.all.filter { try existingQueueDepth($0.queue) == nil }
     }
 
     /// Whether `partition`'s queue has the arguments this version declares it with: declaring it again with
     /// them is refused (406) when it was made with others, as by an older deployment with another delivery
     /// limit. Nil when the queue does not exist (nothing is declared then).
     public func partitionArgumentsMatch(_ partition: JobPartition, layout: PartitionLayout) throws -> Bool? {
-        do {
-            _ = try connection.queueDepth(partition.queue)
-        } catch let error as AMQPError where error.replyCode == 404 {
-            return nil
-        }
+        guard try existingQueueDepth(partition.queue) != nil else { return nil }
         for case .queue(let name, let arguments) in Self.declarations(layout: layout) where name == partition.queue {
             do {
                 try connection.declareQueue(name, arguments: arguments)

@@ -1,6 +1,7 @@
 import ArgumentParser
 import AttuneDoctor
 import AttuneStore
+import AttuneWorker
 import Foundation
 
 struct DoctorCommand: ParsableCommand {
@@ -20,7 +21,7 @@ struct DoctorCommand: ParsableCommand {
     @Flag(help: "One JSON object: the checks, each with check, status (ok, warning, problem, skipped), detail and fix.")
     var json = false
     @Option(help: "The task cap the workers run with (attune worker --max-task-seconds).")
-    var maxTaskSeconds: Double = 25 * 60
+    var maxTaskSeconds: Double = WorkerConfiguration.defaultMaxTaskSeconds
 
     func run() throws {
         let keys: StorageKeys
