@@ -4,7 +4,7 @@
 # against a peer measured alongside it. Also pgbench's rate for the commit transaction alone.
 #   Benchmarks/fleet.sh [--jobs N] [--quick] [--out FILE] [--attune-routing-key user|attune.jobs] [--attune-prefetch Q]
 #   Benchmarks/fleet.sh --ha [--jobs N] [--out FILE]
-#   Benchmarks/fleet.sh --only latency|slots|scale|big [--jobs N] [--out FILE]
+#   Benchmarks/fleet.sh --only latency|slots|scale|big|outbox [--jobs N] [--out FILE]
 # --jobs: jobs per throughput scenario (default 4000, --quick 1500). --out: also write the report (markdown).
 # A full run takes under ~10 minutes, --quick under ~3 (plus the release build the first time).
 # --ha: only Attune through PostgreSQL under pg_auto_failover (scripts/postgres-ha.sh, durable, a synchronous

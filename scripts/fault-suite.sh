@@ -190,6 +190,9 @@ began=$(date +%s.%N)
 # The topology before the first publish, as an operator would: producers do not declare partition queues.
 "$attune" topology declare ${partitions:+--partitions "$partitions"} >/dev/null 2>&1
 
+# The durable queue a producer would read terminal events from (attune watch --queue): it must end up with at
+# least one for every job, whatever was killed when.
+"$attune" watch --queue attune-fault-terminal --exit-after 0 >/dev/null 2>&1
 # Events from the start; a watcher loses its queue when RabbitMQ restarts, so it is started again.
 ( while [ ! -f "$work/stop-watch" ]; do
     "$attune" watch --json >>"$work/events.jsonl" 2>>"$work/watch.log" &
@@ -241,7 +244,7 @@ start_worker() {
   generation=$((generation + 1))
   name[$slot]=fault-$slot-$generation
   started_names+=("${name[$slot]}")
-  PGAPPNAME=${name[$slot]} "$attune" worker --no-migrate --name "${name[$slot]}" --concurrency "$concurrency" --heartbeat 5 --shutdown-deadline 3 ${prefetch:+--prefetch "$prefetch"} \
+  PGAPPNAME=${name[$slot]} "$attune" worker --no-migrate --name "${name[$slot]}" --concurrency "$concurrency" --heartbeat 5 --shutdown-deadline 3 --outbox-grace 3 ${prefetch:+--prefetch "$prefetch"} \
     --amqp-url "$(broker_urls "$slot")" >>"$work/worker-$slot.log" 2>&1 &
   pid[$slot]=$!
 }
@@ -512,6 +515,12 @@ if [ -n "$repartition" ]; then
   fi
 fi
 "$attune" audit wait --model digits --jobs-file "$work/jobs.jsonl" --timeout $(( deadline - $(date +%s) )) || status=1
+# The events a killed worker owed come from the survivors' outbox relays once 3 s old.
+outbox_wait=$(( $(date +%s) + 60 ))
+while outbox=$(psql "$ATTUNE_DATABASE_URL" -XAtq -c "SELECT count(*) FROM attune_outbox" 2>/dev/null); [ "${outbox:-1}" != 0 ]; do
+  if (( $(date +%s) > outbox_wait )); then echo "FAIL: $outbox terminal event(s) still in the outbox after 60 s" >&2; status=1; break; fi
+  sleep 0.5
+done
 for slot in "${!pid[@]}"; do
   await_started "$slot" || status=1
   kill -TERM "${pid[$slot]}" 2>/dev/null || true
@@ -593,6 +602,54 @@ if ((every_worker_commits)) && ((committing < ${#started_names[@]})); then
   echo "FAIL: $(( ${#started_names[@]} - committing )) worker(s) committed nothing" >&2
   status=1
 fi
+echo "== outcomes and terminal events"
+# Every job has one outcome in PostgreSQL (completed, or failed for the bad ones) and at least one terminal
+# event in the durable queue; a second one for a job must say so (a duplicate, or republished from the outbox).
+psql "$ATTUNE_DATABASE_URL" -XAtq -F ' ' -c "SELECT job_id, state FROM attune_job_outcomes" >"$work/outcomes.txt" || status=1
+"${ATTUNE_PYTHON:-.venv/bin/python}" - "$work/jobs.jsonl" "$work/outcomes.txt" "$ATTUNE_AMQP_URL" <<'PY' || status=1
+import json, sys
+import pika
+jobs, outcomes_file, url = sys.argv[1:4]
+expected = {}
+for line in open(jobs):
+    job = json.loads(line)
+    bad = "not-a-class" in line
+    expected[job["jobId"]] = "failed" if bad else "completed"
+outcomes = dict(line.split() for line in open(outcomes_file) if line.strip())
+wrong = {j: (want, outcomes.get(j, "none")) for j, want in expected.items() if outcomes.get(j) != want}
+print(f"outcomes             {len(expected) - len(wrong)} of {len(expected)} jobs with the outcome expected")
+for j, (want, got) in list(wrong.items())[:10]:
+    print(f"FAIL: job {j}: outcome {got}, expected {want}", file=sys.stderr)
+connection = pika.BlockingConnection(pika.URLParameters(url.split(";")[0]))
+channel = connection.channel()
+seen, extras, unmarked = {}, {"duplicate": 0, "republished": 0, "again": 0}, []
+while True:
+    method, properties, body = channel.basic_get("attune-fault-terminal", auto_ack=True)
+    if method is None:
+        break
+    event = json.loads(body)
+    job = event.get("jobId", "")
+    republished = (properties.headers or {}).get("x-attune-republished") == "true"
+    if job in seen:
+        if event.get("duplicate"):
+            extras["duplicate"] += 1
+        elif republished:
+            extras["republished"] += 1
+        elif event.get("kind") == "FAILED" and seen[job] == "FAILED":
+            extras["again"] += 1  # a dead-letter copy unconfirmed when its worker died: refused again, the same reason
+        else:
+            unmarked.append(job)
+    seen.setdefault(job, event.get("kind"))
+connection.close()
+missing = [j for j in expected if j not in seen]
+print(f"terminal events      {len(expected) - len(missing)} of {len(expected)} jobs with one in the durable queue; "
+      f"extras: {extras['duplicate']} duplicates, {extras['republished']} republished, {extras['again']} refused again, {len(unmarked)} unmarked")
+for j in missing[:10]:
+    print(f"FAIL: job {j} has no terminal event in the durable queue", file=sys.stderr)
+for j in unmarked[:10]:
+    print(f"FAIL: job {j} has a second terminal event that is neither a duplicate nor republished", file=sys.stderr)
+sys.exit(1 if wrong or missing or unmarked else 0)
+PY
 echo "== faults and events"
 python3 - "$work/events.jsonl" <<'PY'
 import json, sys

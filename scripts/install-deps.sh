@@ -3,12 +3,14 @@
 #   scripts/install-deps.sh            servers (PostgreSQL with pg_auto_failover for the HA set), C libraries for the build
 #   scripts/install-deps.sh --python   also a virtual environment with numpy, Pillow, coremltools and pika (for the tests)
 #   scripts/install-deps.sh --browser  also chromium, its driver and selenium (the dashboard's browser test)
+# examples/go builds offline from Debian's Go and its amqp091-go sources (GOPATH mode, /usr/share/gocode).
 # Needs root for apt-get (CI and the dev machines run as root). The Swift 6 toolchain itself is not a
 # Debian package: it must already be on PATH (swift.org's Linux tarball, or the machine image).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 packages=(postgresql postgresql-contrib postgresql-15-auto-failover pg-auto-failover-cli rabbitmq-server librabbitmq-dev libpq-dev libblis-pthread-dev libpng-dev libturbojpeg0-dev
-          python3-venv gzip openssl libjs-chart.js protobuf-compiler curl)
+          python3-venv gzip openssl libjs-chart.js protobuf-compiler curl
+          golang-go golang-github-rabbitmq-amqp091-go-dev)
 [[ " $* " == *" --browser "* ]] && packages+=(chromium chromium-driver)
 missing=()
 for p in "${packages[@]}"; do
@@ -32,6 +34,10 @@ if [[ " $* " == *" --python "* || " $* " == *" --browser "* ]]; then
   # examples/python (run by the tests) publishes and consumes with pika, and signs device tokens with PyJWT.
   if ! "$venv/bin/python" -c "import pika, jwt, cryptography" 2>/dev/null; then
     "$venv/bin/pip" install -q --disable-pip-version-check pika "pyjwt[crypto]" >&2
+  fi
+  # clients/python/run-tests.sh runs the Python client's tests with pytest and type-checks it with mypy --strict.
+  if ! "$venv/bin/python" -c "import pytest, mypy" 2>/dev/null; then
+    "$venv/bin/pip" install -q --disable-pip-version-check pytest mypy >&2
   fi
 fi
 if [[ " $* " == *" --browser "* ]]; then

@@ -55,6 +55,19 @@ if [ $# -eq 0 ]; then
     echo "kernel set $each: $(grep -E "Executed [0-9]+ tests" "$work/kernels-$each.log" | tail -n 1 | sed 's/^[[:space:]]*//')"
   done
 fi
+# The producers' side, on servers of their own (each starts a worker that takes every partition): the
+# least-privilege producer user against the broker's permissions, the Go example (Debian's amqp091-go, no module
+# download) and the Python client (mypy --strict, then pytest against a real worker and serve). About a minute.
+if [ $# -eq 0 ]; then
+  (
+    eval "$(scripts/services.sh start "$work/producers" 2>"$work/producers-services.log")"
+    trap 'scripts/services.sh stop "$work/producers" >/dev/null 2>&1 || true' EXIT
+    export ATTUNE_RABBITMQ_DIR=$work/producers
+    "$ATTUNE_PYTHON" scripts/producer-user-test.py
+    examples/go/run-test.sh
+    clients/python/run-tests.sh -q
+  )
+fi
 # The fault suite, bounded (about a minute and a half): workers SIGKILLed and SIGTERMed; the workers' PostgreSQL
 # backends terminated 8 times (most while a commit runs); PostgreSQL restarted, crashed (immediate stop) and its
 # postmaster SIGKILLed, once each; RabbitMQ restarted once; then every job checked, and every job reported

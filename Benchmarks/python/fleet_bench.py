@@ -53,14 +53,16 @@ def parse_args():
                                     "ATTUNE_PG_DURABLE=1): run only the HA comparison, the same jobs through the "
                                     "single server and through the HA set in turn, --ha-pairs pairs")
     p.add_argument("--ha-pairs", type=int, default=3, help="with --ha-url: how many pairs (default 3)")
-    p.add_argument("--only", choices=["latency", "slots", "scale", "big"],
+    p.add_argument("--only", choices=["latency", "slots", "scale", "big", "outbox"],
                    help="latency: just Attune 1 worker x 2 slots' peak and its latency at half and a quarter "
                         "of it (no peer, no pgbench): for trying a change to the latency path; slots: just the "
                         "training-bound jobs on 1 worker with 1 slot and with 2 (--jobs of them, default 400); scale: 1 to 48 "
                         "workers of one slot each on the fleet's 64 partitions, rate and peak memory per worker; big: the "
                         "training-bound end, jobs of the 784-128-10 net (200 samples x 5 epochs, --jobs of them, "
                         "default 600) on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes at "
-                        "prefetch 1 and 4: jobs/s and jobs/s per core (no pgbench)")
+                        "prefetch 1 and 4: jobs/s and jobs/s per core (no pgbench); outbox: Attune 1 worker x 2 slots "
+                        "with the terminal events' outbox (migration 0023's trigger) and without it, the same jobs in "
+                        "turn, three pairs")
     args = p.parse_args()
     args.jobs_given = args.jobs is not None
     args.jobs = args.jobs or (1500 if args.quick else 4000)
@@ -129,6 +131,9 @@ def main():
         return
     if args.only == "big":
         big_only(ctx, rows)
+        return
+    if args.only == "outbox":
+        outbox_only(ctx, rows, n)
         return
 
     log("pgbench: the commit transaction alone")
@@ -289,6 +294,42 @@ def ha_only(ctx, rows, n):
     lines.append("")
     lines.append(f"HA / single, each pair: {', '.join(fmt(p['ratio'], '.2f') for p in pairs)}; target >= 0.70: "
                  f"{'PASS' if (median['ratio'] or 0) >= 0.7 else 'MISS'} (median pair)")
+    print_report(args, lines)
+
+
+def outbox_only(ctx, rows, n):
+    """What the terminal events' outbox costs: the same jobs on Attune 1 worker x 2 slots with the trigger that
+    writes each completed job's outcome and outbox row (and the worker's deletes of confirmed rows), and with that
+    trigger disabled (no outcome, no outbox row: what the fleet did before), in turn, three pairs."""
+    args = ctx.args
+    switch = "ALTER TABLE attune_personal_versions {} TRIGGER attune_personal_versions_outcome"
+    pairs = []
+    for i in range(3):
+        pair = {}
+        for key, verb in (("on", "ENABLE"), ("off", "DISABLE")):
+            with db_connect(args) as conn:
+                conn.execute(switch.format(verb))
+            pair[key] = throughput(ctx, AttuneFleet(args, 1, 2), attune_target,
+                                   make_jobs(rows, f"outbox-{key}{i}", n, "uniform", seed=1), f"outbox-{key}{i}")
+        pair["ratio"] = ratio(pair["on"]["rate"], pair["off"]["rate"])
+        log(f"pair {i + 1}: with / without the outbox {fmt(pair['ratio'], '.3f')}")
+        pairs.append(pair)
+    with db_connect(args) as conn:
+        conn.execute(switch.format("ENABLE"))
+        rows_left = conn.execute("SELECT count(*) FROM attune_outbox").fetchone()[0]
+    ranked = sorted(pairs, key=lambda p: p["ratio"] or 0)
+    median = ranked[len(ranked) // 2]
+    lines = [f"Outbox bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores; Attune: {args.attune_label or args.attune}",
+             f"{n} jobs per run (digits MLP, 20 samples, 10 epochs, 50 users), Attune 1 worker x 2 slots, one durable "
+             "PostgreSQL; 'without' disables the trigger that writes each completed job's outcome and outbox row.", "",
+             "| pair | with the outbox jobs/s | without jobs/s | with / without |", "| --- | --- | --- | --- |"]
+    for i, pair in enumerate(pairs):
+        lines.append(f"| {i + 1}{' (median)' if pair is median else ''} | {fmt(pair['on']['rate'], '.1f')} | "
+                     f"{fmt(pair['off']['rate'], '.1f')} | {fmt(pair['ratio'], '.3f')} |")
+    lines.append("")
+    lines.append(f"with / without, each pair: {', '.join(fmt(p['ratio'], '.3f') for p in pairs)}; target >= 0.95 "
+                 f"(the outbox costs at most 5%): {'PASS' if (median['ratio'] or 0) >= 0.95 else 'MISS'} (median pair); "
+                 f"outbox rows left unconfirmed after the runs: {rows_left}")
     print_report(args, lines)
 
 

@@ -228,6 +228,10 @@ public enum EventRouting {
         "\(model ?? "*").\(user ?? "*").*"
     }
 
+    /// The kinds that can end a job's story: what a producer waits for (a `failed` among them may still say
+    /// `willRetry`).
+    public static let terminalKinds: [Attune_V1_EventKind] = [.completed, .failed, .cancelled, .held]
+
     /// One binding key per kind: bind them all to receive only those kinds.
     public static func bindingKeys(model: String?, user: String?, kinds: [Attune_V1_EventKind]) -> [String] {
         if kinds.isEmpty { return [bindingKey(model: model, user: user)] }

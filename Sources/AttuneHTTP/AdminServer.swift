@@ -9,15 +9,19 @@ import Prometheus
 /// on an address of its own (loopback unless told otherwise) and only for an operator of the operators file
 /// (HTTP basic auth). Nothing here is routed on the device port.
 public enum AdminServer {
-    public static func application(host: String, port: Int, operators: OperatorCredentials, delivery: ModelDelivery,
+    /// - Parameter producers: who may read job outcomes (`/api/jobs/*`) and nothing else here; nil: operators only.
+    public static func application(host: String, port: Int, operators: OperatorCredentials,
+                                   producers: OperatorCredentials? = nil, delivery: ModelDelivery,
                                    amqpURL: String, chartJS: String, metrics: PrometheusCollectorRegistry,
                                    logger: Logger) -> some ApplicationProtocol {
         let router = Router()
-        router.add(middleware: HardeningMiddleware(headers: HTTPHardening.adminHeaders, logger: logger))
-        router.add(middleware: OperatorMiddleware(operators: operators))
+        router.add(middleware: HardeningMiddleware(headers: HTTPHardening.adminHeaders, logger: logger,
+                                                   bodies: [JobOutcomesAPI.lookupPath: JobOutcomesAPI.lookupBodyLimit]))
+        router.add(middleware: OperatorMiddleware(operators: operators, producers: producers))
         let hub = EventHub(amqpURL: amqpURL, logger: logger)
         hub.start()
         Dashboard.add(to: router, hub: hub, delivery: delivery, amqpURL: amqpURL, chartJS: chartJS)
+        JobOutcomesAPI.add(to: router, delivery: delivery)
         router.get("metrics") { _, _ -> Response in
             var buffer = [UInt8]()
             metrics.emit(into: &buffer)
@@ -33,22 +37,43 @@ public enum AdminServer {
     }
 }
 
-/// 401 with a basic-auth challenge unless the request carries an operator's name and password.
+/// 401 with a basic-auth challenge unless the request carries an operator's name and password, or, for the
+/// job outcomes (`/api/jobs/*`) only, a producer's; 403 for a producer anywhere else.
 struct OperatorMiddleware<Context: RequestContext>: RouterMiddleware {
     let operators: OperatorCredentials
+    var producers: OperatorCredentials? = nil
+
+    /// The paths a producer's credential opens.
+    static func isProducerPath(_ path: String) -> Bool { path.hasPrefix("/api/jobs/") }
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         if let basic = request.headers.basic {
-            let operators = self.operators
-            let valid = await withCheckedContinuation { done in
+            let operators = self.operators, producers = self.producers
+            let (name, password) = (basic.username, basic.password)
+            let caller: Caller = await withCheckedContinuation { done in
                 // bcrypt takes tens of milliseconds: off the event loop.
-                Thread { done.resume(returning: operators.verify(name: basic.username, password: basic.password)) }.start()
+                Thread {
+                    if operators.verify(name: name, password: password) { return done.resume(returning: .operator) }
+                    done.resume(returning: producers?.verify(name: name, password: password) == true ? .producer : .nobody)
+                }.start()
             }
-            if valid { return try await next(request, context) }
+            switch caller {
+            case .operator:
+                return try await next(request, context)
+            case .producer where Self.isProducerPath(request.uri.path):
+                return try await next(request, context)
+            case .producer:
+                return Response(status: .forbidden, headers: [.contentType: "text/plain; charset=utf-8"],
+                                body: .init(byteBuffer: ByteBuffer(string: "a producer's credential reads job outcomes (/api/jobs/*) only\n")))
+            case .nobody:
+                break
+            }
         }
         return Response(status: .unauthorized,
                         headers: [.wwwAuthenticate: "Basic realm=\"attune operators\", charset=\"UTF-8\"",
                                   .contentType: "text/plain; charset=utf-8"],
                         body: .init(byteBuffer: ByteBuffer(string: "an operator's name and password are required\n")))
     }
+
+    private enum Caller { case `operator`, producer, nobody }
 }

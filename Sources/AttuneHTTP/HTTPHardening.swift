@@ -56,14 +56,18 @@ struct HardeningMiddleware<Context: RequestContext>: RouterMiddleware {
     let logger: Logger
     /// Counts the device port's answers (`DeliveryMetrics`); the admin listener's are not counted.
     var countsDeliveries = false
+    /// The paths that take a body (a POST), each with its largest `Content-Length`; every other path takes none.
+    var bodies: [String: Int] = [:]
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         var response: Response
         if request.uri.description.utf8.count > HTTPHardening.maxTarget {
             response = Self.plain(.uriTooLong, "the request's path and query are longer than \(HTTPHardening.maxTarget) bytes\n")
-        } else if Self.hasBody(request) {
-            // Nothing here takes a body; refusing it up front means no slow upload can hold a connection.
-            response = Self.plain(.contentTooLarge, "no request here takes a body\n")
+        } else if Self.hasBody(request), !acceptsBody(request) {
+            // Refusing a body up front means no slow upload can hold a connection.
+            response = Self.plain(.contentTooLarge, bodies[request.uri.path].map {
+                "this request's body must come with a Content-Length of at most \($0) bytes\n"
+            } ?? "no request here takes a body\n")
             response.headers[.connection] = "close"
         } else {
             do {
@@ -86,6 +90,13 @@ struct HardeningMiddleware<Context: RequestContext>: RouterMiddleware {
                                          fromMemory: false)
         }
         return response
+    }
+
+    /// A POST to a path that takes a body, with a length declared within its limit (never chunked).
+    private func acceptsBody(_ request: Request) -> Bool {
+        guard request.method == .post, let limit = bodies[request.uri.path],
+              let length = request.headers[.contentLength].flatMap({ Int($0) }) else { return false }
+        return length <= limit
     }
 
     static func hasBody(_ request: Request) -> Bool {

@@ -27,3 +27,16 @@ extension AMQPConnection {
         try bind(queue: name, exchange: exchange, key: key)
     }
 }
+
+extension AMQPConnection {
+    /// Declares the durable queue `name` bound to `attune.events` with the terminal kinds' keys (`completed`,
+    /// `failed`, `cancelled`, `held`) of `model` and `user` (nil: every one): the queue a producer consumes
+    /// from to hear every job's end even across its own restarts. A quorum queue, so that on a cluster it
+    /// outlives a node. Redeclaring it is harmless; binding more keys to it adds them.
+    public func declareTerminalEventQueue(_ name: String, model: String?, user: String?) throws {
+        try declareQueue(name, arguments: [("x-queue-type", .string("quorum"))])
+        for key in EventRouting.bindingKeys(model: model, user: user, kinds: EventRouting.terminalKinds) {
+            try bind(queue: name, exchange: Topology.eventsExchange, key: key)
+        }
+    }
+}

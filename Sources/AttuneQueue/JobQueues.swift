@@ -63,7 +63,10 @@ public struct JobQueues {
 
     /// The partition a drain barrier waits for, or nil for a delivery that is no barrier.
     public static func drainBarrier(_ delivery: Delivery) -> JobPartition? {
-        guard let value = delivery.headers[Topology.drainBarrierHeader] else { return nil }
+        // Only `attune topology repartition` publishes to attune.partitions (producers get no write there): the
+        // header on a message from anywhere else is a producer's, and must not park a partition.
+        guard delivery.exchange == Topology.partitionsExchange,
+              let value = delivery.headers[Topology.drainBarrierHeader] else { return nil }
         let parts = value.split(separator: ":").compactMap { Int($0) }
         guard parts.count == 2 else { return JobPartition(generation: 0, index: 0) }
         return JobPartition(generation: parts[0], index: parts[1])
@@ -262,6 +265,7 @@ public struct JobQueues {
     /// The dead-letter copy of a delivery: the reason, the time, and the routing key to replay it with.
     public static func deadLetterCopy(of delivery: Delivery, reason: String, now: Date = Date()) -> Copy {
         var headers = delivery.headers
+        headers[Topology.drainBarrierHeader] = nil  // a replay comes back through attune.partitions too
         headers[Topology.reasonHeader] = reason
         headers[Topology.deadLetteredAtHeader] = String(Int64((now.timeIntervalSince1970 * 1000).rounded()))
         if headers[Topology.routingKeyHeader] == nil, !delivery.routingKey.isEmpty {
@@ -279,6 +283,8 @@ public struct JobQueues {
         }
         if !Topology.retryDelaysMs.contains(delayMs) { try declareRetryQueue(delayMs: delayMs) }
         var headers = delivery.headers
+        // A copy comes back through attune.partitions, where a barrier header is believed: a job never carries one.
+        headers[Topology.drainBarrierHeader] = nil
         headers[Topology.attemptHeader] = String(attempt)
         headers[Topology.retryDelayHeader] = String(delayMs)
         if headers[Topology.routingKeyHeader] == nil, !delivery.routingKey.isEmpty {

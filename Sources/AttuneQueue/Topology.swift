@@ -89,6 +89,9 @@ public enum Topology {
     /// Header carrying the routing key a dead-lettered job was published with, so a replay returns it
     /// to its user's partition.
     public static let routingKeyHeader = "x-attune-routing-key"
+    /// Header on a terminal event published again from the outbox (its worker died before the broker
+    /// confirmed the first): the job's event may have gone out before, so a consumer drops it if it has one.
+    public static let republishedHeader = "x-attune-republished"
 
     /// Name of the retry queue that holds messages for `delayMs` before sending them back to the jobs.
     public static func retryQueue(delayMs: Int) -> String { "attune.jobs.retry.\(delayMs)" }

@@ -29,6 +29,8 @@ public struct ForgottenUser: Sendable, Equatable, Codable {
     public var backupsShredded = false
     /// The user's jobs taken out of the dead-letter queue (filled by the command, which reads the broker).
     public var deadLetters = 0
+    /// Job outcomes (`attune job show`) stripped of the user: they say only that the job was forgotten.
+    public var jobOutcomes = 0
 
     public init(model: String?) {
         self.model = model
@@ -76,6 +78,17 @@ extension ModelRegistry {
             report.heldVersions = try conn.query("DELETE FROM attune_held_versions \(scope)", [user, model]).affectedRows
             report.retainedJobs = try conn.query("DELETE FROM attune_retained_jobs \(scope)", [user, model]).affectedRows
             report.versions = try conn.query("DELETE FROM attune_personal_versions \(scope)", [user, model]).affectedRows
+            // Unpublished terminal events would name the user again: they go, and the outcomes keep no trace of who.
+            try conn.query("""
+                DELETE FROM attune_outbox b USING attune_job_outcomes o
+                WHERE b.job_id = o.job_id AND o.user_id = $1 AND ($2::text IS NULL OR o.model = $2)
+                """, [user, model])
+            report.jobOutcomes = try conn.query("""
+                UPDATE attune_job_outcomes SET state = 'forgotten', user_id = NULL, version = NULL, loss = NULL,
+                    samples = NULL, duration_seconds = NULL, validation = NULL, reason = NULL, cancel_stage = NULL,
+                    worker = NULL, updated_at = now()
+                \(scope)
+                """, [user, model]).affectedRows
             // A rebase that listed the user goes on without them, and ends if they were the last to come.
             report.rebaseEntries = try conn.query("""
                 DELETE FROM attune_rebase_users u USING attune_rebases r

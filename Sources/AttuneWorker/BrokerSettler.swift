@@ -14,6 +14,10 @@ final class BrokerSettler {
     private var onConfirm: [UInt64: CopyConfirmed] = [:]
     /// Events the broker refused (basic.nack): reported when the worker stops, not resent.
     private(set) var nackedEvents = 0
+    /// Terminal events awaiting their confirm, by publish sequence number: their job ids.
+    private var terminalEvents: [UInt64: String] = [:]
+    /// Told the job ids whose terminal event the broker confirmed, so their outbox rows can go (`OutboxRelay`).
+    private let terminalConfirmed: ([String]) -> Void
 
     private struct CopyConfirmed {
         let receipt: IncomingJob.Receipt
@@ -21,16 +25,21 @@ final class BrokerSettler {
         let event: Attune_V1_Event
     }
 
-    init(open: OpenDeliveries, logger: Logger) {
+    init(open: OpenDeliveries, logger: Logger, terminalConfirmed: @escaping ([String]) -> Void = { _ in }) {
         self.open = open
         self.logger = logger
+        self.terminalConfirmed = terminalConfirmed
     }
 
-    /// Whether some copy still waits for its confirm.
-    var awaitsConfirms: Bool { !onConfirm.isEmpty }
+    /// Whether some copy or terminal event still waits for its confirm.
+    var awaitsConfirms: Bool { !onConfirm.isEmpty || !terminalEvents.isEmpty }
 
-    /// The connection is gone: its copies' confirms will never come (the broker put the originals back).
-    func forgetConfirms() { onConfirm.removeAll() }
+    /// The connection is gone: its copies' confirms will never come (the broker put the originals back), nor
+    /// its terminal events' (their outbox rows stay, and a relay publishes them again).
+    func forgetConfirms() {
+        onConfirm.removeAll()
+        terminalEvents.removeAll()
+    }
 
     /// Requeues, copies and acks first (acks batched), then the events, in the order the slots posted them.
     func carryOut(_ items: [SlotMailbox.Posted], on connection: AMQPConnection) throws {
@@ -66,7 +75,7 @@ final class BrokerSettler {
             }
         }
         try ack(acks, on: connection)
-        for event in events { try connection.sendEvent(event) }
+        try send(events, on: connection)
         JobTimeline.shared?.record(.settled, events.filter { $0.kind == .completed || $0.kind == .failed }.map(\.jobID))
     }
 
@@ -78,9 +87,11 @@ final class BrokerSettler {
         let returned = Set(connection.takeReturnedMessageIds())
         var acks: [UInt64] = []
         var events: [Attune_V1_Event] = []
+        var confirmedJobs: [String] = []
         for (sequence, acked) in confirms.sorted(by: { $0.key < $1.key }) {
             guard let copy = onConfirm.removeValue(forKey: sequence) else {
-                if !acked { nackedEvents += 1 }
+                let terminalJob = terminalEvents.removeValue(forKey: sequence)
+                if !acked { nackedEvents += 1 } else if let terminalJob { confirmedJobs.append(terminalJob) }
                 continue
             }
             guard copy.receipt.generation == open.generation else { continue }
@@ -94,7 +105,16 @@ final class BrokerSettler {
             }
         }
         try ack(acks, on: connection)
-        for event in events { try connection.sendEvent(event) }
+        try send(events, on: connection)
+        if !confirmedJobs.isEmpty { terminalConfirmed(confirmedJobs) }
+    }
+
+    /// Publishes `events`, noting the sequence numbers of the terminal ones (see `Attune_V1_Event.isTerminal`).
+    private func send(_ events: [Attune_V1_Event], on connection: AMQPConnection) throws {
+        for event in events {
+            let sequence = try connection.sendEvent(event)
+            if event.isTerminal, !event.jobID.isEmpty, let sequence { terminalEvents[sequence] = event.jobID }
+        }
     }
 
     private func sendCopy(_ copy: JobQueues.Copy, of delivery: Delivery, _ job: SettledJob,

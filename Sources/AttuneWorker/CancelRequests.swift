@@ -144,10 +144,11 @@ final class CancelRequests {
 
 extension AMQPConnection {
     /// Publishes an event on `attune.events` without waiting for its confirm.
-    func sendEvent(_ event: Attune_V1_Event) throws {
+    @discardableResult
+    func sendEvent(_ event: Attune_V1_Event, headers: [String: String] = [:]) throws -> UInt64? {
         let (body, contentType) = try EventCodec.encode(event, as: .json)
-        try send(exchange: Topology.eventsExchange,
+        return try send(exchange: Topology.eventsExchange,
                  routingKey: EventRouting.key(model: event.model, user: event.userID, kind: event.kind),
-                 body: body, contentType: contentType, messageId: event.jobID)
+                 body: body, contentType: contentType, headers: headers, messageId: event.jobID)
     }
 }

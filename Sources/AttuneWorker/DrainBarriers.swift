@@ -28,7 +28,13 @@ final class DrainBarriers {
         for delivery in arrived {
             let partition = consumers.partition(ofConsumer: delivery.consumerTag)
             open.hold(delivery, from: partition)
-            if let partition, parked[partition] != nil {
+            if delivery.exchange == Topology.eventsExchange {
+                // An exchange binding from attune.events into attune.jobs (a producer may make one): the `failed`
+                // event its refusal would publish would come back as a job again, without end. Dead-lettered
+                // by the broker, silently.
+                logger.warning("dropped a message published to \(Topology.eventsExchange) that reached a partition queue (an exchange binding from \(Topology.eventsExchange) into \(Topology.jobsExchange)? remove it); dead-lettered without an event")
+                try open.refuse(delivery.deliveryTag, on: connection)
+            } else if let partition, parked[partition] != nil {
                 parked[partition]!.append(delivery)
             } else if let barrier = JobQueues.drainBarrier(delivery) {
                 if let partition, !isDrained(barrier) {

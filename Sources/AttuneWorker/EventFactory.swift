@@ -43,3 +43,17 @@ extension Attune_V1_Event {
         if let accuracy = metrics?.accuracy { validationAccuracy = accuracy }
     }
 }
+
+extension Attune_V1_Event {
+    /// Whether the event ends its job's story: a producer waits for exactly these, so each is written to the
+    /// outbox with its outcome and survives the worker (`OutboxRelay`). A cancel that came too late changes
+    /// nothing (the job's `completed` is its end).
+    public var isTerminal: Bool {
+        switch kind {
+        case .completed, .held: true
+        case .failed: !willRetry
+        case .cancelled: cancelStage != "too_late"
+        default: false
+        }
+    }
+}

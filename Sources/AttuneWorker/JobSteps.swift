@@ -225,6 +225,10 @@ final class JobSteps {
         return lookup
     }
 
+    func recordOutcomes(_ updates: [JobOutcomeUpdate]) throws {
+        try store.recordOutcomes(updates)
+    }
+
     func settleFailedRebaseJob(jobId: String, reason: String) throws {
         try store.settleFailedRebaseJob(jobId: jobId, reason: reason)
     }

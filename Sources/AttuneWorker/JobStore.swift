@@ -25,6 +25,8 @@ public protocol JobStore: AnyObject {
     func retainedJobs(user: String, model: String) throws -> [(version: Int, job: Data)]
     /// A rebase job dead-lettered: its user is settled as failed, with the reason.
     func settleFailedRebaseJob(jobId: String, reason: String) throws
+    /// How jobs that committed nothing ended, with an outbox row for each terminal one (one statement).
+    func recordOutcomes(_ updates: [JobOutcomeUpdate]) throws
 }
 
 extension JobStore {
@@ -40,6 +42,9 @@ extension JobStore {
     public func rebaseJob(id: Int64, jobId: String, user: String) throws -> RebaseJobTarget? { nil }
     public func retainedJobs(user: String, model: String) throws -> [(version: Int, job: Data)] { [] }
     public func settleFailedRebaseJob(jobId: String, reason: String) throws {}
+
+    /// A store that keeps no outcomes.
+    public func recordOutcomes(_ updates: [JobOutcomeUpdate]) throws {}
 
     /// A store without quality gates.
     public func heldReasons(jobIds: [String]) throws -> [String: String] { [:] }

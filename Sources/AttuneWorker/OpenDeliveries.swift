@@ -57,6 +57,13 @@ final class OpenDeliveries {
         markSettled(tag)
     }
 
+    /// Rejects delivery `tag` without requeue, so its queue dead-letters it (to attune.jobs.dead, with the
+    /// broker's `x-death`), and forgets it: for a message that is no job and must not get an event.
+    func refuse(_ tag: UInt64, on connection: AMQPConnection) throws {
+        try connection.reject(tag, requeue: false)
+        markSettled(tag)
+    }
+
     /// Acks one delivery on its own (a drain barrier passed) and forgets it.
     func ack(_ tag: UInt64, on connection: AMQPConnection) throws {
         try connection.ack(tag)

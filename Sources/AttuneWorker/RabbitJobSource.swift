@@ -39,6 +39,7 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
     private let open = OpenDeliveries()
     private let partitions: PartitionKeeper
     private let settler: BrokerSettler
+    private let outbox: OutboxRelay
     private var mostInHand = 0
 
     init(configuration: WorkerConfiguration, logger: Logger, metrics: WorkerMetrics = WorkerMetrics(slotCount: 1)) {
@@ -47,7 +48,9 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
         self.metrics = metrics
         mailbox = SlotMailbox(slotCount: max(1, configuration.concurrency))
         partitions = PartitionKeeper(configuration: configuration, logger: logger, mailbox: mailbox, open: open)
-        settler = BrokerSettler(open: open, logger: logger)
+        let outbox = OutboxRelay(configuration: configuration, logger: logger, metrics: metrics)
+        self.outbox = outbox
+        settler = BrokerSettler(open: open, logger: logger, terminalConfirmed: outbox.confirmed)
     }
 
     // MARK: JobSource, called by the slots
@@ -82,6 +85,8 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
 
     /// Serves the broker until stopped, reconnecting with backoff when the connection is lost.
     func run() {
+        outbox.start()
+        defer { outbox.stop() }
         // Capped at 10 s: a broker restart takes 10-20 s, and a worker should be back soon after it.
         var backoff = Backoff(initial: 0.5, maximum: 10)
         while true {

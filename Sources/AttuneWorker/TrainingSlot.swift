@@ -57,12 +57,13 @@ final class TrainingSlot {
             let finished = processRetryingOnce(batch)
             JobTimeline.shared?.record(.committed, ids)
             progress.flush()
-            let settled = zip(batch, finished).map { incoming, finished in
+            let decided = zip(batch, finished).map { incoming, finished in
                 SettledJob(receipt: incoming.receipt, decision: Settlement.decide(
                     finished.result, previousAttempts: incoming.previousAttempts, retry: configuration.retry,
                     events: EventFactory(job: finished.job, worker: configuration.workerName),
                     workerName: configuration.workerName, samples: finished.job.samples.count))
             }
+            let settled = recordOutcomes(batch, finished, decided)
             recordRebaseFailures(finished, settled)
             source.settle(settled)
             gauges.set(.idle)
@@ -122,6 +123,43 @@ final class TrainingSlot {
         steps = made
         gauges.databaseConnected.record(1)
         return made
+    }
+
+    /// Writes how each job ended where producers ask (`attune job show`), before the broker hears of it (a
+    /// commit wrote its own). A terminal outcome that cannot be written is not settled as such: the job goes
+    /// to the longest retry queue with its attempt count unchanged, so that it ends later with its outcome on
+    /// record rather than now without one.
+    private func recordOutcomes(_ batch: [IncomingJob], _ finished: [(job: Attune_V1_TrainingJob, result: JobResult)],
+                                _ decided: [SettledJob]) -> [SettledJob] {
+        let updates = batch.indices.compactMap { index in
+            OutcomeRecord.update(for: batch[index], finished[index].job, finished[index].result, decided[index].decision,
+                                 worker: configuration.workerName).map { (index, $0) }
+        }
+        guard !updates.isEmpty else { return decided }
+        do {
+            try connectedSteps().recordOutcomes(updates.map(\.1))
+            return decided
+        } catch let error as DatabaseError where !error.isTransient {
+            // Something of these jobs PostgreSQL refuses to store: retrying would refuse it again, forever.
+            metrics.outcomeWriteFailures.increment()
+            failures.error("could not record how \(updates.count) job(s) ended (\(error)); settled without it")
+            return decided
+        } catch {
+            steps = nil
+            metrics.outcomeWriteFailures.increment()
+            let ended = updates.filter(\.1.isTerminal).count
+            // Jobs only retrying lose nothing but their attempt count on record: the batch's failure is logged already.
+            if ended > 0 {
+                failures.warning("could not record how \(ended) job(s) ended (\(error)); they are retried later instead")
+            }
+            var settled = decided
+            for (index, update) in updates where update.isTerminal {
+                settled[index] = SettledJob(receipt: batch[index].receipt, decision: OutcomeRecord.unrecorded(
+                    decided[index].decision, job: finished[index].job, previousAttempts: batch[index].previousAttempts,
+                    retry: configuration.retry, worker: configuration.workerName))
+            }
+            return settled
+        }
     }
 
     /// A rebase job that is dead-lettered ends its user's part of the rebase, so that the rebase can end

@@ -39,6 +39,12 @@ public struct WorkerConfiguration: Sendable {
     /// The fleet's partition layout when the worker starts, as PostgreSQL keeps it (`FleetPartitioning`);
     /// the worker follows it as it changes (a repartition), declaring and sharing the partition queues it names.
     public var layout: PartitionLayout = .single(Topology.defaultPartitionCount)
+    /// How long a terminal event's outbox row may wait for its worker's confirm before any worker's relay
+    /// publishes the event again (`OutboxRelay`): longer than a broker round trip under load, short enough
+    /// that a producer waiting on a killed worker's job hears soon.
+    public var outboxGraceSeconds: TimeInterval = 30
+    /// How often the relay looks for such rows.
+    public var outboxSweepSeconds: TimeInterval = 5
 
     public init(databaseURL: String, amqpURL: String, concurrency: Int = 1, prefetch: Int? = nil, batchSize: Int = 32,
                 workerName: String = WorkerConfiguration.defaultWorkerName(),

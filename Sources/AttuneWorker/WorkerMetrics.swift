@@ -16,6 +16,10 @@ final class WorkerMetrics: Sendable {
     let samplesTrained = Counter(label: "attune_samples_trained_total")
     /// Versions the model's quality gate held back from devices (`attune model gate`).
     let versionsHeld = Counter(label: "attune_versions_held_total")
+    /// Terminal events published again from the outbox (their worker died before the broker confirmed them).
+    let eventsRepublished = Counter(label: "attune_events_republished_total")
+    /// Outcomes a slot could not write (PostgreSQL away): their jobs were retried instead of settled.
+    let outcomeWriteFailures = Counter(label: "attune_outcome_write_failures_total")
     /// One update task, as the task measured it.
     let trainingDuration = Timer(label: "attune_training_duration_seconds", preferredDisplayUnit: .seconds)
     /// A job in its slot: from taken to settled (its batch's lookup, training and commit).

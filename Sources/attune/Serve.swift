@@ -24,6 +24,8 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Address of the operators' dashboard; keep it internal.") var adminHost: String = "127.0.0.1"
     @Option(help: "Operators' htpasswd file of bcrypt hashes (attune operator add; env ATTUNE_OPERATORS_FILE).")
     var operators: String?
+    @Option(help: "Producers' htpasswd file (attune operator add --file writes the same lines; env ATTUNE_PRODUCERS_FILE): they may read job outcomes on the admin listener (/api/jobs/*) and nothing else there.")
+    var producers: String?
     @Option(help: "Seconds a connection may take to send a complete request head (after opening or after its last answer).")
     var idleTimeout: Int = 15
     @OptionGroup var broker: BrokerOptions
@@ -42,13 +44,26 @@ struct Serve: AsyncParsableCommand {
                                                                             idle: .seconds(idleTimeout), logger: logger)]
         if !noDashboard, let credentials = operatorCredentials(logger: logger) {
             services.append(AdminServer.application(host: adminHost, port: adminPort, operators: credentials,
-                                                    delivery: delivery, amqpURL: broker.resolved(), chartJS: chartJS,
+                                                    producers: try producerCredentials(logger: logger), delivery: delivery, amqpURL: broker.resolved(), chartJS: chartJS,
                                                     metrics: metrics, logger: logger))
         }
         await delivery.start(logger: logger)
         defer { delivery.stop() }
         try await ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint],
                                                     logger: logger)).run()
+    }
+
+    /// The producers who may read job outcomes, or nil. Unlike the operators file, a bad one stops serve: the
+    /// producers' outcome lookups would otherwise fail with 401 and look like wrong passwords.
+    private func producerCredentials(logger: Logger) throws -> OperatorCredentials? {
+        guard let file = producers ?? ProcessInfo.processInfo.environment["ATTUNE_PRODUCERS_FILE"], !file.isEmpty else { return nil }
+        do {
+            let credentials = try OperatorCredentials.load(path: file)
+            logger.info("producers of \(file) may read job outcomes (/api/jobs/*) on the admin listener")
+            return credentials
+        } catch {
+            throw CommandFailure(description: "--producers: \(error.description)")
+        }
     }
 
     /// The admin listener's operators, or nil (having said why) when it must not start. A bad operators file

@@ -14,6 +14,9 @@ struct Watch: ParsableCommand {
     @Flag(help: "Print each event as a JSON line instead of text.") var json = false
     @Option(help: "Exit after this many jobs have ended (completed or failed for good).") var exitAfter: Int?
     @Option(help: "Exit with status 3 if nothing arrives for this many seconds.") var idleTimeout: Double?
+    @Option(help: ArgumentHelp("Consume the durable queue NAME (declared if missing, bound to the terminal events: completed, failed, cancelled, held), acking each event once printed.",
+                               discussion: "Events published while the watcher is away wait in the queue; one a watcher died on before printing it comes again. Delivery is at least once: drop a job's second terminal event by its jobId (a republished one carries the AMQP header x-attune-republished).",
+                               valueName: "NAME")) var queue: String?
 
     func run() throws {
         if let user { try Identifier.validate(user, field: "user") }
@@ -21,7 +24,13 @@ struct Watch: ParsableCommand {
         let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-watch")
         defer { connection.close() }
         try JobQueues(connection).declare()
-        let queue = try connection.declareEventQueue(bindingKeys: [EventRouting.bindingKey(model: model, user: user)])
+        let queue: String
+        if let durable = self.queue {
+            try connection.declareTerminalEventQueue(durable, model: model, user: user)
+            queue = durable
+        } else {
+            queue = try connection.declareEventQueue(bindingKeys: [EventRouting.bindingKey(model: model, user: user)])
+        }
         try connection.consume(queue: queue)
         FileHandle.standardError.write(Data("watching \(model ?? "*")/\(user ?? "*") on \(queue)\n".utf8))
         var ended = 0
@@ -35,7 +44,9 @@ struct Watch: ParsableCommand {
                 continue
             }
             lastSeen = Date()
-            try connection.ack(delivery.deliveryTag)
+            // A private queue's events are acked at once (the queue dies with the watcher anyway); a durable
+            // queue's only once printed, so an event the watcher dies on comes again.
+            if self.queue == nil { try connection.ack(delivery.deliveryTag) }
             let event = try EventCodec.decode(delivery.body, contentType: delivery.contentType)
             if event.kind == .completed || (event.kind == .failed && !event.willRetry) { ended += 1 }
             if event.kind == .miniBatchEnd && !miniBatches { continue }
@@ -45,6 +56,7 @@ struct Watch: ParsableCommand {
                 print(EventLine.text(event))
             }
             fflush(nil)  // every output stream: `stdout` is a C global Swift 6 will not touch
+            if self.queue != nil { try connection.ack(delivery.deliveryTag) }
         }
     }
 }

@@ -37,6 +37,8 @@ struct WorkerCommand: AsyncParsableCommand {
         """)
     var maxTaskSeconds: Double = WorkerConfiguration.defaultMaxTaskSeconds
     @Option(help: "AMQP heartbeat interval in seconds.") var heartbeat: Int = 30
+    @Option(help: "Seconds a terminal event may wait for its worker's broker confirm before any worker publishes it again from the outbox (its worker presumably died).")
+    var outboxGrace: Double = 30
     @Flag(help: "Skip applying migrations at start.") var noMigrate = false
     @Option(help: "Serve /metrics (Prometheus), /healthz and /readyz over HTTP on this port (0: any free one).")
     var metricsPort: Int?
@@ -48,6 +50,7 @@ struct WorkerCommand: AsyncParsableCommand {
         guard (1...65_535).contains(heartbeat) else { throw ValidationError("--heartbeat must lie in 1...65535") }
         if let prefetch, !(1...65_535).contains(prefetch) { throw ValidationError("--prefetch must lie in 1...65535") }
         guard batchSize >= 1 else { throw ValidationError("--batch-size must be at least 1") }
+        guard outboxGrace >= 1 else { throw ValidationError("--outbox-grace must be at least 1 second: a live worker needs time to hear its confirms") }
         guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
         if let metricsPort, !(0...65_535).contains(metricsPort) {
             throw ValidationError("--metrics-port must lie in 0...65535")
@@ -86,6 +89,8 @@ struct WorkerCommand: AsyncParsableCommand {
         configuration.limits = JobLimits(maxSamples: maxSamples, maxBodyBytes: maxBodyBytes)
         configuration.retry.maxAttempts = maxAttempts
         configuration.heartbeatSeconds = heartbeat
+        configuration.outboxGraceSeconds = outboxGrace
+        configuration.outboxSweepSeconds = min(5, max(0.5, outboxGrace / 2))
         configuration.maxTaskSeconds = maxTaskSeconds > 0 ? maxTaskSeconds : nil
         configuration.storageKeys = storageKeys
 

@@ -1,0 +1,78 @@
+"""Worker events (docs/events.md): the JSON mapping of `attune.v1.Event`, parsed into a dataclass."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from .errors import AttuneError
+
+# The routing key's last word is the kind in lower case.
+TRAINING_BEGIN = "training_begin"
+EPOCH_END = "epoch_end"
+MINI_BATCH_END = "mini_batch_end"
+COMPLETED = "completed"
+FAILED = "failed"
+CANCELLED = "cancelled"
+HELD = "held"
+
+
+def _int(body: Dict[str, Any], key: str) -> int:
+    # int64 fields are JSON strings; absent means 0 (the proto default).
+    return int(body.get(key, 0))
+
+
+def _float(body: Dict[str, Any], key: str) -> Optional[float]:
+    # Doubles are numbers, non-finite ones the strings "NaN"/"Infinity"/"-Infinity", which float() reads.
+    value = body.get(key)
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event. `kind` is lower case (`completed`); fields a kind does not carry are None, 0 or ""."""
+    kind: str
+    job_id: str
+    user_id: str = ""
+    model: str = ""
+    version: int = 0
+    epoch: int = 0
+    epochs: int = 0
+    mini_batch: int = 0
+    loss: Optional[float] = None
+    samples: int = 0
+    duration_seconds: Optional[float] = None
+    reason: str = ""
+    will_retry: bool = False
+    worker: str = ""
+    timestamp_ms: int = 0
+    duplicate: bool = False
+    cancel_stage: str = ""
+    validation_loss: Optional[float] = None
+    validation_accuracy: Optional[float] = None
+    raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def parse(cls, body: bytes) -> Event:
+        try:
+            data = json.loads(body)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            return cls(
+                kind=str(data["kind"]).lower(), job_id=str(data.get("jobId", "")),
+                user_id=str(data.get("userId", "")), model=str(data.get("model", "")),
+                version=_int(data, "version"), epoch=_int(data, "epoch"), epochs=_int(data, "epochs"),
+                mini_batch=_int(data, "miniBatch"), loss=_float(data, "loss"), samples=_int(data, "samples"),
+                duration_seconds=_float(data, "durationSeconds"), reason=str(data.get("reason", "")),
+                will_retry=bool(data.get("willRetry", False)), worker=str(data.get("worker", "")),
+                timestamp_ms=_int(data, "timestampMs"), duplicate=bool(data.get("duplicate", False)),
+                cancel_stage=str(data.get("cancelStage", "")),
+                validation_loss=_float(data, "validationLoss"),
+                validation_accuracy=_float(data, "validationAccuracy"), raw=data)
+        except (ValueError, KeyError, TypeError) as error:
+            raise AttuneError(f"an event that is not Attune's event JSON ({error}): {body[:80]!r}") from None
+
+    @property
+    def is_final_failure(self) -> bool:
+        """A `failed` the job does not come back from (dead-lettered); with will_retry it is retried later."""
+        return self.kind == FAILED and not self.will_retry
