@@ -34,7 +34,9 @@ CREATE INDEX attune_job_outcomes_user ON attune_job_outcomes (user_id, model);
 CREATE TABLE attune_outbox (
     job_id      text        PRIMARY KEY,
     worker      text        NOT NULL,
-    created_at  timestamptz NOT NULL DEFAULT now()
+    -- When the row was written, not when its transaction began (a commit may wait on locks first): the grace
+    -- period is counted from here.
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX attune_outbox_created ON attune_outbox (created_at);
 
@@ -54,7 +56,7 @@ BEGIN
         validation = EXCLUDED.validation, reason = NULL, dead_lettered = false, cancel_stage = NULL,
         worker = EXCLUDED.worker, updated_at = now();
     INSERT INTO attune_outbox (job_id, worker) VALUES (NEW.job_id, NEW.worker)
-    ON CONFLICT (job_id) DO UPDATE SET worker = EXCLUDED.worker, created_at = now();
+    ON CONFLICT (job_id) DO UPDATE SET worker = EXCLUDED.worker, created_at = clock_timestamp();
     RETURN NULL;
 END $$;
 

@@ -263,7 +263,7 @@ extension ModelRegistry {
         )
         INSERT INTO attune_outbox (job_id, worker)
         SELECT u.job_id, u.worker FROM u JOIN recorded r ON r.job_id = u.job_id WHERE u.terminal
-        ON CONFLICT (job_id) DO UPDATE SET worker = EXCLUDED.worker, created_at = now()
+        ON CONFLICT (job_id) DO UPDATE SET worker = EXCLUDED.worker, created_at = clock_timestamp()
         """
 }
 
