@@ -226,19 +226,50 @@ extension ModelRegistry {
         return outcome
     }
 
+    /// An outcome pruned (`pruneJobOutcomes`) of a job that committed answers from its version row, as the
+    /// trigger wrote it.
     private static let outcomesSQL = """
-        SELECT i.job_id, o.state, o.user_id, o.model, o.version, o.loss, o.samples, o.duration_seconds,
-               o.validation::text AS validation, o.reason, o.attempts, o.dead_lettered, o.cancel_stage, o.duplicates,
-               o.worker, extract(epoch FROM o.updated_at)::float8 AS updated_at, h.reason AS held_reason,
+        SELECT i.job_id, coalesce(o.state, CASE WHEN v.job_id IS NOT NULL THEN 'completed' END) AS state,
+               coalesce(o.user_id, v.user_id) AS user_id, coalesce(o.model, v.model) AS model,
+               coalesce(o.version, v.version) AS version, coalesce(o.loss, v.loss) AS loss,
+               coalesce(o.samples, v.samples) AS samples, coalesce(o.duration_seconds, v.duration_seconds) AS duration_seconds,
+               coalesce(o.validation, v.validation)::text AS validation, o.reason, coalesce(o.attempts, 0) AS attempts,
+               coalesce(o.dead_lettered, false) AS dead_lettered, o.cancel_stage, coalesce(o.duplicates, 0) AS duplicates,
+               coalesce(o.worker, v.worker) AS worker,
+               extract(epoch FROM coalesce(o.updated_at, v.created_at))::float8 AS updated_at, h.reason AS held_reason,
                c.reason AS cancel_reason, extract(epoch FROM c.requested_at)::float8 AS cancel_requested
         FROM unnest($1::text[]) WITH ORDINALITY AS i(job_id, ord)
         LEFT JOIN attune_job_outcomes o ON o.job_id = i.job_id
+        LEFT JOIN attune_personal_versions v ON o.job_id IS NULL AND v.job_id = i.job_id
         LEFT JOIN attune_held_versions h
-          ON o.state = 'completed' AND h.user_id = o.user_id AND h.model = o.model AND h.version = o.version
-         AND h.released_at IS NULL
+          ON coalesce(o.state, 'completed') = 'completed' AND h.user_id = coalesce(o.user_id, v.user_id)
+         AND h.model = coalesce(o.model, v.model) AND h.version = coalesce(o.version, v.version) AND h.released_at IS NULL
         LEFT JOIN attune_cancelled_jobs c ON c.job_id = i.job_id
         ORDER BY i.ord
         """
+
+    /// Deletes the outcomes of jobs that ended longer than `olderThan` seconds ago (every state but `retrying`,
+    /// and none whose event is still in the outbox), ten thousand rows a statement, as Oban's pruner and
+    /// Celery's `result_expires` do; returns how many (with `dryRun`, how many would go). A committed job
+    /// still answers `completed` from its version row; the others answer `unknown`.
+    public func pruneJobOutcomes(olderThan: TimeInterval, dryRun: Bool = false) throws -> Int {
+        let scope = """
+            state <> 'retrying' AND updated_at < now() - make_interval(secs => $1)
+            AND NOT EXISTS (SELECT 1 FROM attune_outbox b WHERE b.job_id = attune_job_outcomes.job_id)
+            """
+        if dryRun {
+            return try connection.query("SELECT count(*) FROM attune_job_outcomes WHERE \(scope)", [olderThan]).int(0, 0)
+        }
+        var total = 0
+        while true {
+            let deleted = try connection.query("""
+                DELETE FROM attune_job_outcomes WHERE job_id IN (
+                    SELECT job_id FROM attune_job_outcomes WHERE \(scope) LIMIT 10000)
+                """, [olderThan]).affectedRows
+            total += deleted
+            if deleted < 10000 { return total }
+        }
+    }
 
     private static let recordSQL = """
         WITH u AS (

@@ -6,7 +6,7 @@ import Foundation
 struct Job: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "What became of training jobs.",
-        subcommands: [JobShow.self])
+        subcommands: [JobShow.self, JobPrune.self])
 }
 
 struct JobShow: ParsableCommand {
@@ -41,5 +41,25 @@ struct JobShow: ParsableCommand {
         } else {
             for outcome in outcomes { print(outcome.summary) }
         }
+    }
+}
+
+struct JobPrune: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "prune",
+        abstract: "Delete the outcomes of jobs that ended longer ago than --older-than (run it from the hourly CronJob).",
+        discussion: "A pruned job that committed still shows as completed (from its version); the others show as unknown. Outcomes of jobs still retrying, or whose terminal event is still in the outbox, are kept.")
+
+    @OptionGroup var database: DatabaseOptions
+    @Option(help: "Age of the outcomes to delete, e.g. 30d, 12h.") var olderThan: String
+    @Flag(help: "Only count them.") var dryRun = false
+
+    func validate() throws {
+        do { _ = try Duration.seconds(parsing: olderThan) } catch { throw ValidationError("--older-than: \(error)") }
+    }
+
+    func run() throws {
+        let count = try database.registry().pruneJobOutcomes(olderThan: try Duration.seconds(parsing: olderThan), dryRun: dryRun)
+        print(dryRun ? "\(count) job outcome(s) older than \(olderThan) would be deleted" : "deleted \(count) job outcome(s) older than \(olderThan)")
     }
 }

@@ -172,6 +172,25 @@ final class JobOutcomeTests: XCTestCase {
         XCTAssertEqual(backlog.rows, 1)
     }
 
+    func testPruningDeletesOldEndsKeepsRetriesAndCommittedJobsStillAnswerFromTheirVersions() throws {
+        try commit("old-done")
+        try registry.outboxConfirmed(["old-done"])
+        try registry.recordOutcomes([update("old-bad", .failed(reason: "r", attempts: 0)),
+                                     update("old-retry", .retrying(reason: "r", attempts: 1)),
+                                     update("old-owed", .cancelled(stage: "queued", reason: ""))])
+        try registry.outboxConfirmed(["old-bad"])
+        try commit("new-done")
+        try registry.connection.query("UPDATE attune_job_outcomes SET updated_at = now() - interval '40 days' WHERE job_id LIKE 'old-%'")
+        XCTAssertEqual(try registry.pruneJobOutcomes(olderThan: 30 * 86_400, dryRun: true), 2)
+        XCTAssertEqual(try registry.pruneJobOutcomes(olderThan: 30 * 86_400), 2, "old-done and old-bad")
+        let outcomes = try registry.jobOutcomes(["old-done", "old-bad", "old-retry", "old-owed", "new-done"])
+        XCTAssertEqual(outcomes.map(\.state), [.completed, .unknown, .retrying, .cancelled, .completed])
+        XCTAssertEqual(outcomes[0].version, 1, "answered from the version row")
+        XCTAssertEqual(outcomes[0].loss, 0.25)
+        XCTAssertEqual(outcomes[0].user, "ann")
+        XCTAssertEqual(try registry.pruneJobOutcomes(olderThan: 30 * 86_400), 0)
+    }
+
     func testTheJSONAProducerReadsNamesOnlyWhatApplies() throws {
         try commit("j-json")
         let completed = try JSONSerialization.jsonObject(with: JobOutcomeRecord.json(registry.jobOutcomes(["j-json"]), single: true)) as! [String: Any]
