@@ -1,4 +1,5 @@
 import ArgumentParser
+import AttuneSpec
 import AttuneStore
 import Foundation
 import Logging
@@ -10,6 +11,7 @@ struct Attune: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "attune",
         abstract: "Personalizes Core ML updatable models per user on a fleet of workers.",
+        version: AttuneRelease.version,
         subcommands: [Migrate.self, TopologyCommand.self, Model.self, Enqueue.self, Cancel.self, Job.self, WorkerCommand.self, Watch.self, Dlq.self, Audit.self,
                       ImageTensorCommand.self, Serve.self, Token.self, App.self, Operator.self, Deployment.self, Collection.self, Keys.self,
                       User.self, DoctorCommand.self])

@@ -1,4 +1,5 @@
 import ArgumentParser
+import AttuneSpec
 import AttuneHTTP
 import AttuneQueue
 import AttuneStore
@@ -65,7 +66,7 @@ struct WorkerCommand: AsyncParsableCommand {
     func run() async throws {
         Attune.bootstrapLogging()
         let logger = Logger(label: "attune.worker")
-        logger.info("training: \(TrainingRuntime.summary)")
+        logger.info("attune \(AttuneRelease.version); training: \(TrainingRuntime.summary)")
         if let warning = TrainingRuntime.warning { logger.warning("training: \(warning)") }
         // A malformed key list stops the worker here, before it takes a job.
         let storageKeys = try StorageKeys.load()

@@ -1,3 +1,4 @@
+import AttuneSpec
 import Foundation
 import XCTest
 @testable import WorkerTestSupport
@@ -54,7 +55,11 @@ final class WorkerStartTests: XCTestCase {
         }
         let (forced, said) = try start(["ATTUNE_TRAINING_KERNELS": "portable"], waitFor: 3)
         XCTAssertEqual(forced.terminationStatus, 0, said)
-        XCTAssertTrue(said.contains("training: kernel set portable (set by ATTUNE_TRAINING_KERNELS)"), said)
+        XCTAssertTrue(said.contains("attune \(AttuneRelease.version); training: kernel set portable (set by ATTUNE_TRAINING_KERNELS)"), said)
+        // The release a worker runs is on its first line, and `attune --version` prints it alone.
+        let version = try ChildProcess.run(Paths.attuneExecutable, ["--version"])
+        XCTAssertEqual(version.status, 0)
+        XCTAssertEqual(version.output.trimmingCharacters(in: .whitespacesAndNewlines), AttuneRelease.version)
         XCTAssertTrue(said.contains("(generic kernels)"), said)
 
         for (environment, expected) in [
