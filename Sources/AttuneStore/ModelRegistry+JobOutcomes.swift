@@ -65,12 +65,13 @@ public struct JobOutcomeUpdate: Sendable, Equatable {
     }
 
     public var jobId: String
-    public var user: String
-    public var model: String
+    /// nil where the job named no valid one (a body no worker could read).
+    public var user: String?
+    public var model: String?
     public var worker: String
     public var kind: Kind
 
-    public init(jobId: String, user: String, model: String, worker: String, kind: Kind) {
+    public init(jobId: String, user: String?, model: String?, worker: String, kind: Kind) {
         self.jobId = jobId
         self.user = user
         self.model = model
@@ -283,7 +284,7 @@ extension ModelRegistry {
         ), recorded AS (
             INSERT INTO attune_job_outcomes AS o (job_id, state, user_id, model, reason, attempts, dead_lettered,
                                                   cancel_stage, worker)
-            SELECT job_id, state, nullif(user_id, ''), nullif(model, ''), reason, attempts, state = 'failed', cancel_stage, worker
+            SELECT job_id, state, user_id, model, reason, attempts, state = 'failed', cancel_stage, worker
             FROM u WHERE u.state <> 'duplicate'
             ON CONFLICT (job_id) DO UPDATE SET
                 state = EXCLUDED.state, user_id = EXCLUDED.user_id, model = EXCLUDED.model, reason = EXCLUDED.reason,

@@ -26,14 +26,14 @@ enum OutcomeRecord {
         default:
             return nil
         }
-        return JobOutcomeUpdate(jobId: jobId, user: Identifier.isValid(job.userID) ? job.userID : "",
-                                model: Identifier.isValid(job.model) ? job.model : "", worker: worker, kind: kind)
+        return JobOutcomeUpdate(jobId: jobId, user: Identifier.isValid(job.userID) ? job.userID : nil,
+                                model: Identifier.isValid(job.model) ? job.model : nil, worker: worker, kind: kind)
     }
 
     /// What a job that ended is settled as when its outcome could not be written: the longest retry, its
     /// attempt count unchanged (PostgreSQL being away is not the job's fault), reported as a `failed` that
     /// will retry.
-    static func unrecorded(_ decision: SettlementDecision, job: Attune_V1_TrainingJob, previousAttempts: Int,
+    static func unrecorded(job: Attune_V1_TrainingJob, previousAttempts: Int,
                            retry: RetryPolicy, worker: String) -> SettlementDecision {
         let reason = "its outcome could not be recorded (PostgreSQL unreachable); the job is tried again later"
         return SettlementDecision(action: .retry(delayMs: retry.delaysMs.last ?? 60_000, attempt: previousAttempts),

@@ -155,7 +155,7 @@ final class TrainingSlot {
             var settled = decided
             for (index, update) in updates where update.isTerminal {
                 settled[index] = SettledJob(receipt: batch[index].receipt, decision: OutcomeRecord.unrecorded(
-                    decided[index].decision, job: finished[index].job, previousAttempts: batch[index].previousAttempts,
+                    job: finished[index].job, previousAttempts: batch[index].previousAttempts,
                     retry: configuration.retry, worker: configuration.workerName))
             }
             return settled
