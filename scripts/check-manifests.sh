@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Validates the deployment files: deploy/kubernetes/ against Kubernetes' own schemas (kubernetes-validate,
-# strict: unknown fields fail), the KEDA objects (CRDs, which it has no schema for) by cross-checks, and
+# strict: unknown fields fail), the KEDA objects (CRDs, which it has no schema for) by cross-checks, the
+# RabbitmqCluster against the operator's schema and Attune's needs, every Attune image's tag against the release, and
 # docker-compose.yml (alone and with docker-compose.ha.yml) with Debian's docker-compose: no default secret,
 # loopback-only admin ports, storage keys required. Installs what it needs; called by scripts/test.sh.
 set -euo pipefail
@@ -12,12 +13,48 @@ command -v docker-compose >/dev/null || {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null 2>&1 ||
     { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >&2; }
 }
-# kubernetes-validate only warns about kinds it has no schema for; those are KEDA's and CloudNativePG's,
-# checked below.
+# kubernetes-validate only warns about kinds it has no schema for; those are KEDA's, CloudNativePG's and the
+# RabbitMQ Cluster Operator's, checked below.
 out=$("$venv/bin/kubernetes-validate" --strict deploy/kubernetes/*.yaml 2>&1) || { echo "$out"; exit 1; }
-echo "$out" | grep -v "^INFO" | grep -v "Couldn't find schema for kind \(ScaledObject\|TriggerAuthentication\|Cluster\) " && exit 1
+echo "$out" | grep -v "^INFO" |
+  grep -v "Couldn't find schema for kind \(ScaledObject\|TriggerAuthentication\|Cluster\|RabbitmqCluster\) " && exit 1
 echo "kubernetes-validate: $(echo "$out" | grep -c '^INFO.*passed') resources passed (strict)"
 "$venv/bin/python" deploy/kubernetes/check_keda.py
+# The RabbitmqCluster: its fields against the operator's schema (jsonschema comes with kubernetes-validate), and
+# what Attune needs of the broker (the consistent-hash plugin, consumer_timeout, an odd number of nodes, at least 3).
+"$venv/bin/python" deploy/kubernetes/check_rabbitmq_cluster.py
+# Every Attune image (attune, attune-postgres-ha, under any registry) in deploy/ and the compose files is tagged
+# with this release, the version in Sources/AttuneSpec/Release.swift (`attune --version`): no `latest`, no stale tag.
+"$venv/bin/python" - <<'PY'
+import re, sys
+from pathlib import Path
+release_file = Path("Sources/AttuneSpec/Release.swift")
+found = re.search(r'\bversion\s*=\s*"(\d+\.\d+\.\d+)"', release_file.read_text())
+if not found:
+    sys.exit(f"{release_file}: no `version = \"X.Y.Z\"` to compare the image tags with")
+release = found.group(1)
+files = sorted(p for pattern in ("deploy/**/*.yaml", "deploy/**/*.yml", "docker-compose*.yml") for p in Path().glob(pattern))
+bad, seen = [], 0
+for path in files:
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        image = re.match(r"""\s*(?:-\s*)?image:\s*["']?([^\s"'#]+)""", line)
+        if not image:
+            continue
+        reference = image.group(1)
+        # registry/path/name:tag, and maybe @sha256:… after it (a digest pins the image; the tag still says which).
+        name, _, tag = reference.split("@")[0].rpartition("/")[2].partition(":")
+        if name != "attune" and not name.startswith("attune-"):
+            continue
+        seen += 1
+        if tag != release:
+            bad.append(f"{path}:{number}: {reference}")
+if bad:
+    sys.exit("Attune images not tagged " + release + " (Sources/AttuneSpec/Release.swift):\n  " + "\n  ".join(bad)
+             + "\nThe image tags and Release.swift's version go together: bump both in the same change.")
+if not seen:
+    sys.exit("no Attune image found in deploy/ or docker-compose*.yml; update this check with the files")
+print(f"Attune images: {seen} references in deploy/ and docker-compose*.yml, all tagged {release} (Release.swift)")
+PY
 # Compose reads the project's .env and the caller's environment; these checks see neither, so a password
 # exported in this shell cannot make "no default secret" pass by accident.
 scratch=$(mktemp -d)
@@ -73,19 +110,25 @@ def published(port):
     return int(parts[-1]), parts[0] if len(parts) == 3 else "0.0.0.0"
 loopback_only = {15672: "RabbitMQ's management UI", 8081: "the operators' dashboard"}
 seen = set()
+attune_services = 0
 for name, service in config["services"].items():
     for target, host in map(published, service.get("ports", [])):
         if target in loopback_only:
             seen.add(target)
             if host != "127.0.0.1":
                 sys.exit(f"{files}: {name} publishes {loopback_only[target]} ({target}) on {host}, not 127.0.0.1")
-    if service.get("image") == "attune:latest":
+    # The Attune processes: the image deploy/Dockerfile builds, whatever its tag.
+    if str(service.get("image", "")).partition(":")[0] == "attune":
+        attune_services += 1
         environment = service.get("environment", {})
         if str(environment.get("ATTUNE_REQUIRE_KEYS")) != "1":
             sys.exit(f"{files}: {name} lacks ATTUNE_REQUIRE_KEYS=1, so it would store models in clear text unasked")
         if str(environment.get("ATTUNE_ALLOW_CLEARTEXT")) != "0":
             sys.exit(f"{files}: {name} allows clear text by default")
 missing = set(loopback_only) - seen
+if attune_services < 5:
+    sys.exit(f"{files}: {attune_services} services run the attune image (migrate, worker, serve, watch, attune expected); "
+             "update this check with the file")
 if missing:
     sys.exit(f"{files}: nothing publishes {sorted(missing)}; update this check with the file")
 PY

@@ -309,10 +309,10 @@ BEGIN
                count(*) FILTER (WHERE a.state <> 'idle' AND NOT (a.state = 'active' AND a.query LIKE '%attune_commit_versions%'))::int,
                count(*) FILTER (WHERE a.state = 'idle')::int
         FROM pg_stat_activity a
-        -- The workers' partition-lease sessions too (named attune-lease:<worker> for attune topology status).
+        -- The workers' partition-lease sessions too (named attune-lease@<release>:<worker> for attune topology status).
         -- CASE fixes the order: the planner may run a cheaper qual first, and pg_terminate_backend on a
         -- superuser's session is an error.
-        WHERE CASE WHEN (a.application_name LIKE 'fault-%' OR a.application_name LIKE 'attune-lease:fault-%')
+        WHERE CASE WHEN (a.application_name LIKE 'fault-%' OR a.application_name LIKE 'attune-lease@%:fault-%')
                         AND a.pid <> pg_backend_pid()
                    THEN pg_terminate_backend(a.pid) ELSE false END;
 END

@@ -10,7 +10,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 packages=(postgresql postgresql-contrib postgresql-15-auto-failover pg-auto-failover-cli rabbitmq-server librabbitmq-dev libpq-dev libblis-pthread-dev libpng-dev libturbojpeg0-dev
           python3-venv gzip openssl libjs-chart.js protobuf-compiler curl
-          golang-go golang-github-rabbitmq-amqp091-go-dev)
+          golang-go golang-github-rabbitmq-amqp091-go-dev pgbackrest)
 [[ " $* " == *" --browser "* ]] && packages+=(chromium chromium-driver)
 missing=()
 for p in "${packages[@]}"; do

@@ -22,6 +22,9 @@ export ATTUNE_TEST_FIXTURES="$work/fixtures"
 # The Kubernetes manifests against Kubernetes' schemas, and docker-compose.yml.
 scripts/check-manifests.sh
 start=$(date +%s)
+# Where the run's time goes, phase by phase (CI has a budget; see CONTRIBUTING.md).
+phase_start=$start
+took() { echo "[test.sh] $1: $(( $(date +%s) - phase_start )) s (total $(( $(date +%s) - start )) s)" >&2; phase_start=$(date +%s); }
 # The build's output goes to a file: on success its last lines are enough, on failure its errors are printed.
 if ! swift build --build-tests >"$work/build.log" 2>&1; then
   grep -E -A4 "error:|Stack dump|Killed|LLVM ERROR" "$work/build.log" | head -n 80 >&2
@@ -30,7 +33,10 @@ if ! swift build --build-tests >"$work/build.log" 2>&1; then
   exit 1
 fi
 tail -n 3 "$work/build.log"
-echo "build took $(( $(date +%s) - start )) s" >&2
+took "the build"
+# Every flag of every command and every environment variable the sources read has its row in
+# docs/configuration.md (and no row names one that is gone).
+"$ATTUNE_PYTHON" scripts/check-reference-docs.py .build/debug/attune
 # Every test stores base models and states encrypted (a throwaway key; the store's own tests also cover
 # clear text), and the fault suite below inherits it. See docs/encryption.md.
 ATTUNE_KEYS="ci:$(head -c 32 /dev/urandom | base64)"
@@ -38,6 +44,7 @@ export ATTUNE_KEYS
 # XCTest only: a Swift Testing summary of "0 tests" would close the output and misreport the run.
 # The throughput benchmarks print figures only; Benchmarks/training.sh runs them in a release build.
 swift test --skip-build --disable-swift-testing --skip ThroughputBenchmarks "$@"
+took "the XCTest suites"
 # The float64 NumPy reference tests again under each other kernel set this processor runs (ATTUNE_TRAINING_KERNELS;
 # the run above had the set chosen for it): every set a user's server may get trains the same math. About 30 s.
 if [ $# -eq 0 ]; then
@@ -54,6 +61,7 @@ if [ $# -eq 0 ]; then
     fi
     echo "kernel set $each: $(grep -E "Executed [0-9]+ tests" "$work/kernels-$each.log" | tail -n 1 | sed 's/^[[:space:]]*//')"
   done
+  took "the reference tests under each kernel set"
 fi
 # The producers' side, on servers of their own (each starts a worker that takes every partition): the
 # least-privilege producer user against the broker's permissions, the Go example (Debian's amqp091-go, no module
@@ -67,6 +75,17 @@ if [ $# -eq 0 ]; then
     examples/go/run-test.sh
     clients/python/run-tests.sh -q
   )
+  took "the producers' side"
+fi
+# The operator's drills, each on servers of its own: backup and restore (a dump restored into a new server
+# byte-identical, nothing opening without the keys, a forgotten user staying forgotten, pgBackRest's
+# point-in-time restore; about 35 s), and an upgrade from the previous release under a running fleet (about
+# 20 s once the previous release is built and cached; its first build takes about 3 minutes).
+if [ $# -eq 0 ]; then
+  scripts/backup-drill.sh
+  took "the backup drill"
+  scripts/upgrade-drill.sh
+  took "the upgrade drill"
 fi
 # The fault suite, bounded (about a minute and a half): workers SIGKILLed and SIGTERMed; the workers' PostgreSQL
 # backends terminated 8 times (most while a commit runs); PostgreSQL restarted, crashed (immediate stop) and its
@@ -76,23 +95,27 @@ fi
 if [ $# -eq 0 ]; then
   scripts/fault-suite.sh --debug --jobs 300 --users 20 --hot 2 --workers 3 --kills 3 --sigterms 2 --bad 5 \
     --republish 10 --samples 40 --pg-terminates 8 --timeout 240
+  took "the fault suite"
   # The same against a three-node RabbitMQ cluster, bounded: workers spread over the nodes, the node leading
   # the partition queues stopped mid-run and started again, then SIGKILLed and started again; PostgreSQL
   # restarted once and its backends terminated 4 times (its crashes are the run above's; the full run:
   # scripts/fault-suite.sh --cluster 3).
   scripts/fault-suite.sh --debug --cluster 3 --jobs 240 --users 16 --hot 2 --workers 3 --kills 2 --sigterms 1 \
     --bad 4 --republish 8 --samples 40 --pg-terminates 4 --pg-crashes 0 --pg-kills 0 --node-kills 1 --timeout 300
+  took "the fault suite on a RabbitMQ cluster"
   # PostgreSQL as a primary and a synchronous standby under pg_auto_failover (scripts/postgres-ha.sh, its detection
   # shortened for loopback), every process on the multi-host URL: the primary SIGKILLed with its pg_autoctl while
   # jobs flow, the standby promoted by pg_auto_failover, the old primary rejoining as standby, then a planned
   # failover back; backends terminated 4 times. About a minute and a half.
   ATTUNE_HA_FAST=1 scripts/fault-suite.sh --debug --ha --jobs 300 --users 20 --hot 2 --workers 3 --kills 2 --sigterms 1 \
     --bad 4 --republish 8 --samples 40 --pg-terminates 4 --timeout 300
+  took "the fault suite on the PostgreSQL HA pair"
   # A fleet past the old cap of 16: 48 worker processes of one slot on the 64 partitions, 600 users so that every
   # partition gets jobs, a RabbitMQ restart and 2 termination rounds; fails unless every worker commits.
   scripts/fault-suite.sh --debug --workers 48 --partitions 64 --every-worker-commits --jobs 2000 --users 600 --hot 0 \
     --kills 0 --sigterms 0 --bad 4 --republish 8 --samples 20 --pg-terminates 2 --pg-restarts 0 --pg-crashes 0 \
     --pg-kills 0 --timeout 300
+  took "the fault suite with 48 workers"
   # A repartition from 16 to 64 partitions under load (`attune topology repartition`): half the jobs queued,
   # the other half published while it runs, workers SIGKILLed and SIGTERMed and RabbitMQ restarted meanwhile;
   # fails unless every job ended once, every user's model is a replay of its jobs in publish order, and the
@@ -100,4 +123,5 @@ if [ $# -eq 0 ]; then
   scripts/fault-suite.sh --debug --partitions 16 --repartition 64 --workers 4 --jobs 600 --users 40 --hot 2 --kills 3 \
     --sigterms 1 --bad 6 --republish 10 --samples 40 --pg-terminates 4 --pg-restarts 0 --pg-crashes 0 --pg-kills 0 \
     --timeout 300
+  took "the fault suite with a repartition"
 fi

@@ -7,7 +7,7 @@ internal import CPUFeatures
 // microsecond of work, less than a library call's setup, and the libraries take each call's packing buffers
 // from a pool shared between threads under a lock (Debian's OpenBLAS 0.3.21 did, BLIS does). A slot training
 // such a net makes hundreds of thousands of calls a second, so two slots queued on that lock and scaled 1.4×
-// instead of 2× (docs/changelog.md, slot scaling). These loops take no lock and allocate nothing.
+// instead of 2× (docs/history.md, slot scaling). These loops take no lock and allocate nothing.
 //
 // Why the same bits at every batch size: an element of y is reduced in one fixed order whatever the rows
 // around it (8 lanes over the inputs in steps of 8, a fixed tree across the lanes, the inputs left over one

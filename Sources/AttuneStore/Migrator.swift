@@ -1,3 +1,4 @@
+import AttuneSpec
 import Crypto
 import Foundation
 import Logging
@@ -7,6 +8,13 @@ import Logging
 /// last applied, recording its SHA-256 in `attune_schema_functions`, as Flyway's repeatable migrations.
 /// Every worker may run it at start: a session advisory lock makes concurrent runs wait for each
 /// other, and the second one finds nothing left to do.
+///
+/// Migrations expand, then contract (docs/upgrades.md). An expand migration only adds, so the release
+/// before keeps working on the schema it leaves. A contract migration removes what older releases still
+/// use; its file says from which release on the schema serves (`-- attune:oldest-release 0.41.0`), and it
+/// waits until no live worker of an older release holds a lease. The schema records the oldest release it
+/// serves and the newest that migrated it (`attune_schema_release`), and a release older than the oldest
+/// served refuses to start.
 public struct Migrator: Sendable {
     public struct Migration: Sendable, Equatable {
         /// The file name without `.sql`, e.g. `0001_initial`; what the table records.
@@ -18,6 +26,12 @@ public struct Migrator: Sendable {
         case unreadableDirectory(URL, String)
         case duplicateNumber(String, String)
         case failed(migration: String, DatabaseError)
+        /// This release is older than the oldest the schema serves.
+        case releaseTooOld(release: String, served: SchemaReleases)
+        /// A contract migration waits for workers of older releases to stop; nothing after it was applied.
+        case contractWaiting(migration: String, oldestRelease: String, olderWorkers: [LeaseHolder])
+        /// A migration file names a release this one is not, or not a release at all.
+        case badDirective(migration: String, String)
 
         public var description: String {
             switch self {
@@ -27,6 +41,18 @@ public struct Migrator: Sendable {
                 return "migrations \(a) and \(b) share a number; renumber one so the order is unambiguous"
             case let .failed(migration, error):
                 return "migration \(migration) failed and was rolled back: \(error)"
+            case let .releaseTooOld(release, served):
+                return "this is Attune \(release), but the database's schema serves Attune \(served.oldest) and later "
+                    + "(it was last migrated by \(served.newest)): run the image of \(served.newest), or of any release "
+                    + "from \(served.oldest) on (docs/upgrades.md)"
+            case let .contractWaiting(migration, oldest, workers):
+                let names = workers.prefix(5).map { "\($0.worker) (\($0.release ?? "before 0.39.0"), pid \($0.pid))" }
+                return "migration \(migration) removes what releases before \(oldest) use, and \(workers.count) live "
+                    + "worker(s) of older releases hold leases: \(names.joined(separator: ", "))"
+                    + (workers.count > 5 ? ", …" : "") + "; finish rolling them out to \(oldest) or later, then run "
+                    + "attune migrate again (docs/upgrades.md)"
+            case let .badDirective(migration, reason):
+                return "migration \(migration): \(reason)"
             }
         }
 
@@ -40,11 +66,19 @@ public struct Migrator: Sendable {
     /// Any constant works as long as every Attune process uses the same one; this is "Attune" in ASCII.
     static let advisoryLockKey: Int64 = 0x41_74_74_75_6E_65
 
+    /// The oldest release a schema serves until a contract migration says otherwise: the first release
+    /// whose migrations were all expand-only against the release after it (0.38.0 runs on 0.39.0's schema).
+    public static let baselineRelease = "0.38.0"
+
     public let directory: URL
+    /// The release applying the migrations, recorded beside each one.
+    public let release: String
     private let logger: Logger
 
-    public init(directory: URL, logger: Logger = Logger(label: "attune.store.migrator")) {
+    public init(directory: URL, release: String = AttuneRelease.version,
+                logger: Logger = Logger(label: "attune.store.migrator")) {
         self.directory = directory
+        self.release = release
         self.logger = logger
     }
 
@@ -100,18 +134,19 @@ public struct Migrator: Sendable {
     }
 
     /// Applies what is missing, each migration in its own transaction; returns the names applied now.
+    /// Throws `releaseTooOld` before applying anything when the schema no longer serves this release, and
+    /// `contractWaiting` at a contract migration that live workers of older releases still stand in the way of.
     @discardableResult
     public func migrate(_ conn: PostgresConnection) throws -> [String] {
         let pending = try migrations()
         try conn.query("SELECT pg_advisory_lock($1)", [Self.advisoryLockKey])
         defer { _ = try? conn.query("SELECT pg_advisory_unlock($1)", [Self.advisoryLockKey]) }
 
-        try conn.query("""
-            CREATE TABLE IF NOT EXISTS attune_schema_migrations (
-                name       text PRIMARY KEY,
-                applied_at timestamptz NOT NULL DEFAULT now()
-            )
-            """)
+        try createBookkeeping(conn)
+        let own = try ownRelease()
+        if let served = try Self.servedReleases(on: conn), let oldest = ReleaseNumber(served.oldest), own < oldest {
+            throw MigratorError.releaseTooOld(release: release, served: served)
+        }
         let applied = Set(try conn.query("SELECT name FROM attune_schema_migrations").rows.map { try $0.string(0) })
 
         var appliedNow = [String]()
@@ -122,10 +157,22 @@ public struct Migrator: Sendable {
             } catch {
                 throw MigratorError.unreadableDirectory(migration.url, "\(error)")
             }
+            let contract = try Self.oldestRelease(declaredIn: sql, migration: migration.name)
+            if let contract {
+                guard contract <= own else {
+                    throw MigratorError.badDirective(migration: migration.name, "it declares oldest release \(contract), "
+                        + "newer than this release \(own): a release's own migrations can only require it or older")
+                }
+                let older = try Self.workers(olderThan: contract, on: conn)
+                if !older.isEmpty {
+                    throw MigratorError.contractWaiting(migration: migration.name, oldestRelease: "\(contract)", olderWorkers: older)
+                }
+            }
             do {
                 try conn.transaction {
                     try conn.executeScript(sql, operation: "migration \(migration.name)")
-                    try conn.query("INSERT INTO attune_schema_migrations (name) VALUES ($1)", [migration.name])
+                    try conn.query("INSERT INTO attune_schema_migrations (name, release) VALUES ($1, $2)", [migration.name, release])
+                    if let contract { try raiseOldest(to: contract, conn) }
                 }
             } catch let error as DatabaseError {
                 throw MigratorError.failed(migration: migration.name, error)
@@ -133,7 +180,101 @@ public struct Migrator: Sendable {
             logger.info("applied migration", metadata: ["migration": "\(migration.name)"])
             appliedNow.append(migration.name)
         }
+        if let newest = try Self.servedReleases(on: conn).flatMap({ ReleaseNumber($0.newest) }), newest < own {
+            try conn.query("UPDATE attune_schema_release SET newest_release = $1, updated_at = now()", [release])
+        }
         return appliedNow + (try applyFunctions(conn))
+    }
+
+    /// The releases a schema serves: from `oldest` on, as last migrated by `newest`.
+    public struct SchemaReleases: Sendable, Equatable {
+        public let oldest: String
+        public let newest: String
+
+        public init(oldest: String, newest: String) {
+            self.oldest = oldest
+            self.newest = newest
+        }
+    }
+
+    /// What the schema records; nil for a schema no release from 0.39.0 on has migrated.
+    public static func servedReleases(on conn: PostgresConnection) throws -> SchemaReleases? {
+        guard try conn.query("SELECT to_regclass('attune_schema_release') IS NOT NULL").bool(0, 0) else { return nil }
+        return try conn.query("SELECT oldest_release, newest_release FROM attune_schema_release").rows.first.map {
+            SchemaReleases(oldest: try $0.string("oldest_release"), newest: try $0.string("newest_release"))
+        }
+    }
+
+    /// For a worker started with `--no-migrate`: throws `releaseTooOld` if the schema does not serve this
+    /// release, and returns the expand migrations this release ships that are not applied yet (the worker
+    /// waits for them). Contract migrations are not waited for: this release runs with or without them.
+    public func missingForThisRelease(_ conn: PostgresConnection) throws -> [String] {
+        let own = try ownRelease()
+        if let served = try Self.servedReleases(on: conn), let oldest = ReleaseNumber(served.oldest), own < oldest {
+            throw MigratorError.releaseTooOld(release: release, served: served)
+        }
+        let waiting = try pending(conn)
+        let contracts = Set(try migrations().filter { migration in
+            guard let sql = try? String(contentsOf: migration.url, encoding: .utf8) else { return false }
+            return try Self.oldestRelease(declaredIn: sql, migration: migration.name) != nil
+        }.map(\.name))
+        return waiting.migrations.filter { !contracts.contains($0) } + waiting.functions
+    }
+
+    /// The release a contract migration declares in a line `-- attune:oldest-release X.Y.Z`; nil for an expand one.
+    static func oldestRelease(declaredIn sql: String, migration: String) throws -> ReleaseNumber? {
+        let marker = "-- attune:oldest-release"
+        guard let line = sql.split(separator: "\n").first(where: { $0.hasPrefix(marker) }) else { return nil }
+        let value = line.dropFirst(marker.count).trimmingCharacters(in: .whitespaces)
+        guard let number = ReleaseNumber(value) else {
+            throw MigratorError.badDirective(migration: migration, "\"\(line)\" names no release (write X.Y.Z)")
+        }
+        return number
+    }
+
+    /// Live workers (lease sessions) of releases before `release`; a worker from before 0.39.0 names none and counts.
+    static func workers(olderThan release: ReleaseNumber, on conn: PostgresConnection) throws -> [LeaseHolder] {
+        try PartitionLeases.holders(on: conn).filter { holder in
+            guard let theirs = holder.release.flatMap(ReleaseNumber.init) else { return true }
+            return theirs < release
+        }
+    }
+
+    private func ownRelease() throws -> ReleaseNumber {
+        guard let own = ReleaseNumber(release) else {
+            throw MigratorError.badDirective(migration: "(none)", "this process's release \"\(release)\" is not X.Y.Z")
+        }
+        return own
+    }
+
+    private func raiseOldest(to contract: ReleaseNumber, _ conn: PostgresConnection) throws {
+        let current = try conn.query("SELECT oldest_release FROM attune_schema_release FOR UPDATE").rows.first
+            .flatMap { ReleaseNumber(try $0.string(0)) }
+        if current.map({ $0 < contract }) ?? true {
+            try conn.query("UPDATE attune_schema_release SET oldest_release = $1, updated_at = now()", ["\(contract)"])
+        }
+    }
+
+    /// The migrator's own tables. Releases before 0.39.0 made only the first, without its release column.
+    private func createBookkeeping(_ conn: PostgresConnection) throws {
+        try conn.executeScript("""
+            CREATE TABLE IF NOT EXISTS attune_schema_migrations (
+                name       text PRIMARY KEY,
+                applied_at timestamptz NOT NULL DEFAULT now()
+            );
+            -- Which release applied each migration; NULL for those applied by a release before 0.39.0.
+            ALTER TABLE attune_schema_migrations ADD COLUMN IF NOT EXISTS release text;
+            -- One row: the oldest release whose workers run on this schema, and the newest that migrated it.
+            CREATE TABLE IF NOT EXISTS attune_schema_release (
+                only_row       boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+                oldest_release text NOT NULL,
+                newest_release text NOT NULL,
+                updated_at     timestamptz NOT NULL DEFAULT now()
+            );
+            """, operation: "the migrator's bookkeeping")
+        try conn.query("""
+            INSERT INTO attune_schema_release (oldest_release, newest_release) VALUES ($1, $2) ON CONFLICT DO NOTHING
+            """, [Self.baselineRelease, release])
     }
 
     /// What `migrate` would apply now, applying nothing: the migrations not recorded, and the function
@@ -168,6 +309,8 @@ public struct Migrator: Sendable {
                 applied_at timestamptz NOT NULL DEFAULT now()
             )
             """)
+        try conn.query("ALTER TABLE attune_schema_functions ADD COLUMN IF NOT EXISTS release text")
+        let own = try ownRelease()
         var appliedNow = [String]()
         for definition in try functionDefinitions() {
             let sql: String
@@ -177,16 +320,22 @@ public struct Migrator: Sendable {
                 throw MigratorError.unreadableDirectory(definition.url, "\(error)")
             }
             let digest = Self.digest(sql)
-            let recorded = try conn.query("SELECT sha256 FROM attune_schema_functions WHERE name = $1", [definition.name])
-                .rows.first.map { try $0.string("sha256") }
-            if recorded == digest { continue }
+            let recorded = try conn.query("SELECT sha256, release FROM attune_schema_functions WHERE name = $1",
+                                          [definition.name]).rows.first
+            if try recorded?.string("sha256") == digest { continue }
+            // A newer release's definition stays while this one runs beside it during a rollout: releases may
+            // only change a function in ways the release before still works with.
+            if let theirs = try recorded?.optionalString("release").flatMap(ReleaseNumber.init), own < theirs {
+                logger.info("function definition left as release \(theirs) wrote it", metadata: ["function": "\(definition.name)"])
+                continue
+            }
             do {
                 try conn.transaction {
                     try conn.executeScript(sql, operation: "function \(definition.name)")
                     try conn.query("""
-                        INSERT INTO attune_schema_functions (name, sha256) VALUES ($1, $2)
-                        ON CONFLICT (name) DO UPDATE SET sha256 = excluded.sha256, applied_at = now()
-                        """, [definition.name, digest])
+                        INSERT INTO attune_schema_functions (name, sha256, release) VALUES ($1, $2, $3)
+                        ON CONFLICT (name) DO UPDATE SET sha256 = excluded.sha256, release = excluded.release, applied_at = now()
+                        """, [definition.name, digest, release])
                 }
             } catch let error as DatabaseError {
                 throw MigratorError.failed(migration: "functions/\(definition.name)", error)

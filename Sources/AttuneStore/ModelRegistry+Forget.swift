@@ -113,6 +113,29 @@ extension ModelRegistry {
         return report
     }
 
+    /// The users this database holds rows of although its tombstones say they were forgotten: what a restore
+    /// from a backup taken before the forget brings back. Each with the model forgotten (nil: every model).
+    /// `attune user replay-forgets` forgets them again; the tombstones come from the later, short-retention
+    /// backup of the keys (docs/backup.md).
+    public func usersToForgetAgain() throws -> [(user: String, model: String?)] {
+        try connection.query("""
+            SELECT DISTINCT u.user_id, f.model FROM (
+                SELECT user_id FROM attune_personal_heads
+                UNION SELECT user_id FROM attune_personal_versions
+                UNION SELECT user_id FROM attune_retained_jobs
+                UNION SELECT user_id FROM attune_held_versions
+                UNION SELECT user_id FROM attune_rebase_users
+                UNION SELECT user_id FROM attune_user_keys
+                UNION SELECT user_id FROM attune_job_outcomes WHERE user_id IS NOT NULL
+            ) u
+            JOIN attune_forgotten_users f ON f.user_sha256 = sha256(convert_to(u.user_id, 'UTF8'))
+            ORDER BY 1, 2
+            """).rows.map { row in
+                let model = try row.string("model")
+                return (try row.string("user_id"), model.isEmpty ? nil : model)
+            }
+    }
+
     /// What `serve` delivers to `user` for `model`, in one round trip: `.forgotten` for a user forgotten (no
     /// model at all, so devices get 404), else the newest version the quality gate does not hold (nil: the base).
     public func deliveryLine(user: String, model: String) throws -> DeliveryLine {

@@ -28,11 +28,23 @@ public final class PartitionLeases {
         try connection.query("SELECT pg_advisory_lock($1, $2)", [Int(Self.memberClass), Int(memberId)])
     }
 
-    static let applicationPrefix = "attune-lease:"
+    /// A lease session is named `attune-lease@RELEASE:WORKER`; releases before 0.39.0 named it `attune-lease:WORKER`.
+    /// The release comes first so that PostgreSQL's cut at 63 bytes can only shorten the worker's name.
+    static let applicationPrefix = "attune-lease"
 
-    static func applicationName(_ workerName: String) -> String {
+    static func applicationName(_ workerName: String, release: String = AttuneRelease.version) -> String {
         // PostgreSQL keeps 63 bytes of an application_name; a worker's name is an identifier (ASCII).
-        String((applicationPrefix + workerName).prefix(63))
+        String((applicationPrefix + "@" + release + ":" + workerName).prefix(63))
+    }
+
+    /// The worker's name and release in a lease session's application_name; a release of nil is one from
+    /// before 0.39.0, which did not say.
+    static func parseApplicationName(_ name: String) -> (worker: String, release: String?) {
+        guard name.hasPrefix(applicationPrefix) else { return (name, nil) }
+        let rest = name.dropFirst(applicationPrefix.count)
+        if rest.hasPrefix(":") { return (String(rest.dropFirst()), nil) }
+        guard rest.hasPrefix("@"), let colon = rest.firstIndex(of: ":") else { return (name, nil) }
+        return (String(rest[rest.index(after: colon)...]), String(rest[rest.index(after: rest.startIndex)..<colon]))
     }
 
     /// Who holds what, as PostgreSQL's lock table says now: every live worker's lease session with the
@@ -52,9 +64,8 @@ public final class PartitionLeases {
             GROUP BY a.pid, a.application_name, a.backend_start
             ORDER BY a.application_name, a.pid
             """, [Int(memberClass), Int(partitionClass)]).rows.map { row in
-                let name = try row.string("name")
-                return LeaseHolder(worker: name.hasPrefix(applicationPrefix) ? String(name.dropFirst(applicationPrefix.count)) : name,
-                                   pid: try row.int("pid"), since: Date(timeIntervalSince1970: try row.double("since")),
+                let (worker, release) = parseApplicationName(try row.string("name"))
+                return LeaseHolder(worker: worker, release: release, pid: try row.int("pid"), since: Date(timeIntervalSince1970: try row.double("since")),
                                    partitions: try row.string("partitions").split(separator: ",").compactMap { Int($0) }
                                     .map { JobPartition(leaseKey: $0) })
             }
@@ -126,6 +137,8 @@ public final class PartitionLeases {
 /// One live worker's lease session, as `attune topology status` shows it.
 public struct LeaseHolder: Sendable, Equatable {
     public let worker: String
+    /// The worker's release; nil for a release before 0.39.0 (which did not record it).
+    public let release: String?
     /// The lease session's server process (several workers may share a name).
     public let pid: Int
     public let since: Date

@@ -35,11 +35,23 @@ struct Attune: AsyncParsableCommand {
         }
     }
 
-    static func bootstrapLogging() {
+    /// Logs go to standard error at `ATTUNE_LOG_LEVEL` (default info); a value that is no level stops the
+    /// process rather than hide the debug lines someone asked for.
+    static func bootstrapLogging() throws {
+        let given = ProcessInfo.processInfo.environment["ATTUNE_LOG_LEVEL"].flatMap { $0.isEmpty ? nil : $0 }
+        let level: Logger.Level
+        if let given {
+            guard let parsed = Logger.Level(rawValue: given.lowercased()) else {
+                throw CommandFailure(description: "ATTUNE_LOG_LEVEL=\(given) is no log level; use one of "
+                    + Logger.Level.allCases.map(\.rawValue).joined(separator: ", ") + " (docs/logs.md)")
+            }
+            level = parsed
+        } else {
+            level = .info
+        }
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = ProcessInfo.processInfo.environment["ATTUNE_LOG_LEVEL"]
-                .flatMap(Logger.Level.init(rawValue:)) ?? .info
+            handler.logLevel = level
             return handler
         }
     }

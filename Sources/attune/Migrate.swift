@@ -4,15 +4,30 @@ import Foundation
 
 struct Migrate: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Apply database migrations (safe to run from many processes at once).")
+        abstract: "Apply database migrations (safe to run from many processes at once).",
+        discussion: """
+            Expand migrations apply at once; a contract migration (one that removes what older releases use) \
+            waits until no worker of an older release holds a lease, and the command exits 1 naming them. \
+            See docs/upgrades.md.
+            """)
 
     @OptionGroup var database: DatabaseOptions
     @Option(help: "Folder of NNNN_name.sql files (env ATTUNE_MIGRATIONS_DIR).")
     var migrations: String?
 
     func run() throws {
-        let applied = try Migrate.apply(databaseURL: database.resolved(), directory: migrations)
+        let applied: [String]
+        do {
+            applied = try Migrate.apply(databaseURL: database.resolved(), directory: migrations)
+        } catch let error as Migrator.MigratorError {
+            throw CommandFailure(description: "\(error)")
+        }
         print(applied.isEmpty ? "database is up to date" : "applied \(applied.joined(separator: ", "))")
+        let connection = try PostgresConnection(url: database.resolved())
+        defer { connection.close() }
+        if let served = try Migrator.servedReleases(on: connection) {
+            print("the schema serves Attune \(served.oldest) and later; last migrated by \(served.newest)")
+        }
     }
 
     static func apply(databaseURL: String, directory: String?) throws -> [String] {

@@ -25,14 +25,14 @@ extension Model {
                 throw ValidationError("give --min-accuracy and/or --max-drop, or --off")
             }
             for value in [minAccuracy, maxDrop].compactMap({ $0 }) where !(0...1).contains(value) {
-                throw ValidationError("gate values are fractions between 0 and 1, got \\(value)")
+                throw ValidationError("gate values are fractions between 0 and 1, got \(value)")
             }
         }
 
         func run() throws {
             let registry = try database.registry()
             guard try registry.newestBaseVersion(name: name) != nil else {
-                throw ValidationError("no base model \\(name): import it first (`attune model import`)")
+                throw ValidationError("no base model \(name): import it first (`attune model import`)")
             }
             try registry.setQualityGate(model: name, minAccuracy: minAccuracy, maxDrop: maxDrop)
             print(Self.describe(try registry.qualityGate(model: name), model: name))

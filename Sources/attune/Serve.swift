@@ -34,7 +34,7 @@ struct Serve: AsyncParsableCommand {
     var chartJS: String = "/usr/share/javascript/chart.js/chart.min.js"
 
     func run() async throws {
-        Attune.bootstrapLogging()
+        try Attune.bootstrapLogging()
         let logger = Logger(label: "attune.serve")
         let keys = try StorageKeys.load()
         keys.logSummary(to: logger)
@@ -62,7 +62,9 @@ struct Serve: AsyncParsableCommand {
             logger.info("producers of \(file) may read job outcomes (/api/jobs/*) on the admin listener")
             return credentials
         } catch {
-            throw CommandFailure(description: "--producers: \(error.description)")
+            // The producers file has the operators file's format, and the same fixes.
+            throw CommandFailure(description: "--producers: "
+                + error.description.replacingOccurrences(of: "the operators file", with: "the producers file"))
         }
     }
 
@@ -109,8 +111,10 @@ struct Operator: ParsableCommand {
             let existing = (try? String(contentsOfFile: file, encoding: .utf8)) ?? ""
             var lines = existing.split(separator: "\n").map(String.init).filter { !$0.hasPrefix(name + ":") }
             lines.append(OperatorCredentials.line(name: name, password: password))
-            _ = FileManager.default.createFile(atPath: file, contents: Data((lines.joined(separator: "\n") + "\n").utf8),
-                                           attributes: [.posixPermissions: 0o600])
+            guard FileManager.default.createFile(atPath: file, contents: Data((lines.joined(separator: "\n") + "\n").utf8),
+                                                 attributes: [.posixPermissions: 0o600]) else {
+                throw CommandFailure(description: "cannot write \(file): check that its folder exists and this user may write there")
+            }
             FileHandle.standardError.write(Data("operator \(name) in \(file)\n".utf8))
         }
     }

@@ -107,6 +107,11 @@ struct TopologyCommand: ParsableCommand {
             print("\(holders.count) worker(s): \(holders.count - standing.count) holding, \(standing.count) standing by"
                   + (standing.isEmpty ? "" : " (" + standing.map { "\($0.worker) pid \($0.pid)" }.joined(separator: ", ") + ")")
                   + "; \(layout.consumed.partitions - held) of \(layout.consumed.partitions) partitions unheld")
+            if !holders.isEmpty {
+                // During a rolling upgrade: how far it has got.
+                let releases = Dictionary(grouping: holders) { $0.release ?? "before 0.39.0" }
+                print("releases: " + releases.keys.sorted().map { "\($0) (\(releases[$0]!.count))" }.joined(separator: ", "))
+            }
             print("generation \(layout.current.number): \(layout.current.partitions) partitions")
             if let draining = layout.draining {
                 let drained = try FleetPartitioning.drained(generation: draining.number, on: connection)

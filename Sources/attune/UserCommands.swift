@@ -7,7 +7,7 @@ import Foundation
 struct User: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "What the fleet holds about one user.",
-        subcommands: [Forget.self])
+        subcommands: [Forget.self, ReplayForgets.self])
 
     struct Forget: ParsableCommand {
         static let configuration = CommandConfiguration(
@@ -50,6 +50,36 @@ struct User: ParsableCommand {
             } else {
                 print(ForgetReportText.text(report, user: user, encrypting: registry.keys.isEncrypting))
             }
+        }
+    }
+}
+
+extension User {
+    struct ReplayForgets: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "replay-forgets",
+            abstract: "After a restore: forget again every user a tombstone names whose rows the backup brought back.",
+            discussion: """
+                A backup taken before a user was forgotten holds the user's rows. Restore it with the later \
+                backup of attune_user_keys and attune_forgotten_users (docs/backup.md), then run this: each user \
+                whose SHA-256 a tombstone holds is forgotten again, as attune user forget does it. It prints \
+                counts, never the user ids. Running it again is harmless.
+                """)
+
+        @OptionGroup var database: DatabaseOptions
+
+        func run() throws {
+            let registry = try database.registry()
+            let found = try registry.usersToForgetAgain()
+            var versions = 0, objects = 0, keys = 0
+            for (user, model) in found {
+                let report = try registry.forgetUser(user, model: model)
+                versions += report.versions
+                objects += report.largeObjects
+                keys += report.userKeys
+            }
+            print("forgot again \(found.count) user line(s) that tombstones name: \(versions) personal version(s), "
+                  + "\(objects) large object(s), \(keys) user data key(s) removed")
         }
     }
 }

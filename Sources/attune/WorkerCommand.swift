@@ -40,7 +40,8 @@ struct WorkerCommand: AsyncParsableCommand {
     @Option(help: "AMQP heartbeat interval in seconds.") var heartbeat: Int = 30
     @Option(help: "Seconds a terminal event may wait for its worker's broker confirm before any worker publishes it again from the outbox (its worker presumably died).")
     var outboxGrace: Double = 30
-    @Flag(help: "Skip applying migrations at start.") var noMigrate = false
+    @Flag(help: "Apply no migrations at start; wait until this release's are applied (attune migrate, or a migration Job).")
+    var noMigrate = false
     @Option(help: "Serve /metrics (Prometheus), /healthz and /readyz over HTTP on this port (0: any free one).")
     var metricsPort: Int?
     @Option(help: "The address --metrics-port listens on.") var metricsHost: String = "0.0.0.0"
@@ -64,16 +65,13 @@ struct WorkerCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        Attune.bootstrapLogging()
+        try Attune.bootstrapLogging()
         let logger = Logger(label: "attune.worker")
         logger.info("attune \(AttuneRelease.version); training: \(TrainingRuntime.summary)")
         if let warning = TrainingRuntime.warning { logger.warning("training: \(warning)") }
         // A malformed key list stops the worker here, before it takes a job.
         let storageKeys = try StorageKeys.load()
-        if !noMigrate {
-            let applied = try Migrate.apply(databaseURL: database.resolved(), directory: nil)
-            if !applied.isEmpty { logger.info("applied migrations \(applied)") }
-        }
+        try prepareSchema(logger: logger)
         var configuration = WorkerConfiguration(databaseURL: database.resolved(), amqpURL: broker.resolved(),
                                                 concurrency: concurrency, prefetch: prefetch, batchSize: batchSize)
         if let name { configuration.workerName = name }
@@ -112,6 +110,49 @@ struct WorkerCommand: AsyncParsableCommand {
         // Abandoning takes one mini-batch and, at worst, a commit already under way.
         groupConfiguration.maximumCancellationDuration = .seconds(60)
         try await ServiceGroup(configuration: groupConfiguration).run()
+    }
+}
+
+extension WorkerCommand {
+    /// Applies this release's migrations, or with `--no-migrate` waits until someone has (a migration Job).
+    /// Either way a schema that no longer serves this release stops the worker with what to run instead; a
+    /// contract migration held back by older workers still running is logged and left for later.
+    func prepareSchema(logger: Logger) throws {
+        guard noMigrate else {
+            do {
+                let applied = try Migrate.apply(databaseURL: database.resolved(), directory: nil)
+                if !applied.isEmpty { logger.info("applied migrations \(applied)") }
+            } catch let error as Migrator.MigratorError {
+                guard case .contractWaiting = error else { throw CommandFailure(description: "\(error)") }
+                logger.warning("\(error)")
+            }
+            return
+        }
+        guard let folder = Migrator.defaultDirectory() else {
+            throw CommandFailure(description: "no migrations folder found: set ATTUNE_MIGRATIONS_DIR")
+        }
+        let migrator = Migrator(directory: folder)
+        var told = false
+        while true {
+            let missing: [String]
+            do {
+                let connection = try PostgresConnection(url: database.resolved())
+                defer { connection.close() }
+                missing = try migrator.missingForThisRelease(connection)
+            } catch let error as Migrator.MigratorError {
+                throw CommandFailure(description: "\(error)")
+            } catch let error as DatabaseError where error.kind == .connection {
+                // As with the partition layout, PostgreSQL down at start is no reason to stay down with it.
+                logger.warning("PostgreSQL is not reachable yet (\(error)); starting without checking which releases the schema serves")
+                return
+            }
+            if missing.isEmpty { return }
+            if !told {
+                logger.warning("waiting for migrations \(missing.joined(separator: ", ")) (--no-migrate): run attune migrate, or start a worker without --no-migrate")
+                told = true
+            }
+            Thread.sleep(forTimeInterval: 2)
+        }
     }
 }
 

@@ -65,6 +65,7 @@ final class WorkerStartTests: XCTestCase {
         for (environment, expected) in [
             (["ATTUNE_TRAINING_KERNELS": "sse9"], "ATTUNE_TRAINING_KERNELS=sse9 names no kernel set"),
             (["BLIS_ARCH_TYPE": "zen9"], "BLIS_ARCH_TYPE=zen9 names no configuration of this BLIS"),
+            (["ATTUNE_LOG_LEVEL": "loud"], "ATTUNE_LOG_LEVEL=loud is no log level; use one of trace, debug, info"),
         ] {
             let (refused, why) = try start(environment, waitFor: 10)
             XCTAssertNotEqual(refused.terminationStatus, 0, why)
