@@ -102,6 +102,9 @@ let package = Package(
 
         // Unit tests: nothing but the code under test (a plain `swift test` on a fresh machine runs these).
         .testTarget(name: "AttuneSpecTests", dependencies: ["AttuneSpec"]),
+        // The store's pure parts (envelopes, keys, error classification, release bookkeeping): no server.
+        .testTarget(name: "AttuneStoreTests", dependencies: ["AttuneStore", "AttuneSpec",
+                                                            .product(name: "Crypto", package: "swift-crypto")]),
         .testTarget(name: "AttuneTrainingTests", dependencies: ["AttuneTraining", "AttuneKernels", "AttuneImage", "AttuneSpec",
                                                                 "TrainingTestSupport"]),
         .testTarget(name: "AttuneImageTests", dependencies: ["AttuneImage", "AttuneSpec"]),

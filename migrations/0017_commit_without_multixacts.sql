@@ -3,8 +3,8 @@
 -- keeps both as a multixact, so every commit made one per job, and every later read of the head's older
 -- row versions resolved it (GetMultiXactIdMembers took half of the backends' CPU). Under a synchronous
 -- standby with hot_standby_feedback those row versions outlive their pruning longer, and the fleet ran at
--- a third of its rate through the HA set in about half the runs (Benchmarks/fleet.sh --ha; README's
--- "PostgreSQL high availability"). A row the transaction itself updated needs no multixact when a
+-- a third of its rate through the HA set in about half the runs (Benchmarks/fleet.sh --ha;
+-- docs/postgresql-ha.md). A row the transaction itself updated needs no multixact when a
 -- subtransaction updates it again: the same lock, one more row version per line and batch.
 CREATE OR REPLACE FUNCTION attune_commit_versions(
     job_users          text[],

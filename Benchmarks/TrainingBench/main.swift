@@ -154,6 +154,8 @@ func train(_ arguments: [String]) throws {
 
 let arguments = Array(CommandLine.arguments.dropFirst())
 do {
+    // The bench's variants (BLIS forced, a kernel set, a switch off) come in through the environment.
+    try TrainingRuntime.configure(TrainingSettings(environment: ProcessInfo.processInfo.environment))
     switch arguments.first {
     case "peak": peak()
     case "train": try train(arguments)

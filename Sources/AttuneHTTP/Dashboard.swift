@@ -8,10 +8,6 @@ import ServiceLifecycle
 /// from `attune.events` over server-sent events, each job's loss per epoch drawn with Chart.js (Debian's
 /// libjs-chart.js, served beside the page), throughput over time, the dead-letter queue with its reasons,
 /// the rebases' progress, and a user's version history.
-/// Unchecked: written once by the worker thread before it resumes the continuation, read only after.
-final class ResultBox<T>: @unchecked Sendable {
-    var value: T?
-}
 
 enum Dashboard {
     static func add(to router: Router<some RequestContext>, hub: EventHub, delivery: ModelDelivery, amqpURL: String,
@@ -107,13 +103,12 @@ enum Dashboard {
 
     /// rabbitmq-c blocks: the dead-letter listing runs on a thread of its own.
     static func onThread<T>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        let box = ResultBox<T>()
-        try await withCheckedThrowingContinuation { (done: CheckedContinuation<Void, Error>) in
+        // The result is made on the thread and handed over by the continuation (`sending`), never shared.
+        try await withCheckedThrowingContinuation { (done: CheckedContinuation<T, Error>) in
             Thread {
-                do { box.value = try body(); done.resume() } catch { done.resume(throwing: error) }
+                do { done.resume(returning: try body()) } catch { done.resume(throwing: error) }
             }.start()
         }
-        return box.value!
     }
 
     static let page = #"""

@@ -1,6 +1,7 @@
 import AttuneStore
 import Foundation
 import Logging
+import Synchronization
 
 /// What `attune serve` remembers between requests so that a device asking "is there a newer model?" costs
 /// no database round trip: each user's delivered head, the application of each application-wide token,
@@ -11,20 +12,22 @@ import Logging
 /// entry is dropped when the notification arrives. While the listening connection is down nothing is
 /// read from or written to these two caches, and they are emptied when it comes back, so a device never
 /// sees a head older than the newest notification delivered to this server.
-/// Unchecked: both caches and the connection state are behind `lock`, taken by every method.
-final class DeliveryCache: @unchecked Sendable {
-    private let lock = NSLock()
-    private var listening = false
-    /// Bumped by every invalidation: a value read from the database under an older generation may already
-    /// be stale, so it is not stored.
-    private var generation: UInt64 = 0
-    /// "model/user" → query-attributes key → what was delivered (nil: no such model).
-    private var heads: [String: [String: DeliveredModel?]] = [:]
-    private var headCount = 0
-    private var tokens: [String: AuthorizedApplication?] = [:]
-    private var bytes: [String: Data] = [:]
-    private var byteOrder: [String] = []
-    private var byteTotal = 0
+final class DeliveryCache: Sendable {
+    private struct State {
+        var listening = false
+        /// Bumped by every invalidation: a value read from the database under an older generation may
+        /// already be stale, so it is not stored.
+        var generation: UInt64 = 0
+        /// "model/user" → query-attributes key → what was delivered (nil: no such model).
+        var heads: [String: [String: DeliveredModel?]] = [:]
+        var headCount = 0
+        var tokens: [String: AuthorizedApplication?] = [:]
+        var bytes: [String: Data] = [:]
+        var byteOrder: [String] = []
+        var byteTotal = 0
+    }
+
+    private let state = Mutex(State())
     static let headLimit = 500_000
     static let tokenLimit = 100_000
     let byteLimit: Int
@@ -35,60 +38,60 @@ final class DeliveryCache: @unchecked Sendable {
 
     /// The generation to read under, or nil while the cache cannot be trusted.
     func readGeneration() -> UInt64? {
-        lock.withLock { listening ? generation : nil }
+        state.withLock { $0.listening ? $0.generation : nil }
     }
 
     func head(model: String, user: String, attributes: String) -> DeliveredModel?? {
-        lock.withLock { listening ? heads["\(model)/\(user)"]?[attributes] : nil }
+        state.withLock { $0.listening ? $0.heads["\(model)/\(user)"]?[attributes] : nil }
     }
 
     func storeHead(_ value: DeliveredModel?, model: String, user: String, attributes: String, readAt: UInt64) {
-        lock.withLock {
-            guard listening, generation == readAt else { return }
-            if headCount >= Self.headLimit { heads.removeAll(keepingCapacity: true); headCount = 0 }
-            heads["\(model)/\(user)", default: [:]][attributes] = .some(value)
-            headCount += 1
+        state.withLock {
+            guard $0.listening, $0.generation == readAt else { return }
+            if $0.headCount >= Self.headLimit { $0.heads.removeAll(keepingCapacity: true); $0.headCount = 0 }
+            $0.heads["\(model)/\(user)", default: [:]][attributes] = .some(value)
+            $0.headCount += 1
         }
     }
 
     func application(tokenDigest: String) -> AuthorizedApplication?? {
-        lock.withLock { listening ? tokens[tokenDigest] : nil }
+        state.withLock { $0.listening ? $0.tokens[tokenDigest] : nil }
     }
 
     func storeApplication(_ value: AuthorizedApplication?, tokenDigest: String, readAt: UInt64) {
-        lock.withLock {
-            guard listening, generation == readAt else { return }
-            if tokens.count >= Self.tokenLimit { tokens.removeAll(keepingCapacity: true) }
-            tokens[tokenDigest] = .some(value)
+        state.withLock {
+            guard $0.listening, $0.generation == readAt else { return }
+            if $0.tokens.count >= Self.tokenLimit { $0.tokens.removeAll(keepingCapacity: true) }
+            $0.tokens[tokenDigest] = .some(value)
         }
     }
 
     func bytes(etag: String) -> Data? {
-        lock.withLock { bytes[etag] }
+        state.withLock { $0.bytes[etag] }
     }
 
     func storeBytes(_ data: Data, etag: String) {
         guard data.count <= byteLimit / 4 else { return }
-        lock.withLock {
-            guard bytes[etag] == nil else { return }
-            bytes[etag] = data
-            byteOrder.append(etag)
-            byteTotal += data.count
-            while byteTotal > byteLimit, !byteOrder.isEmpty {
-                let oldest = byteOrder.removeFirst()
-                byteTotal -= bytes.removeValue(forKey: oldest)?.count ?? 0
+        state.withLock {
+            guard $0.bytes[etag] == nil else { return }
+            $0.bytes[etag] = data
+            $0.byteOrder.append(etag)
+            $0.byteTotal += data.count
+            while $0.byteTotal > byteLimit, !$0.byteOrder.isEmpty {
+                let oldest = $0.byteOrder.removeFirst()
+                $0.byteTotal -= $0.bytes.removeValue(forKey: oldest)?.count ?? 0
             }
         }
     }
 
     /// One notification's payload: "model/user", "*" (every head) or "keys" (every token).
     func invalidate(_ payload: String) {
-        lock.withLock {
-            generation &+= 1
+        state.withLock {
+            $0.generation &+= 1
             switch payload {
-            case "*": heads.removeAll(); headCount = 0
-            case "keys": tokens.removeAll()
-            default: heads.removeValue(forKey: payload)
+            case "*": $0.heads.removeAll(); $0.headCount = 0
+            case "keys": $0.tokens.removeAll()
+            default: $0.heads.removeValue(forKey: payload)
             }
         }
     }
@@ -96,26 +99,24 @@ final class DeliveryCache: @unchecked Sendable {
     /// Listening (again): start from nothing, since notifications may have been missed. Not listening:
     /// bypass the caches.
     func setListening(_ on: Bool) {
-        lock.withLock {
-            listening = on
-            generation &+= 1
-            heads.removeAll(); headCount = 0
-            tokens.removeAll()
+        state.withLock {
+            $0.listening = on
+            $0.generation &+= 1
+            $0.heads.removeAll(); $0.headCount = 0
+            $0.tokens.removeAll()
         }
     }
 }
 
 /// A thread of its own holding one PostgreSQL connection that LISTENs to `attune_delivery` and hands each
 /// notification to the cache (and key changes to the token verifier); it reconnects with backoff.
-/// Unchecked: the listening connection is its thread's alone; `stopped` is behind `lock`.
-final class DeliveryNotifications: @unchecked Sendable {
+final class DeliveryNotifications: Sendable {
     static let channel = "attune_delivery"
     private let databaseURL: String
     private let cache: DeliveryCache
     private let keysChanged: @Sendable () -> Void
     private let logger: Logger
-    private let lock = NSLock()
-    private var stopped = false
+    private let stopped = Mutex(false)
 
     init(databaseURL: String, cache: DeliveryCache, logger: Logger, keysChanged: @escaping @Sendable () -> Void) {
         self.databaseURL = databaseURL
@@ -131,10 +132,10 @@ final class DeliveryNotifications: @unchecked Sendable {
     }
 
     func stop() {
-        lock.withLock { stopped = true }
+        stopped.withLock { $0 = true }
     }
 
-    private var isStopped: Bool { lock.withLock { stopped } }
+    private var isStopped: Bool { stopped.withLock { $0 } }
 
     private func run() {
         var backoff: TimeInterval = 0.2

@@ -2,6 +2,7 @@ import Foundation
 import HTTPTypes
 import NIOCore
 import NIOHTTPTypes
+import Synchronization
 
 /// The device port's connection handler, between HTTP parsing and Hummingbird. It does two things:
 ///
@@ -120,9 +121,13 @@ extension ModelDelivery {
 
 /// The Date header's text, made once a second.
 enum HTTPDate {
-    private static let lock = NSLock()
-    nonisolated(unsafe) private static var second = 0
-    nonisolated(unsafe) private static var text = ""
+    private struct Stamp {
+        var second = 0
+        var text = ""
+    }
+
+    /// The last second made and its text.
+    private static let stamp = Mutex(Stamp())
     private static let formatter: DateFormatter = {
         let formatter = DateFormatter()
         formatter.locale = Locale(identifier: "en_US_POSIX")
@@ -134,12 +139,12 @@ enum HTTPDate {
     static func now() -> String {
         let now = Date()
         let current = Int(now.timeIntervalSince1970)
-        return lock.withLock {
-            if current != second {
-                second = current
-                text = formatter.string(from: now)
+        return stamp.withLock {
+            if current != $0.second {
+                $0.second = current
+                $0.text = formatter.string(from: now)
             }
-            return text
+            return $0.text
         }
     }
 }

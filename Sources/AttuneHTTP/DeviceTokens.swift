@@ -2,6 +2,7 @@ import AttuneSpec
 import AttuneStore
 import Foundation
 import JWTKit
+import Synchronization
 
 /// What a device token says, signed by the application's backend: who the user is (`sub`), for whom
 /// (`aud` = "attune"), until when (`exp`, at most a day after `iat`), and optionally which models.
@@ -70,17 +71,19 @@ public enum DeviceCaller: Sendable, Equatable {
 /// Checks device tokens in memory: the keys and each application's models are loaded from PostgreSQL at
 /// start and again when the database says they changed (`DeliveryNotifications`), or when a token names a
 /// key not seen yet (at most once a second), so a request never waits for the database.
-/// Unchecked: the key set and the reload clock are behind `lock`, taken by every method; the rest is `let`.
-public final class DeviceTokenVerifier: @unchecked Sendable {
+public final class DeviceTokenVerifier: Sendable {
+    private struct State {
+        var keys: [String: DeviceKeyRecord] = [:]
+        var models: [String: Set<String>] = [:]
+        var collection = JWTKeyCollection()
+        var lastLoad = Date.distantPast
+        /// Tokens whose signature was checked, by the token's text; the claims' time limits and the key's
+        /// retirement are checked again on every use. Cleared when keys change.
+        var verified: [String: (kid: String, claims: DeviceClaims)] = [:]
+    }
+
     private let load: @Sendable () async throws -> DeviceKeySet
-    private let lock = NSLock()
-    private var keys: [String: DeviceKeyRecord] = [:]
-    private var models: [String: Set<String>] = [:]
-    private var collection = JWTKeyCollection()
-    private var lastLoad = Date.distantPast
-    /// Tokens whose signature was checked, by the token's text; the claims' time limits and the key's
-    /// retirement are checked again on every use. Cleared when keys change.
-    private var verified: [String: (kid: String, claims: DeviceClaims)] = [:]
+    private let state = Mutex(State())
     private static let verifiedLimit = 100_000
 
     public init(load: @escaping @Sendable () async throws -> DeviceKeySet) {
@@ -95,36 +98,36 @@ public final class DeviceTokenVerifier: @unchecked Sendable {
             guard let publicKey = try? EdDSA.PublicKey(x: Base64URL.encode(key.publicKey), curve: .ed25519) else { continue }
             await fresh.add(eddsa: publicKey, kid: JWKIdentifier(string: key.kid))
         }
-        lock.withLock {
-            keys = Dictionary(set.keys.map { ($0.kid, $0) }, uniquingKeysWith: { a, _ in a })
-            models = set.models
-            collection = fresh
-            verified = [:]
-            lastLoad = Date()
+        let keys = Dictionary(set.keys.map { ($0.kid, $0) }, uniquingKeysWith: { a, _ in a })
+        state.withLock {
+            $0.keys = keys
+            $0.models = set.models
+            $0.collection = fresh
+            $0.verified = [:]
+            $0.lastLoad = Date()
         }
     }
 
     /// The application's models as last loaded (for application-wide tokens, whose secrets the database checks).
     func models(of application: String) -> Set<String> {
-        lock.withLock { models[application] ?? [] }
+        state.withLock { $0.models[application] ?? [] }
     }
 
     /// The caller a JWT proves, or nil for any token that is not a live, well-signed EdDSA token of a known
     /// key: expired, tampered, another key's, `alg` other than EdDSA (`none` included), or too long-lived.
     public func caller(forJWT token: String, now: Date = Date()) async -> DeviceCaller? {
-        if let hit = lock.withLock({ verified[token] }) {
+        if let hit = state.withLock({ $0.verified[token] }) {
             return accept(hit.kid, hit.claims, now: now)
         }
         guard let (kid, alg) = Self.header(of: token), alg == "EdDSA" else { return nil }
-        if lock.withLock({ keys[kid] == nil && Date().timeIntervalSince(lastLoad) > 1 }) {
+        if state.withLock({ $0.keys[kid] == nil && Date().timeIntervalSince($0.lastLoad) > 1 }) {
             try? await reload()
         }
-        guard lock.withLock({ keys[kid] != nil }) else { return nil }
-        let keyCollection = lock.withLock { collection }
+        guard let keyCollection = state.withLock({ $0.keys[kid] != nil ? $0.collection : nil }) else { return nil }
         guard let claims = try? await keyCollection.verify(token, as: DeviceClaims.self) else { return nil }
-        lock.withLock {
-            if verified.count >= Self.verifiedLimit { verified.removeAll(keepingCapacity: true) }
-            verified[token] = (kid, claims)
+        state.withLock {
+            if $0.verified.count >= Self.verifiedLimit { $0.verified.removeAll(keepingCapacity: true) }
+            $0.verified[token] = (kid, claims)
         }
         return accept(kid, claims, now: now)
     }
@@ -132,14 +135,14 @@ public final class DeviceTokenVerifier: @unchecked Sendable {
     /// The caller of a JWT whose signature was already checked, still live; nil when not cached (the
     /// event loop's fast path cannot wait for a verification).
     func cachedCaller(forJWT token: String, now: Date = Date()) -> DeviceCaller? {
-        guard let hit = lock.withLock({ verified[token] }) else { return nil }
+        guard let hit = state.withLock({ $0.verified[token] }) else { return nil }
         return accept(hit.kid, hit.claims, now: now)
     }
 
     private func accept(_ kid: String, _ claims: DeviceClaims, now: Date) -> DeviceCaller? {
-        lock.withLock {
-            guard let key = keys[kid], key.retiresAt.map({ now < $0 }) ?? true, now < claims.exp.value else { return nil }
-            let application = AuthorizedApplication(name: key.application, models: models[key.application] ?? [])
+        state.withLock { state in
+            guard let key = state.keys[kid], key.retiresAt.map({ now < $0 }) ?? true, now < claims.exp.value else { return nil }
+            let application = AuthorizedApplication(name: key.application, models: state.models[key.application] ?? [])
             return .user(claims.sub.value, application: application, models: claims.models.map(Set.init))
         }
     }

@@ -2,19 +2,22 @@ import AttuneQueue
 import AttuneSpec
 import Foundation
 import Logging
+import Synchronization
 
 /// Every event on `attune.events`, for the dashboard: one consumer thread on an exclusive queue of its own
 /// (rabbitmq-c blocks and is not thread-safe) hands each event to every open stream, and keeps the last
 /// few thousand so that a page opened late still draws the jobs under way.
-/// Unchecked: the streams and the recent events are behind `lock`, taken by every method; the rest is `let`.
-public final class EventHub: @unchecked Sendable {
+public final class EventHub: Sendable {
+    private struct State {
+        var subscribers: [UUID: AsyncStream<String>.Continuation] = [:]
+        var recent: [String] = []
+        var stopped = false
+    }
+
     private let amqpURL: String
     private let logger: Logger
-    private let lock = NSLock()
-    private var subscribers: [UUID: AsyncStream<String>.Continuation] = [:]
-    private var recent: [String] = []
+    private let state = Mutex(State())
     private let keep = 5_000
-    private var stopped = false
 
     public init(amqpURL: String, logger: Logger) {
         self.amqpURL = amqpURL
@@ -28,19 +31,19 @@ public final class EventHub: @unchecked Sendable {
         thread.start()
     }
 
-    public func stop() { lock.withLock { stopped = true } }
+    public func stop() { state.withLock { $0.stopped = true } }
 
     /// The recent events, then every new one, each as its JSON line (an empty line now and then: a
     /// keepalive). `end` finishes the stream, for a server that is shutting down.
     public func stream() -> (lines: AsyncStream<String>, end: @Sendable () -> Void) {
         let id = UUID()
         let (lines, continuation) = AsyncStream.makeStream(of: String.self, bufferingPolicy: .bufferingNewest(10_000))
-        let backlog = lock.withLock {
-            subscribers[id] = continuation
-            return recent
+        let backlog = state.withLock {
+            $0.subscribers[id] = continuation
+            return $0.recent
         }
         for line in backlog { continuation.yield(line) }
-        continuation.onTermination = { [weak self] _ in self?.lock.withLock { _ = self?.subscribers.removeValue(forKey: id) } }
+        continuation.onTermination = { [weak self] _ in self?.state.withLock { _ = $0.subscribers.removeValue(forKey: id) } }
         return (lines, { continuation.finish() })
     }
 
@@ -48,14 +51,14 @@ public final class EventHub: @unchecked Sendable {
     static let keepaliveInterval: TimeInterval = 5
 
     private func keepalive() {
-        for continuation in lock.withLock({ Array(subscribers.values) }) { continuation.yield("") }
+        for continuation in state.withLock({ Array($0.subscribers.values) }) { continuation.yield("") }
     }
 
     private func publish(_ line: String) {
-        let targets = lock.withLock {
-            recent.append(line)
-            if recent.count > keep { recent.removeFirst(recent.count - keep) }
-            return Array(subscribers.values)
+        let targets = state.withLock {
+            $0.recent.append(line)
+            if $0.recent.count > keep { $0.recent.removeFirst($0.recent.count - keep) }
+            return Array($0.subscribers.values)
         }
         for continuation in targets { continuation.yield(line) }
     }
@@ -64,7 +67,7 @@ public final class EventHub: @unchecked Sendable {
         var backoff = 0.5
         // Kept across reconnects, so a lost node is followed by the next one of a cluster's list.
         var brokers: BrokerAddresses?
-        while !lock.withLock({ stopped }) {
+        while !state.withLock({ $0.stopped }) {
             do {
                 if brokers == nil { brokers = try BrokerAddresses(amqpURL) }
                 let connection = try brokers!.connect(connectionName: "attune-dashboard")
@@ -74,7 +77,7 @@ public final class EventHub: @unchecked Sendable {
                 try connection.consume(queue: queue)
                 backoff = 0.5
                 var lastKeepalive = Date()
-                while !lock.withLock({ stopped }) {
+                while !state.withLock({ $0.stopped }) {
                     if Date().timeIntervalSince(lastKeepalive) >= Self.keepaliveInterval {
                         lastKeepalive = Date()
                         keepalive()

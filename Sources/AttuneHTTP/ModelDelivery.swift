@@ -4,6 +4,7 @@ import AttuneTraining
 import Crypto
 import Foundation
 import Logging
+import Synchronization
 
 /// What a device is served for one user of one model: the newest personal version written into its base
 /// (the base itself while the user has none), named by an ETag that changes exactly when the bytes do.
@@ -16,26 +17,32 @@ public struct DeliveredModel: Sendable, Equatable {
 
 /// Reads heads and builds `.mlmodel` files for `attune serve`, on a few PostgreSQL connections of its own
 /// (libpq blocks, so each call runs on a thread, never on the server's event loops).
-/// Unchecked: the idle registries (libpq connections, not Sendable) and the decoded bases are behind `lock`, a
-/// registry used by one thread between taking and returning it; `tokens` and `notifications` are set once at
-/// start, before the first request.
-public final class ModelDelivery: @unchecked Sendable {
+public final class ModelDelivery: Sendable {
+    private struct State {
+        /// Idle registries (libpq connections, not Sendable): a registry taken out is one thread's alone
+        /// until it is put back.
+        var idle: [ModelRegistry] = []
+        /// Decoded base models by "name@version": immutable once imported.
+        var bases: [String: (spec: CoreML_Specification_Model, model: UpdatableModel)] = [:]
+        /// Set in `init` (it reads through `self`), replaced only by tests.
+        var tokens: DeviceTokenVerifier?
+        var notifications: DeliveryNotifications?
+    }
+
     let databaseURL: String
     private let keys: StorageKeys
-    private let lock = NSLock()
-    private var idle: [ModelRegistry] = []
-    /// Decoded base models by "name@version": immutable once imported.
-    private var bases: [String: (spec: CoreML_Specification_Model, model: UpdatableModel)] = [:]
+    private let state = Mutex(State())
     let cache: DeliveryCache
+
     /// Device tokens, checked in memory against the keys last read.
-    public private(set) var tokens: DeviceTokenVerifier!
-    private var notifications: DeliveryNotifications?
+    public var tokens: DeviceTokenVerifier { state.withLock { $0.tokens! } }
 
     public init(databaseURL: String, keys: StorageKeys = .none) {
         self.databaseURL = databaseURL
         self.keys = keys
         cache = DeliveryCache()
-        tokens = DeviceTokenVerifier(load: { [unowned self] in try await self.withRegistry { try $0.deviceKeySet() } })
+        let verifier = DeviceTokenVerifier(load: { [unowned self] in try await self.withRegistry { try $0.deviceKeySet() } })
+        state.withLock { $0.tokens = verifier }
     }
 
     /// Reads the device keys and starts listening for commits, so heads and tokens can be cached (until
@@ -47,19 +54,19 @@ public final class ModelDelivery: @unchecked Sendable {
             logger.warning("device keys not read yet (read again when PostgreSQL answers): \((error as? DatabaseError)?.publicDescription ?? "\(type(of: error))")")
         }
         let listener = DeliveryNotifications(databaseURL: databaseURL, cache: cache, logger: logger) { [tokens] in
-            Task { try? await tokens?.reload() }
+            Task { try? await tokens.reload() }
         }
-        lock.withLock { notifications = listener }
+        state.withLock { $0.notifications = listener }
         listener.start()
     }
 
     /// Tests put a verifier with keys of their own in place of the database's.
     func replaceTokensForTesting(_ verifier: DeviceTokenVerifier) {
-        tokens = verifier
+        state.withLock { $0.tokens = verifier }
     }
 
     public func stop() {
-        lock.withLock { notifications }?.stop()
+        state.withLock { $0.notifications }?.stop()
     }
 
     /// Which version a device should have now; nil if the model does not exist (or the user was forgotten). `attributes` (the device's
@@ -138,13 +145,20 @@ public final class ModelDelivery: @unchecked Sendable {
     private func base(_ registry: ModelRegistry, _ name: String, _ version: Int) throws
         -> (spec: CoreML_Specification_Model, model: UpdatableModel) {
         let key = "\(name)@\(version)"
-        if let cached = lock.withLock({ bases[key] }) { return cached }
+        if let cached = state.withLock({ $0.bases[key] }) { return cached }
         let spec = try ModelFile.decode(registry.baseModel(name: name, version: version).bytes)
         // A pipeline's links resolve as its import recorded; the device resolves them against its own copies.
         let links = try registry.linkedModelBytes(name: name, version: version).mapValues(ModelFile.decode)
         let decoded = (spec: spec, model: try UpdatableModel(spec: spec, links: links))
-        lock.withLock { bases[key] = decoded }
+        state.withLock { $0.bases[key] = decoded }
         return decoded
+    }
+
+    /// Returns a registry to the pool; the caller gives it up (`sending`). A value captured by `withLock`'s
+    /// closure counts as shared, so it enters the state as the `sending` result of a lock of its own.
+    private func putBack(_ registry: sending ModelRegistry) {
+        let handoff = Mutex<ModelRegistry?>(registry)
+        state.withLock { $0.idle.append(handoff.withLock { $0.take()! }) }
     }
 
     /// Runs `body` on a thread with a connection from the pool (a new one when all are busy); a connection
@@ -153,16 +167,16 @@ public final class ModelDelivery: @unchecked Sendable {
         try await withCheckedThrowingContinuation { done in
             Thread {
                 do {
-                    let registry = try self.lock.withLock({ self.idle.popLast() })
+                    let registry = try self.state.withLock({ $0.idle.popLast() })
                         ?? ModelRegistry(connection: PostgresConnection(url: self.databaseURL), keys: self.keys)
                     do {
                         let value = try body(registry)
-                        self.lock.withLock { self.idle.append(registry) }
+                        self.putBack(registry)
                         done.resume(returning: value)
                     } catch let error as DatabaseError {
                         done.resume(throwing: error)
                     } catch {
-                        self.lock.withLock { self.idle.append(registry) }
+                        self.putBack(registry)
                         done.resume(throwing: error)
                     }
                 } catch {

@@ -82,16 +82,16 @@ public struct Migrator: Sendable {
         self.logger = logger
     }
 
-    /// Where the migrations live: `$ATTUNE_MIGRATIONS_DIR`, else `./migrations`, else the
-    /// repository's folder next to this source file (for tests and `swift run`).
-    public static func defaultDirectory() -> URL? {
+    /// Where the migrations live: `ATTUNE_MIGRATIONS_DIR` of `environment` (the caller's to pass), else
+    /// `./migrations`, else the repository's folder next to this source file (for tests and `swift run`).
+    public static func defaultDirectory(environment: [String: String] = [:]) -> URL? {
         let fm = FileManager.default
         func isDirectory(_ url: URL) -> Bool {
             var dir: ObjCBool = false
             return fm.fileExists(atPath: url.path, isDirectory: &dir) && dir.boolValue
         }
-        if let env = ProcessInfo.processInfo.environment["ATTUNE_MIGRATIONS_DIR"], !env.isEmpty {
-            return URL(fileURLWithPath: env, isDirectory: true)
+        if let given = environment["ATTUNE_MIGRATIONS_DIR"], !given.isEmpty {
+            return URL(fileURLWithPath: given, isDirectory: true)
         }
         let local = URL(fileURLWithPath: fm.currentDirectoryPath).appendingPathComponent("migrations", isDirectory: true)
         if isDirectory(local) { return local }

@@ -197,7 +197,7 @@ public enum RegistryError: Error, CustomStringConvertible, Sendable, Equatable {
             return "the user was forgotten (attune user forget): nothing of theirs is stored again"
         case .refusedByConstraint:
             return "the database refused the new version (a table constraint); nothing was committed. "
-                + "The same job would be refused again: check its ids against the README's rules; "
+                + "The same job would be refused again: check its ids against the rules in docs/publishing-jobs.md; "
                 + "the worker's log has the database's message"
         }
     }

@@ -70,7 +70,7 @@ public struct StorageKeys: Sendable {
     /// unless `ATTUNE_REQUIRE_KEYS=1` and not `ATTUNE_ALLOW_CLEARTEXT=1`: then `StorageKeysRequired`.
     /// The requirement is a variable, not the default, so that a deployment (docker-compose.yml) can demand
     /// keys while the demo and the tests, which set neither, keep running in clear text.
-    public static func load(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> StorageKeys {
+    public static func load(environment: [String: String]) throws -> StorageKeys {
         let inline = environment["ATTUNE_KEYS"].flatMap { $0.isEmpty ? nil : $0 }
         let path = environment["ATTUNE_KEYS_FILE"].flatMap { $0.isEmpty ? nil : $0 }
         let required = try flag("ATTUNE_REQUIRE_KEYS", in: environment)
@@ -112,7 +112,7 @@ public struct StorageKeys: Sendable {
     public var summary: String {
         guard let current else {
             return "storage encryption is off: base models and update states are written in clear text "
-                + "(set ATTUNE_KEYS or ATTUNE_KEYS_FILE to encrypt them; see the README's Encryption at rest)"
+                + "(set ATTUNE_KEYS or ATTUNE_KEYS_FILE to encrypt them; see docs/encryption.md)"
         }
         let others = all.dropFirst().map(\.id)
         return "storage encryption: AES-256-GCM, writing with key \(current.id)"

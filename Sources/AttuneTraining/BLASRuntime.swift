@@ -1,5 +1,6 @@
 internal import CBLAS
 import Foundation
+import Synchronization
 
 // The BLAS library behind the products that do not fit `SmallProducts`: BLIS, linked directly (-lblis).
 //
@@ -23,7 +24,7 @@ enum BLASRuntime {
     static let threadPolicy: String = {
         // Before BLIS's first call: the kernel set may tell BLIS which configuration to run (BLIS_ARCH_TYPE).
         _ = TrainingKernels.active
-        if ProcessInfo.processInfo.environment[threadVariable] != nil {
+        if TrainingSwitches.requested.withLock({ $0.blisThreadsGiven }) {
             return "\(threadVariable) set: BLIS threads left as configured"
         }
         // BLIS would otherwise also take OMP_NUM_THREADS, which an operator may set for other programs.

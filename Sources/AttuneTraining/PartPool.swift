@@ -2,28 +2,10 @@ import Foundation
 import Synchronization
 
 // Helper threads that run the parts of one big step of training (see `ProductSplit`), shared by the process.
-//
-// Why not the BLAS library's own threads: a product it splits returns sums that depend on how many threads
-// it used, and a version's bits must depend on nothing but its inputs. So the training code cuts a big
-// product into parts fixed by its shape alone, each part a single-threaded sgemm writing its own block of
-// the output, and this pool only decides who runs each part: the caller or a helper that is free. A part
-// gives the same floats whoever runs it, so the bits do not depend on the thread count or the load.
-//
-// Why spin: at mini-batch 32 a product takes tens of microseconds, about what waking a sleeping thread
-// costs. After each job a helper watches the ticket for `spinNanoseconds` before it sleeps on a condition
-// variable; the caller publishes a job by storing the ticket and signals only when a helper sleeps.
-// Callers and helpers claim parts from the same ticket, so a caller whose helper is not running (a busy
-// machine) runs every part no one has started, and waits only for parts a helper is already running. If
-// that wait runs long (the helper was preempted mid-part), the caller sleeps instead of spinning, which
-// frees its core for the helper. Either miss, a helper kept waiting or one awake yet starting no part,
-// means the helpers are not getting a core: the caller's next jobs leave them out (`backoff`, doubled by
-// each miss and halved by each job they help with), and they go to sleep instead of competing for it.
-// So do the next 20 ms' jobs when a spinning thread sees the clock jump between two polls (it was
-// descheduled while it wanted to run: other processes hold the cores).
-//
-// Whose: one caller owns the helpers at a time, and none does while the process trains as many tasks as
-// it has threads (a worker's slots, each on its own thread, already keep the cores busy). A caller
-// without them runs its parts itself, in the same order as ever: the same bits.
+// The pool only decides who runs each part, the caller or a free helper, and a part gives the same floats
+// whoever runs it, so the bits do not depend on the thread count or the load. Helpers spin briefly before they
+// sleep (waking one costs about what a small product does), and callers leave them out while they get no core.
+// The whole policy: docs/training.md, "How training uses a second core".
 /// Unchecked: the helpers' shared state is behind `lock` and its conditions (see above); a part's buffers are
 /// the caller's, and the caller waits for its parts before it reads them.
 final class PartPool: @unchecked Sendable {

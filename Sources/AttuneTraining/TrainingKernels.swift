@@ -222,23 +222,36 @@ public enum TrainingKernels {
     /// refuses to start on it (other commands go on).
     public static var refusedOverride: TrainingKernelsError? { settled.refused }
 
+    /// The settings the kernels were settled with; nil until the first task (or a look at `active`).
+    static var settledWith: TrainingSettings? { settledSettings.withLock { $0 } }
+    private static let settledSettings = Mutex<TrainingSettings?>(nil)
+    /// What the settling wrote into BLIS_ARCH_TYPE for BLIS to read: a later look at the environment finds it there.
+    static let writtenBLIS = Mutex<String?>(nil)
+
     private static let settled: (selection: KernelSelection, refused: TrainingKernelsError?) = {
         // Every question for BLIS's probes now, before this process's BLIS starts (see `BLISArchitectures`).
         _ = (BLISArchitectures.ownPick, BLISArchitectures.built)
-        let environment = ProcessInfo.processInfo.environment
+        let settings = TrainingSwitches.requested.withLock { $0 }
+        settledSettings.withLock { $0 = settings }
         var refused: TrainingKernelsError?
         let selection: KernelSelection
         do throws(TrainingKernelsError) {
-            selection = try resolve(environment)
+            selection = try resolve(settings)
         } catch {
             refused = error
-            selection = (try? resolve(environment.filter { $0.key != variable && $0.key != blisVariable }))
+            var chosen = settings
+            chosen.kernelSet = nil
+            chosen.blisArchitecture = nil
+            selection = (try? resolve(chosen))
                 ?? KernelSelection(set: .portable, blis: .unknown, overridden: false, features: .current)
         }
         switch selection.blis {
         case .forced(let name, _), .operatorSet(let name):
             // BLIS reads the variable as a number: a name the operator wrote becomes its id too.
-            if let id = BLISArchitectures.id(of: name) { setenv(blisVariable, String(id), 1) }
+            if let id = BLISArchitectures.id(of: name) {
+                setenv(blisVariable, String(id), 1)
+                writtenBLIS.withLock { $0 = String(id) }
+            }
         case .blisOwn, .unknown:
             // An invalid value was refused above; left set, it would abort BLIS at its first call.
             unsetenv(blisVariable)
@@ -246,17 +259,17 @@ public enum TrainingKernels {
         return (selection, refused)
     }()
 
-    /// The selection for this processor and `environment`, asking BLIS in a child process what it would pick.
+    /// The selection for this processor and `settings`, asking BLIS in a child process what it would pick.
     /// Throws what an operator must fix: an unknown or unsupported set, an unknown BLIS configuration.
-    public static func resolve(_ environment: [String: String]) throws(TrainingKernelsError) -> KernelSelection {
+    public static func resolve(_ settings: TrainingSettings) throws(TrainingKernelsError) -> KernelSelection {
         var operatorBLIS: String?
-        if let value = environment[blisVariable], !value.trimmingCharacters(in: .whitespaces).isEmpty {
+        if let value = settings.blisArchitecture, !value.trimmingCharacters(in: .whitespaces).isEmpty {
             guard let name = BLISArchitectures.name(of: value) else { throw .unknownBLISConfiguration(value: value) }
             guard BLISArchitectures.has(name) else { throw .blisConfigurationMissing(name) }
             operatorBLIS = name
         }
         return try select(features: .current, blisPick: BLISArchitectures.ownPick, blisHas: BLISArchitectures.has,
-                          requested: environment[variable], operatorBLIS: operatorBLIS)
+                          requested: settings.kernelSet, operatorBLIS: operatorBLIS)
     }
 }
 

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 // How many threads run the parts of one split step of training (`PartPool`), the calling thread included:
 // `ATTUNE_TRAINING_THREADS` when set, else one per core. More than `ProductSplit.maximumParts` cannot help.
@@ -6,20 +7,16 @@ import Foundation
 // so the default is then 1. The count changes only the speed: the parts, and so the bits, are fixed by
 // the shapes (see `ProductSplit`).
 public enum TrainingThreads {
-    public static let variable = "ATTUNE_TRAINING_THREADS"
-    public static let allowed = 1...64
+    public static let variable = TrainingSettings.threadsVariable
+    public static let allowed = TrainingSettings.allowedThreads
 
-    /// The count the process runs with. An invalid variable counts as 1 here; `attune worker` checks it
-    /// with `resolve` at start and refuses to run instead.
-    static let configured: Int = (try? resolve(ProcessInfo.processInfo.environment)) ?? 1
+    /// The count the process runs with, from the settings `TrainingRuntime.configure` was given before the
+    /// first task (the pool's threads are made once).
+    static let configured: Int = count(for: TrainingSwitches.requested.withLock { $0 })
 
-    public static func resolve(_ environment: [String: String]) throws(TrainingThreadsError) -> Int {
-        if let value = environment[variable] {
-            guard let count = Int(value.trimmingCharacters(in: .whitespaces)), allowed.contains(count) else {
-                throw .notACount(variable: variable, value: value, allowed: allowed)
-            }
-            return count
-        }
+    /// The count `settings` ask for: theirs, else 1 when BLIS has threads of its own, else one per core.
+    static func count(for settings: TrainingSettings) -> Int {
+        if let threads = settings.threads { return threads }
         _ = BLASRuntime.threadPolicy
         if BLASRuntime.threads > 1 { return 1 }
         return max(1, min(ProcessInfo.processInfo.activeProcessorCount, ProductSplit.maximumParts))
@@ -27,14 +24,41 @@ public enum TrainingThreads {
 
     /// One line for logs: the count and where it came from.
     public static var summary: String {
-        let source = ProcessInfo.processInfo.environment[variable] != nil ? "\(variable)" : "one per core"
-        return "\(configured) training thread(s) per split product (\(source))"
+        let given = TrainingSwitches.requested.withLock { $0.threads != nil }
+        return "\(configured) training thread(s) per split product (\(given ? variable : "one per core"))"
     }
 }
 
 /// What runs a process's products, for logs and benchmarks: the BLAS library and kernel, its threads, and
 /// the training threads that run a split product's parts.
 public enum TrainingRuntime {
+    /// Gives the process its training settings. The kernel set, BLIS's configuration and the thread count
+    /// take effect only before the first task (BLIS and the training threads start once); a later call that
+    /// asks for other ones throws. The switches take effect from the next task on, so a test may flip them
+    /// between cases.
+    public static func configure(_ settings: TrainingSettings) throws(TrainingConfigurationError) {
+        if let settledWith = TrainingKernels.settledWith {
+            var asked = settings
+            // The environment read after the kernels settled holds what the settling wrote for BLIS, not the operator.
+            if asked.blisArchitecture != nil, asked.blisArchitecture == TrainingKernels.writtenBLIS.withLock({ $0 }) {
+                asked.blisArchitecture = settledWith.blisArchitecture
+            }
+            func kernels(_ s: TrainingSettings) -> String {
+                let set = s.kernelSet?.trimmingCharacters(in: .whitespaces).lowercased() ?? ""
+                return set.isEmpty ? "auto" : set
+            }
+            guard kernels(settledWith) == kernels(asked), settledWith.blisArchitecture == asked.blisArchitecture,
+                  settledWith.threads == asked.threads, settledWith.blisThreadsGiven == asked.blisThreadsGiven else {
+                throw .settledAlready(running: TrainingKernels.active.summary)
+            }
+        }
+        TrainingSwitches.requested.withLock { $0 = settings }
+        TrainingSwitches.batchSplit.store(settings.batchSplit, ordering: .relaxed)
+        TrainingSwitches.firstLayerSplit.store(settings.firstLayerSplit, ordering: .relaxed)
+        TrainingSwitches.smallProducts.store(settings.smallProducts, ordering: .relaxed)
+        TrainingSwitches.denseKernels.store(settings.denseKernels, ordering: .relaxed)
+    }
+
     public static var summary: String {
         _ = BLASRuntime.threadPolicy
         return "\(TrainingKernels.active.summary); \(BLASRuntime.summary); \(DenseLayer.denseKernelSummary); "

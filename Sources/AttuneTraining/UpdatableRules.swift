@@ -10,7 +10,7 @@ import AttuneSpec
 /// device, so `UpdatableModel.init(spec:)` applies them once the engine has read the model. A rule the
 /// engine's reading already enforces with the same meaning (which layer kinds may be updatable, one loss
 /// layer of a known kind, a softmax under cross-entropy, the optimizer's parameters present, a pipeline's
-/// frozen first model, …) is not repeated here: the README's "What import refuses and why" lists them all,
+/// frozen first model, …) is not repeated here: docs/training.md, "What import refuses and why", lists them all,
 /// and each has a test in `UpdatableRulesTests` or `UpdatableModelRulesTests`. The rules on declared update
 /// parameters (`problem(with:)`) are applied where the engine reads those parameters
 /// (`ParameterDeclarations`, `NeighborCountDeclaration`), since a default its own allowed values exclude is

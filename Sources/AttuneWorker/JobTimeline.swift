@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -8,8 +9,7 @@ import Glibc
 /// broker. Off unless `ATTUNE_JOB_TIMELINE` names a file; then each moment is one line `STAGE JOB_ID
 /// SECONDS` appended to it, in CLOCK_MONOTONIC seconds, so a load generator on the same host can set its
 /// own publish and receive times beside them (Python's `time.monotonic()` reads the same clock).
-/// Unchecked: the file handle is written only behind `lock`.
-final class JobTimeline: @unchecked Sendable {
+final class JobTimeline: Sendable {
     enum Stage: String {
         case arrived, started, committing, committed, settled
     }
@@ -17,12 +17,12 @@ final class JobTimeline: @unchecked Sendable {
     static let shared: JobTimeline? = ProcessInfo.processInfo.environment["ATTUNE_JOB_TIMELINE"]
         .flatMap { $0.isEmpty ? nil : JobTimeline(path: $0) }
 
-    private let lock = NSLock()
-    private let file: UnsafeMutablePointer<FILE>
+    /// The stdio handle (a C pointer, not Sendable) is reached only through its lock.
+    private let file: Mutex<UnsafeMutablePointer<FILE>>
 
     private init?(path: String) {
         guard let file = fopen(path, "a") else { return nil }
-        self.file = file
+        self.file = Mutex(file)
     }
 
     func record(_ stage: Stage, _ jobIds: [String]) {
@@ -31,11 +31,11 @@ final class JobTimeline: @unchecked Sendable {
         clock_gettime(CLOCK_MONOTONIC, &time)
         let seconds = String(format: "%ld.%09ld", time.tv_sec, time.tv_nsec)
         let lines = jobIds.map { "\(stage.rawValue) \($0) \(seconds)\n" }.joined()
-        lock.withLock { _ = fputs(lines, file) }
+        file.withLock { _ = fputs(lines, $0) }
     }
 
     /// Stdio buffers the lines; the worker flushes when it stops.
     func flush() {
-        lock.withLock { _ = fflush(file) }
+        file.withLock { _ = fflush($0) }
     }
 }

@@ -52,6 +52,7 @@ public final class Worker: Sendable {
         for (index, slot) in slots.enumerated() {
             group.enter()
             // The slot is its thread's alone until `group.wait()` below, after which only this thread reads it.
+            // Unsafe because the slot (mutable, not Sendable) comes back to be read, which `sending` cannot say.
             nonisolated(unsafe) let owned = slot
             let thread = Thread {
                 owned.run()

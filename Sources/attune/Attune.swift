@@ -1,6 +1,7 @@
 import ArgumentParser
 import AttuneSpec
 import AttuneStore
+import AttuneTraining
 import Foundation
 import Logging
 import NIOCore
@@ -17,12 +18,15 @@ struct Attune: AsyncParsableCommand {
                       User.self, DoctorCommand.self])
 
     /// `attune serve` runs Swift Concurrency on NIO's event loops, so a request's handler does not hop
-    /// between the event loop and the concurrency pool (measured: the device port's 304s, see the README's
+    /// between the event loop and the concurrency pool (measured: the device port's 304s, see docs/benchmarks.md,
     /// delivery bench). Only there: the other commands block in C libraries on their own threads.
     static func main() async {
         if CommandLine.arguments.dropFirst().first == "serve" {
             _ = NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
         }
+        // Training reads no environment of its own: the process's settings come from here, once, before any
+        // command trains. A thread count that is no count counts as 1 here; `attune worker` refuses it.
+        try? TrainingRuntime.configure(TrainingSettings.lenient(environment: ProcessInfo.processInfo.environment))
         do {
             var command = try parseAsRoot()
             if var asyncCommand = command as? AsyncParsableCommand {
@@ -70,7 +74,7 @@ struct DatabaseOptions: ParsableArguments {
 
     /// A registry with the storage keys of ATTUNE_KEYS or ATTUNE_KEYS_FILE (none: clear text).
     func registry() throws -> ModelRegistry {
-        ModelRegistry(connection: try PostgresConnection(url: resolved()), keys: try StorageKeys.load())
+        ModelRegistry(connection: try PostgresConnection(url: resolved()), keys: try StorageKeys.load(environment: ProcessInfo.processInfo.environment))
     }
 }
 

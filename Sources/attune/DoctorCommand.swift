@@ -27,14 +27,14 @@ struct DoctorCommand: ParsableCommand {
         let keys: StorageKeys
         var results: [CheckResult] = []
         do {
-            keys = try StorageKeys.load()
+            keys = try StorageKeys.load(environment: ProcessInfo.processInfo.environment)
         } catch {
             keys = .none
             results.append(CheckResult("storage keys", .problem, "the keys given do not load: \(error)",
                                        fix: "fix ATTUNE_KEYS or ATTUNE_KEYS_FILE (attune keys generate makes one)"))
         }
         let doctor = Doctor(databaseURL: database.resolved(), amqpURL: broker.resolved(), keys: keys,
-                            migrations: Migrator.defaultDirectory(), taskCapSeconds: maxTaskSeconds)
+                            migrations: Migrator.defaultDirectory(environment: ProcessInfo.processInfo.environment), taskCapSeconds: maxTaskSeconds)
         results += doctor.run().filter { result in !results.contains { $0.check == result.check } }
         let healthy = !results.contains { $0.status == .problem }
         if json {

@@ -8,7 +8,7 @@ struct Keys: ParsableCommand {
         discussion: """
             ATTUNE_KEYS holds entries ID:BASE64KEY separated by commas (ATTUNE_KEYS_FILE: a file of them, one \
             a line); the first is the current key, which encrypts what is written, the others only decrypt. \
-            See the README's "Encryption at rest".
+            See docs/encryption.md.
             """,
         subcommands: [Generate.self, Status.self, Rotate.self])
 

@@ -31,7 +31,7 @@ struct Migrate: ParsableCommand {
     }
 
     static func apply(databaseURL: String, directory: String?) throws -> [String] {
-        guard let folder = directory.map({ URL(fileURLWithPath: $0) }) ?? Migrator.defaultDirectory() else {
+        guard let folder = directory.map({ URL(fileURLWithPath: $0) }) ?? Migrator.defaultDirectory(environment: ProcessInfo.processInfo.environment) else {
             throw CommandFailure(description: "no migrations folder found: pass --migrations or set ATTUNE_MIGRATIONS_DIR")
         }
         let connection = try PostgresConnection(url: databaseURL)

@@ -36,7 +36,7 @@ struct Serve: AsyncParsableCommand {
     func run() async throws {
         try Attune.bootstrapLogging()
         let logger = Logger(label: "attune.serve")
-        let keys = try StorageKeys.load()
+        let keys = try StorageKeys.load(environment: ProcessInfo.processInfo.environment)
         keys.logSummary(to: logger)
         let metrics = OperationsServer.bootstrapMetrics()
         let delivery = ModelDelivery(databaseURL: database.resolved(), keys: keys)
@@ -213,7 +213,7 @@ struct Token: ParsableCommand {
     struct Device: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Sign a user's device token with an application's device key, as its backend does.",
-            discussion: "For tests, scripts and the demo; a backend signs the same JWT with its own library (README: Model delivery).")
+            discussion: "For tests, scripts and the demo; a backend signs the same JWT with its own library (docs/delivery.md).")
         @Option(help: "The application's private JWK (attune app key create), a file.") var keyFile: String
         @Option(help: "The user the token is for.") var user: String
         @Option(help: "Only this model (repeat); none: every model of the application.") var model: [String] = []

@@ -17,7 +17,7 @@ struct User: ParsableCommand {
                 with them) and, without --model, the user's data key, so copies of the user's encrypted objects \
                 in backups no longer open. A tombstone (a SHA-256 of the user id) makes workers drop the user's \
                 jobs still queued, and refuse any later commit for the user. Then the user's jobs in the \
-                dead-letter queue are deleted. Running it again is harmless. See the README's "Forgetting a user".
+                dead-letter queue are deleted. Running it again is harmless. See docs/lifecycle.md, "Forgetting a user".
                 """)
 
         @OptionGroup var database: DatabaseOptions

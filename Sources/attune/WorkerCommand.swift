@@ -57,7 +57,7 @@ struct WorkerCommand: AsyncParsableCommand {
         if let metricsPort, !(0...65_535).contains(metricsPort) {
             throw ValidationError("--metrics-port must lie in 0...65535")
         }
-        _ = try TrainingThreads.resolve(ProcessInfo.processInfo.environment)
+        _ = try TrainingSettings(environment: ProcessInfo.processInfo.environment)
         // An override this processor cannot run (or a BLIS configuration this BLIS lacks) stops the worker here.
         if let refused = TrainingKernels.refusedOverride { throw ValidationError("\(refused)") }
         // A typo in any node's URL fails now, not at the first failover to that node.
@@ -70,7 +70,7 @@ struct WorkerCommand: AsyncParsableCommand {
         logger.info("attune \(AttuneRelease.version); training: \(TrainingRuntime.summary)")
         if let warning = TrainingRuntime.warning { logger.warning("training: \(warning)") }
         // A malformed key list stops the worker here, before it takes a job.
-        let storageKeys = try StorageKeys.load()
+        let storageKeys = try StorageKeys.load(environment: ProcessInfo.processInfo.environment)
         try prepareSchema(logger: logger)
         var configuration = WorkerConfiguration(databaseURL: database.resolved(), amqpURL: broker.resolved(),
                                                 concurrency: concurrency, prefetch: prefetch, batchSize: batchSize)
@@ -128,7 +128,7 @@ extension WorkerCommand {
             }
             return
         }
-        guard let folder = Migrator.defaultDirectory() else {
+        guard let folder = Migrator.defaultDirectory(environment: ProcessInfo.processInfo.environment) else {
             throw CommandFailure(description: "no migrations folder found: set ATTUNE_MIGRATIONS_DIR")
         }
         let migrator = Migrator(directory: folder)

@@ -9,6 +9,11 @@ import XCTest
 /// Tests/python/reference_sgd.py, which computes the per-epoch rates itself from the rule (closed form):
 /// final weights and epoch losses agree to a relative 1e-4, and the schedule must have changed the result.
 final class LearningRateScheduleReferenceTests: XCTestCase {
+    override class func setUp() {
+        super.setUp()
+        configureTrainingFromEnvironment()
+    }
+
     static let adam = Optimizer.adam(beta1: 0.9, beta2: 0.999, eps: 1e-7)
 
     func net(_ optimizer: Optimizer) -> TestNetwork {

@@ -9,6 +9,11 @@ import XCTest
 /// a seeded shuffle, frozen layers between updatable ones) against the float64 NumPy implementation in
 /// Tests/python/reference_sgd.py: final weights and epoch losses agree to a relative 1e-4.
 final class LossOptimizerReferenceTests: XCTestCase {
+    override class func setUp() {
+        super.setUp()
+        configureTrainingFromEnvironment()
+    }
+
     /// Hidden layers shared by the cases; the head differs per case.
     static let body: [TestLayer] = [
         .dense("frozen0", inputs: 5, outputs: 7, updatable: false),

@@ -10,6 +10,11 @@ import XCTest
 /// Tests/python/reference_sgd.py. Fails, never skips, when Python or NumPy is missing: set ATTUNE_PYTHON to
 /// an interpreter with NumPy.
 final class ReferenceTests: XCTestCase {
+    override class func setUp() {
+        super.setUp()
+        configureTrainingFromEnvironment()
+    }
+
     func testUpdateTaskMatchesNumPyReference() throws {
         // 23 = 4·5 + 3: a partial batch.
         try assertMatchesReference(samples: 23, miniBatchSize: 5)

@@ -2,6 +2,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
+import TrainingTestSupport
 
 /// The kernel set and BLIS configuration chosen for a processor's features and BLIS's own pick, without the
 /// processor: every case a user's server can present, then this process's own choice, as BLIS runs it.
@@ -124,21 +125,25 @@ final class TrainingKernelsTests: XCTestCase {
         XCTAssertNil(BLISArchitectures.name(of: "999"))
         XCTAssertTrue(BLISArchitectures.has("generic"))
         XCTAssertFalse(BLISArchitectures.has("zen9"))
-        XCTAssertThrowsError(try TrainingKernels.resolve(["BLIS_ARCH_TYPE": "zen9"])) { error in
+        var settings = TrainingSettings()
+        settings.blisArchitecture = "zen9"
+        XCTAssertThrowsError(try TrainingKernels.resolve(settings)) { error in
             XCTAssertEqual(error as? TrainingKernelsError, .unknownBLISConfiguration(value: "zen9"))
         }
     }
 
-    /// This process: the selection made for its environment is the one BLIS and the layers run.
+    /// This process: the selection made for its environment (as `attune` passes it in) is the one BLIS and the
+    /// layers run.
     func testThisProcessRunsItsSelection() throws {
-        let environment = ProcessInfo.processInfo.environment
+        configureTrainingFromEnvironment()
+        let settings = try TrainingSettings(environment: ProcessInfo.processInfo.environment)
         let active = TrainingKernels.active
         // Once chosen, a forced configuration is in BLIS_ARCH_TYPE: only the operator's own counts as given.
-        var given = environment
-        if case .operatorSet = active.blis {} else { given["BLIS_ARCH_TYPE"] = nil }
+        var given = settings
+        if case .operatorSet = active.blis {} else { given.blisArchitecture = nil }
         XCTAssertEqual(active, try TrainingKernels.resolve(given))
         XCTAssertNil(TrainingKernels.refusedOverride)
-        if let requested = environment[TrainingKernels.variable], requested != "auto" {
+        if let requested = settings.kernelSet, requested != "auto" {
             XCTAssertEqual(active.set.rawValue, requested.lowercased())
         }
         _ = BLASRuntime.threadPolicy
@@ -148,11 +153,50 @@ final class TrainingKernelsTests: XCTestCase {
         case .unknown:
             XCTFail("the BLIS probe failed on this machine: \(TrainingRuntime.summary)")
         }
-        XCTAssertEqual(DenseLayer.denseKernelEnabled, active.runsDenseKernels
-                       && ProcessInfo.processInfo.environment["ATTUNE_DENSE_KERNELS"] != "0")
-        XCTAssertEqual(DenseLayer.smallProductsEnabled, active.runsSmallProducts
-                       && ProcessInfo.processInfo.environment["ATTUNE_SMALL_PRODUCTS"] != "0")
+        XCTAssertEqual(DenseLayer.denseKernelEnabled, active.runsDenseKernels && settings.denseKernels)
+        XCTAssertEqual(DenseLayer.smallProductsEnabled, active.runsSmallProducts && settings.smallProducts)
         XCTAssertTrue(TrainingRuntime.summary.contains("kernel set \(active.set)"), TrainingRuntime.summary)
         XCTAssertEqual(TrainingRuntime.kernelLabels.first?.1, active.set.rawValue)
+        // Settled: the same settings again are fine, other kernels are refused, the switches still move.
+        XCTAssertNoThrow(try TrainingRuntime.configure(try TrainingSettings(environment: ProcessInfo.processInfo.environment)))
+        var other = settings
+        other.kernelSet = active.set == .portable ? "avx2" : "portable"
+        XCTAssertThrowsError(try TrainingRuntime.configure(other)) { error in
+            XCTAssertTrue("\(error)".contains("chosen once per process"), "\(error)")
+        }
+    }
+
+    /// The switches that compare two ways of one step are the caller's to choose, case by case.
+    func testTheSwitchesArePassedInAndTakeEffectAtTheNextTask() throws {
+        configureTrainingFromEnvironment()
+        let standard = try TrainingSettings(environment: ProcessInfo.processInfo.environment)
+        defer { try? TrainingRuntime.configure(standard) }
+        for on in [false, true] {
+            var settings = standard
+            settings.batchSplit = on
+            settings.firstLayerSplit = on
+            settings.smallProducts = on
+            settings.denseKernels = on
+            try TrainingRuntime.configure(settings)
+            XCTAssertEqual(BatchSplit(rows: 256, rowWork: 101_632).count, on ? 2 : 1, "784-128-10 at mini-batch 256")
+            XCTAssertEqual(FirstLayerSplit.enabled, on)
+            XCTAssertEqual(DenseLayer.smallProductsEnabled, on && DenseLayer.smallProductsSupported)
+            XCTAssertEqual(DenseLayer.denseKernelEnabled, on && DenseLayer.denseKernelSupported)
+        }
+    }
+
+    /// Reading the environment is the caller's, and its refusals name the variable.
+    func testSettingsFromAnEnvironment() throws {
+        let settings = try TrainingSettings(environment: ["ATTUNE_TRAINING_KERNELS": "avx2", "BLIS_ARCH_TYPE": " ",
+                                                          "ATTUNE_TRAINING_THREADS": "3", "ATTUNE_BATCH_SPLIT": "0",
+                                                          "BLIS_NUM_THREADS": "2"])
+        XCTAssertEqual(settings.kernelSet, "avx2")
+        XCTAssertNil(settings.blisArchitecture)
+        XCTAssertEqual(settings.threads, 3)
+        XCTAssertTrue(settings.blisThreadsGiven)
+        XCTAssertFalse(settings.batchSplit)
+        XCTAssertTrue(settings.firstLayerSplit && settings.smallProducts && settings.denseKernels)
+        XCTAssertEqual(try TrainingSettings(environment: [:]), TrainingSettings.standard)
+        XCTAssertEqual(TrainingSettings.lenient(environment: ["ATTUNE_TRAINING_THREADS": "many"]).threads, 1)
     }
 }

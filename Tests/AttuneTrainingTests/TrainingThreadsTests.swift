@@ -152,11 +152,15 @@ final class TrainingThreadsTests: XCTestCase {
     }
 
     func testThreadVariable() throws {
-        XCTAssertEqual(try TrainingThreads.resolve([TrainingThreads.variable: "1"]), 1)
-        XCTAssertEqual(try TrainingThreads.resolve([TrainingThreads.variable: "3"]), 3)
-        XCTAssertGreaterThanOrEqual(try TrainingThreads.resolve([:]), 1)
+        XCTAssertEqual(try TrainingSettings(environment: [TrainingThreads.variable: "1"]).threads, 1)
+        XCTAssertEqual(try TrainingSettings(environment: [TrainingThreads.variable: " 3 "]).threads, 3)
+        XCTAssertNil(try TrainingSettings(environment: [:]).threads)
+        var settings = TrainingSettings()
+        settings.threads = 3
+        XCTAssertEqual(TrainingThreads.count(for: settings), 3)
+        XCTAssertGreaterThanOrEqual(TrainingThreads.count(for: .standard), 1)
         for bad in ["0", "-2", "two", "", "65"] {
-            XCTAssertThrowsError(try TrainingThreads.resolve([TrainingThreads.variable: bad])) { error in
+            XCTAssertThrowsError(try TrainingSettings(environment: [TrainingThreads.variable: bad])) { error in
                 XCTAssertEqual(error as? TrainingThreadsError,
                                .notACount(variable: TrainingThreads.variable, value: bad, allowed: TrainingThreads.allowed))
             }

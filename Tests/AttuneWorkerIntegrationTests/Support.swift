@@ -60,7 +60,7 @@ final class FleetHarness {
         // any worker here would publish them again, into this test's listener.
         try connection.query("DELETE FROM attune_outbox")
         _ = try FleetPartitioning.establish(on: connection, proposing: Topology.defaultPartitionCount)
-        registry = ModelRegistry(connection: connection, keys: try StorageKeys.load())
+        registry = ModelRegistry(connection: connection, keys: try StorageKeys.load(environment: ProcessInfo.processInfo.environment))
         let bytes = try Data(contentsOf: Paths.digitsModel)
         _ = try registry.importBaseModel(name: model, kind: "neuralNetworkClassifier", bytes: bytes)
         publisher = try AMQPConnection(url: amqpURL, connectionName: "test-publisher")

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 // A split mini-batch's first layer, cut by its outputs between the threads instead of by the rows
 // (`BatchSplit`), when it is a big dense layer that trains.
@@ -12,8 +13,8 @@ import Foundation
 // The cut follows from the layer's shape and the part count alone, so the bits do not depend on the
 // threads (as with `ProductSplit`).
 struct FirstLayerSplit {
-    /// `ATTUNE_FIRST_LAYER_SPLIT=0` cuts the first layer by rows too (to compare the two on one build).
-    static let enabled = ProcessInfo.processInfo.environment["ATTUNE_FIRST_LAYER_SPLIT"] != "0"
+    /// Off (`TrainingSettings.firstLayerSplit`), the first layer is cut by rows too (to compare the two).
+    static var enabled: Bool { TrainingSwitches.firstLayerSplit.load(ordering: .relaxed) }
 
     let layer: DenseLayer
     let parts: Int

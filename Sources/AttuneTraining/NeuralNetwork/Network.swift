@@ -121,6 +121,8 @@ final class Workspace {
 
     /// What `BatchSplit` weighs a mini-batch by: one row's multiply-adds, and a part's least.
     private let rowWork: Int, minimumPartWork: Int
+    /// The switches as this task found them (`TrainingSettings`): read once, so every step of a task agrees.
+    private let splitsBatches: Bool, denseKernels: Bool
     /// For each part count above 1, how a split mini-batch's first layer is cut by its outputs instead
     /// of its rows (none when the plan's first step is not such a layer, or `FirstLayerSplit` is off).
     private let firstLayerSplits: [Int: FirstLayerSplit]
@@ -136,12 +138,15 @@ final class Workspace {
         self.plan = plan
         self.maxBatch = maxBatch
         self.minimumPartWork = minimumPartWork
+        splitsBatches = BatchSplit.enabled
+        denseKernels = DenseLayer.denseKernelEnabled
         activations = plan.widths.map { FloatBuffer(count: $0 * maxBatch) }
         deltas = training ? plan.widths.map { FloatBuffer(count: $0 * maxBatch) } : []
         params = FloatBuffer(parameters)
         rowWork = plan.rowWork
         let grads = FloatBuffer(count: training ? parameters.count : 0)
-        let parts = training ? BatchSplit(rows: maxBatch, rowWork: rowWork, minimumPartWork: minimumPartWork).count : 1
+        let parts = training ? BatchSplit(rows: maxBatch, rowWork: rowWork, minimumPartWork: minimumPartWork,
+                                          enabled: splitsBatches).count : 1
         let partGrads = (1..<parts).map { _ in FloatBuffer(count: parameters.count) }
         self.grads = grads
         self.partGrads = partGrads
@@ -157,7 +162,7 @@ final class Workspace {
         }
         self.firstLayerSplits = firstLayerSplits
         let packed = firstLayerSplits.values.first.map { $0.layer.inputs * $0.layer.outputs } ?? 0
-        firstLayerPack = FloatBuffer(count: DenseLayer.denseKernelEnabled ? packed : 0)
+        firstLayerPack = FloatBuffer(count: denseKernels ? packed : 0)
     }
 
     /// Runs steps `0..<end` on the `batch` rows already in boundary 0.
@@ -243,7 +248,7 @@ final class Workspace {
     /// With `optimizer`, the step ends with its update of the parameters. Without (tests), the gradients are
     /// left in `grads` and, for a split mini-batch, in the parts' buffers (`sumGradientParts`).
     func trainStep(batch: Int, targets: Targets, inputs: InputRows = .loaded, optimizer: OptimizerStep? = nil) -> Double {
-        let split = BatchSplit(rows: batch, rowWork: rowWork, minimumPartWork: minimumPartWork)
+        let split = BatchSplit(rows: batch, rowWork: rowWork, minimumPartWork: minimumPartWork, enabled: splitsBatches)
         precondition(split.count <= partGrads.count + 1, "trainStep: \(batch) rows in a workspace for \(maxBatch)")
         let width = plan.widths[0], x = activations[0].pointer
         inputsInPlace = inputs.inPlace(batch: batch, width: width)
@@ -286,7 +291,7 @@ final class Workspace {
         let columns = first.outputs[part]
         first.layer.forward(x: activation(0, 0..<batch), y: activation(1, 0..<batch), batch: batch,
                             params: params.pointer, columns: columns,
-                            packed: DenseLayer.denseKernelEnabled ? firstLayerPack.pointer + columns.lowerBound * first.layer.inputs : nil)
+                            packed: denseKernels ? firstLayerPack.pointer + columns.lowerBound * first.layer.inputs : nil)
     }
 
     /// Rows `first.outputs[part]` of the first layer's dW and db over all `batch` rows, and the optimizer's
@@ -294,7 +299,7 @@ final class Workspace {
     /// the row parts' summed gradients.
     private func firstLayerBackward(_ first: FirstLayerSplit, part: Int, batch: Int, optimizer: OptimizerStep?) {
         first.layer.weightGradient(x: activation(0, 0..<batch), dy: delta(1, 0..<batch), batch: batch,
-                                   grads: grads.pointer, rows: first.outputs[part], inKernel: DenseLayer.denseKernelEnabled)
+                                   grads: grads.pointer, rows: first.outputs[part], inKernel: denseKernels)
         optimizer?.update(first.ranges[part], params: params.pointer, grads: gradients[0])
         if part == first.parts - 1 { optimizer?.update(first.rest, params: params.pointer, grads: gradient) }
     }

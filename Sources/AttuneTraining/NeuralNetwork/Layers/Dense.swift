@@ -2,6 +2,7 @@ import AttuneKernels
 internal import CBLAS
 internal import CDenseKernels
 import Foundation
+import Synchronization
 
 // Fully connected layer (Core ML `innerProduct`).
 //
@@ -40,17 +41,20 @@ struct DenseLayer: Sendable {
     /// thousand multiply-adds. At mini-batch 256 such a product still runs about as fast as a BLAS's.
     static let smallWeights = 4096
 
-    /// `ATTUNE_SMALL_PRODUCTS=0` sends every product to BLAS (to compare the two on one build).
-    static let smallProductsEnabled = SmallProducts.isSupported && TrainingKernels.active.runsSmallProducts
-        && ProcessInfo.processInfo.environment["ATTUNE_SMALL_PRODUCTS"] != "0"
+    /// Whether this process's kernel set runs small products in Attune's loops at all.
+    static let smallProductsSupported = SmallProducts.isSupported && TrainingKernels.active.runsSmallProducts
+    /// Off (`TrainingSettings.smallProducts`), every product goes to BLAS (to compare the two on one build).
+    static var smallProductsEnabled: Bool {
+        smallProductsSupported && TrainingSwitches.smallProducts.load(ordering: .relaxed)
+    }
 
     var isSmall: Bool { Self.smallProductsEnabled && inputs * outputs <= Self.smallWeights }
 
     /// The split first layer's two products in our own AVX-512 kernels (`attune_dense_forward`,
-    /// `attune_dense_weight_gradient`) in the `avx512` kernel set; `ATTUNE_DENSE_KERNELS=0` sends them to
-    /// BLIS (to compare the two on one build).
-    static let denseKernelEnabled = attune_dense_kernels_supported() != 0 && TrainingKernels.active.runsDenseKernels
-        && ProcessInfo.processInfo.environment["ATTUNE_DENSE_KERNELS"] != "0"
+    /// `attune_dense_weight_gradient`) in the `avx512` kernel set; off (`TrainingSettings.denseKernels`), they go
+    /// to BLIS (to compare the two on one build). A workspace reads it once, so a task uses one for every step.
+    static let denseKernelSupported = attune_dense_kernels_supported() != 0 && TrainingKernels.active.runsDenseKernels
+    static var denseKernelEnabled: Bool { denseKernelSupported && TrainingSwitches.denseKernels.load(ordering: .relaxed) }
 
     /// One clause for logs and benchmarks.
     static var denseKernelSummary: String {
@@ -81,7 +85,7 @@ struct DenseLayer: Sendable {
         let y = y + columns.lowerBound
         let bias: UnsafePointer<Float>? = hasBias ? params + biasOffset + columns.lowerBound : nil
         if let packed {
-            precondition(Self.denseKernelEnabled, "the dense kernels need AVX-512")
+            precondition(Self.denseKernelSupported, "the dense kernels need AVX-512")
             attune_dense_pack_transposed(w, inputs, columns.count, inputs, packed)
             attune_dense_forward(x, inputs, batch, inputs, packed, columns.count, bias, y, outputs)
             return
@@ -138,7 +142,7 @@ struct DenseLayer: Sendable {
                         grads: UnsafeMutablePointer<Float>, rows: Range<Int>, inKernel: Bool = false) {
         let dw = grads + weightOffset + rows.lowerBound * inputs
         if inKernel {
-            precondition(Self.denseKernelEnabled, "the dense kernels need AVX-512")
+            precondition(Self.denseKernelSupported, "the dense kernels need AVX-512")
             attune_dense_weight_gradient(dy + rows.lowerBound, outputs, rows.count, x, inputs, batch, inputs, dw, inputs)
         } else {
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Int32(rows.count), Int32(inputs), Int32(batch),

@@ -60,7 +60,7 @@ enum SoftmaxCrossEntropy {
             // (p_t within 1e-6 of 1) p_t − 1 cancels to a few float32 spacings of 1 (6e-8 each) and keeps
             // one or two correct digits, while the other probabilities, small numbers in their own right,
             // keep all of theirs. Adam divides the gradient by its own running size, so its relative error
-            // is what moves the weights (see the README's Training section).
+            // is what moves the weights (see docs/training.md).
             var others = 0.0
             for k in 0..<c where k != t {
                 dzr[k] = pr[k] * scale
