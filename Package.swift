@@ -13,6 +13,13 @@ kernelSettings.append(.unsafeFlags(["-target-cpu", "haswell"]))
 // and needs nothing but the toolchain and the C libraries.
 let integrationTests = Context.environment["ATTUNE_INTEGRATION_TESTS"] == "1"
 
+// The compiler checks what each file imports and how it uses existentials: every import declared where it is
+// used, internal unless the module's public API shows the imported types, and `any` spelled out.
+let strictSettings: [SwiftSetting] = [.enableUpcomingFeature("ExistentialAny"),
+                                      .enableUpcomingFeature("MemberImportVisibility"),
+                                      .enableUpcomingFeature("InternalImportsByDefault")]
+let strictTargets: Set<String> = ["AttuneSpec", "AttuneKernels", "AttuneImage", "AttuneStore", "AttuneCodecs", "AttuneTraining", "AttuneQueue"]
+
 let package = Package(
     name: "Attune",
     // macOS 15: the `Synchronization` module (Atomic, Mutex) of the training threads.
@@ -57,23 +64,23 @@ let package = Package(
         // The split first layer's forward product and weight gradient on AVX-512 processors (dense_kernels.c
         // says why). Its functions carry their own target attributes; -O2 also in debug builds, where tests run it.
         .target(name: "CDenseKernels", cSettings: [.unsafeFlags(["-O2"])]),
-        .target(name: "AttuneTraining", dependencies: ["AttuneSpec", "AttuneImage", "AttuneKernels", "CBLAS", "CDenseKernels",
+        .target(name: "AttuneTraining", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneSpec", "AttuneImage", "AttuneKernels", "CBLAS", "CDenseKernels",
                                                        "CPUFeatures"]),
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
                                                     .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),
         // What travels on the broker, encoded and decoded, without the AMQP client: the fuzzer links this alone.
-        .target(name: "AttuneCodecs", dependencies: ["AttuneSpec", .product(name: "Crypto", package: "swift-crypto")]),
+        .target(name: "AttuneCodecs", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneSpec", .product(name: "Crypto", package: "swift-crypto")]),
         .target(name: "AttuneQueue", dependencies: ["AttuneSpec", "AttuneCodecs", "CRabbitMQ",
                                                     .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),
-        .target(name: "AttuneWorker", dependencies: ["AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue",
+        .target(name: "AttuneWorker", dependencies: ["AttuneCodecs", "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue",
                                                      .product(name: "Logging", package: "swift-log"),
                                                      .product(name: "Metrics", package: "swift-metrics")]),
         // `attune doctor`'s checks: facts from both servers and the training runtime, judged by pure functions.
         .target(name: "AttuneDoctor", dependencies: ["AttuneSpec", "AttuneStore", "AttuneQueue", "AttuneTraining", "AttuneWorker"]),
         // The worker's HTTP side (metrics, health): Hummingbird and swift-prometheus stay out of the worker.
-        .target(name: "AttuneHTTP", dependencies: ["AttuneSpec", "AttuneStore", "AttuneTraining", "AttuneWorker",
+        .target(name: "AttuneHTTP", dependencies: ["AttuneCodecs", "AttuneQueue", .product(name: "HummingbirdCore", package: "hummingbird"), "AttuneSpec", "AttuneStore", "AttuneTraining", "AttuneWorker",
                                                    .product(name: "Hummingbird", package: "hummingbird"),
                                                    .product(name: "HummingbirdAuth", package: "hummingbird-auth"),
                                                    .product(name: "JWTKit", package: "jwt-kit"),
@@ -90,7 +97,7 @@ let package = Package(
         .target(name: "BenchProbes", path: "Benchmarks/BenchProbes"),
         .executableTarget(name: "attune-training-bench", dependencies: ["AttuneSpec", "AttuneTraining", "BenchProbes"],
                           path: "Benchmarks/TrainingBench"),
-        .executableTarget(name: "attune", dependencies: [
+        .executableTarget(name: "attune", dependencies: ["AttuneCodecs", .product(name: "SwiftProtobuf", package: "swift-protobuf"), 
             "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue", "AttuneWorker", "AttuneImage", "AttuneHTTP",
             "AttuneDoctor",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -101,14 +108,14 @@ let package = Package(
         ]),
 
         // Unit tests: nothing but the code under test (a plain `swift test` on a fresh machine runs these).
-        .testTarget(name: "AttuneSpecTests", dependencies: ["AttuneSpec"]),
+        .testTarget(name: "AttuneSpecTests", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneSpec"]),
         // The store's pure parts (envelopes, keys, error classification, release bookkeeping): no server.
         .testTarget(name: "AttuneStoreTests", dependencies: ["AttuneStore", "AttuneSpec",
                                                             .product(name: "Crypto", package: "swift-crypto")]),
-        .testTarget(name: "AttuneTrainingTests", dependencies: ["AttuneTraining", "AttuneKernels", "AttuneImage", "AttuneSpec",
+        .testTarget(name: "AttuneTrainingTests", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneTraining", "AttuneKernels", "AttuneImage", "AttuneSpec",
                                                                 "TrainingTestSupport"]),
         .testTarget(name: "AttuneImageTests", dependencies: ["AttuneImage", "AttuneSpec"]),
-        .testTarget(name: "AttuneQueueTests", dependencies: ["AttuneQueue", "AttuneCodecs", "AttuneSpec", "QueueTestSupport"]),
+        .testTarget(name: "AttuneQueueTests", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneQueue", "AttuneCodecs", "AttuneSpec", "QueueTestSupport"]),
         // Server-free tests of the delivery server's decisions: tokens, the event loop's answers, operators, and both
         // listeners' routes in process (HummingbirdTesting).
         .testTarget(name: "AttuneHTTPTests", dependencies: ["AttuneHTTP", "AttuneStore",
@@ -124,7 +131,7 @@ let package = Package(
         // attune doctor's judgements, from the facts that make each fail.
         .testTarget(name: "AttuneDoctorTests", dependencies: ["AttuneDoctor", "AttuneQueue", "AttuneSpec"]),
         // The worker's decisions against in-memory fakes of its store.
-        .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore", "AttuneSpec",
+        .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneCodecs", "AttuneQueue", .product(name: "Logging", package: "swift-log"), "AttuneWorker", "AttuneTraining", "AttuneStore", "AttuneSpec",
                                                               "WorkerTestSupport"]),
         // Helpers the unit and integration tests of one module share.
         .target(name: "TrainingTestSupport", dependencies: ["AttuneTraining", "AttuneSpec"], path: "Tests/Support/TrainingTestSupport"),
@@ -138,10 +145,14 @@ let package = Package(
         .testTarget(name: "AttuneQueueIntegrationTests", dependencies: ["AttuneQueue", "AttuneCodecs", "AttuneSpec", "QueueTestSupport"]),
         .testTarget(name: "AttuneStoreIntegrationTests", dependencies: ["AttuneStore", "AttuneSpec",
                                                                         .product(name: "Crypto", package: "swift-crypto")]),
-        .testTarget(name: "AttuneWorkerIntegrationTests", dependencies: ["AttuneWorker", "AttuneTraining", "AttuneStore",
+        .testTarget(name: "AttuneWorkerIntegrationTests", dependencies: ["AttuneCodecs", .product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneWorker", "AttuneTraining", "AttuneStore",
                                                                          "AttuneQueue", "AttuneSpec", "WorkerTestSupport",
                                                                          .product(name: "Crypto", package: "swift-crypto"),
                                                                          .product(name: "Logging", package: "swift-log")]),
     ] : []),
     swiftLanguageModes: [.v6]
 )
+
+for target in package.targets where strictTargets.contains(target.name) {
+    target.swiftSettings = (target.swiftSettings ?? []) + strictSettings
+}

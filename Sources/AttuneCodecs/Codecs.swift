@@ -1,5 +1,5 @@
-import AttuneSpec
-import Foundation
+public import AttuneSpec
+public import Foundation
 import SwiftProtobuf
 
 /// How a job or event body is encoded on the wire.

@@ -4,7 +4,7 @@ import SwiftProtobuf
 /// Turns SwiftProtobuf's decoding errors (an enum case with no position) into words a producer can act
 /// on, and for JSON finds which top-level field is at fault.
 enum DecodingDiagnosis {
-    static func explain(_ error: Error, body: Data, as type: any SwiftProtobuf.Message.Type,
+    static func explain(_ error: any Error, body: Data, as type: any SwiftProtobuf.Message.Type,
                         options: JSONDecodingOptions) -> String {
         switch error {
         case let error as JSONDecodingError:

@@ -1,4 +1,4 @@
-import AttuneSpec
+public import AttuneSpec
 
 /// What a model's image input expects: its size and channel layout, read from Core ML's
 /// `ImageFeatureType`. The input tensor is `[channels, height, width]` float32.

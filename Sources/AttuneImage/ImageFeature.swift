@@ -1,5 +1,5 @@
-import AttuneSpec
-import Foundation
+public import AttuneSpec
+public import Foundation
 
 /// One image input of a model: its constraint and the preprocessing scaler the network applies to it.
 /// This is what the training code asks for once per model, then calls `tensor(from:)` per sample.

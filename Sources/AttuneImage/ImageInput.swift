@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Turns the PNG or JPEG bytes of a job's image feature into the model's input tensor, as Core ML's
 /// `MLFeatureValue(cgImage:constraint:)` followed by the network's preprocessing scaler would:

@@ -1,5 +1,5 @@
 internal import CPNG
-import Foundation
+public import Foundation
 
 /// Writes 8-bit gray pixels as a PNG with libpng's simplified API: how the command line turns a CSV row into
 /// the image a model with an image input takes (`--image-size`), so that what it sends is exactly the file

@@ -1,3 +1,4 @@
+import AttuneCodecs
 import Foundation
 
 /// Attune's conventions on top of the AMQP client: the private queues a monitor or a worker binds to one of

@@ -1,5 +1,5 @@
 internal import CRabbitMQ
-import Foundation
+public import Foundation
 
 /// One AMQP 0-9-1 connection to RabbitMQ, through rabbitmq-c.
 ///

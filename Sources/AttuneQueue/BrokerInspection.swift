@@ -1,4 +1,4 @@
-import AttuneSpec
+public import AttuneSpec
 import Foundation
 
 /// What `attune doctor` asks the broker about the fleet's topology, beyond the stray queues: whether the

@@ -1,5 +1,6 @@
+public import AttuneCodecs
 import AttuneSpec
-import Foundation
+public import Foundation
 
 /// One message in the dead-letter queue, as the tools show it.
 public struct DeadLetter: Sendable, Equatable {

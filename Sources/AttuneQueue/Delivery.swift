@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// One message handed to our consumer. `deliveryTag` is only meaningful on the connection (and channel)
 /// that received it: ack, reject, dead-letter or retry it there.

@@ -1,5 +1,6 @@
-import AttuneSpec
-import Foundation
+import AttuneCodecs
+public import AttuneSpec
+public import Foundation
 
 /// Attune's queues on one connection: the topology every worker and producer declares, and the two ways
 /// a job leaves its partition other than by an ack: to the dead-letter queue with a reason, or through a

@@ -1,4 +1,4 @@
-import AttuneSpec
+public import AttuneSpec
 import Foundation
 
 /// A partition queue on the broker that the fleet's layout (PostgreSQL's `attune_topology`) does not name:

@@ -1,4 +1,4 @@
-import AttuneSpec
+public import AttuneSpec
 
 /// Names and arguments of everything Attune declares on the broker. Every worker and producer declares
 /// the same topology at start (`JobQueues.declare()`; workers with the fleet's partition queues), so these

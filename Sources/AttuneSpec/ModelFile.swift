@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import SwiftProtobuf
 
 /// Reading and writing `.mlmodel` files: a serialized `CoreML.Specification.Model`.

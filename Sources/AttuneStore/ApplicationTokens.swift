@@ -1,6 +1,6 @@
 import AttuneSpec
 import Crypto
-import Foundation
+public import Foundation
 
 /// An application's bearer token as `attune token create` prints it once: `att_<id>_<secret>`.
 public struct IssuedToken: Sendable, Equatable {

@@ -1,6 +1,6 @@
 import AttuneSpec
 import Crypto
-import Foundation
+public import Foundation
 
 /// A signing key attune issued to an application, as `attune app key create|rotate` prints it once: the
 /// private half as a JWK (`{"kty":"OKP","crv":"Ed25519","alg":"EdDSA","kid",…,"d",…}`), which JWT libraries

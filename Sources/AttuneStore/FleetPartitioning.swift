@@ -1,4 +1,4 @@
-import AttuneSpec
+public import AttuneSpec
 import Foundation
 
 /// The fleet's partition layout as PostgreSQL keeps it (`attune_topology`): every worker consumes, and

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// One user's line of versions of one model.
 public struct UserModel: Hashable, Sendable {

@@ -1,7 +1,7 @@
-import AttuneSpec
+public import AttuneSpec
 import Crypto
-import Foundation
-import Logging
+public import Foundation
+public import Logging
 
 /// Applies `NNNN_name.sql` files in order, once each, recording them in `attune_schema_migrations`; then
 /// each `functions/NAME.sql` (a function's one home, `CREATE OR REPLACE`) whose text changed since it was

@@ -159,7 +159,7 @@ extension ModelRegistry {
             }
             // A model with a policy (kept samples, a quality gate) commits through the longer statement.
             let withPolicies = kept.contains { !$0.isEmpty } || batch.contains(where: \.gated)
-            var retained: [PostgresBindable?] = []
+            var retained: [(any PostgresBindable)?] = []
             if withPolicies {
                 var blob = Data()
                 for job in kept { blob.append(job) }

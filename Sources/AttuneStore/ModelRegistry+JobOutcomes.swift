@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// What became of one job id, as a producer asks (`attune job show`, `GET /api/jobs/ID`). Fields that do not
 /// apply to the state are nil.

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// How many stored objects each key holds; `""` counts clear text, `damaged` damaged envelopes.
 public struct KeyCensus: Sendable, Equatable {
@@ -167,12 +167,12 @@ extension ModelRegistry {
                     unreadable.append(error.description)
                     continue
                 }
-                var parameters: [PostgresBindable?] = [BinaryBytea(sealed)]
+                var parameters: [(any PostgresBindable)?] = [BinaryBytea(sealed)]
                 if table.kind != .baseModel { parameters.append(Int64(sealed.count)) }
                 try conn.query("""
                     UPDATE \(table.name) SET \(table.column) = lo_from_bytea(0, $1)\(table.sizeUpdate)
                     WHERE (\(table.keyColumns)) = (\(table.placeholders(from: parameters.count + 1)))
-                    """, parameters + key.map { $0 as PostgresBindable? })
+                    """, parameters + key.map { $0 as (any PostgresBindable)? })
                 done += 1
             }
             return (done, unreadable)
@@ -300,7 +300,7 @@ private struct RotatedTable {
         try keys.map { try row.string("k_\($0.column)") }
     }
 
-    func arrays(_ rows: [[String]]) -> [PostgresBindable?] {
+    func arrays(_ rows: [[String]]) -> [(any PostgresBindable)?] {
         keys.indices.map { index in PostgresArray(rows.map { $0[index] }) }
     }
 

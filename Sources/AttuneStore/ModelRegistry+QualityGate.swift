@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// The quality gate before delivery: a model's floor and allowed drop for validation accuracy, the versions
 /// held by it, what devices get meanwhile, and releasing a hold. The decision is made in the commit's own

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// A rebase moves every user of a model onto a new base version: one job per user, published like any
 /// other so it keeps its place among the user's own jobs, whose worker replays the user's kept jobs onto
@@ -75,7 +75,7 @@ extension ModelRegistry {
         try rebases(where: "true ORDER BY r.id DESC LIMIT $1", [limit])
     }
 
-    private func rebases(where condition: String, _ parameters: [PostgresBindable?]) throws -> [RebaseRecord] {
+    private func rebases(where condition: String, _ parameters: [(any PostgresBindable)?]) throws -> [RebaseRecord] {
         try connection.query("""
             SELECT r.id, r.model, r.base_version, r.without_samples, r.state, r.reason,
                    extract(epoch FROM r.started_at)::float8 AS started_at,

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// One version whose state `prune` deleted (or would delete, on a dry run).
 public struct PrunedVersion: Sendable, Equatable {
@@ -35,7 +35,7 @@ extension ModelRegistry {
               AND v.version <= h.version - $3
               AND ($4::float8 IS NULL OR v.created_at < now() - make_interval(secs => $4::float8))
             """
-        let parameters: [PostgresBindable?] = [model, user, keep, olderThan]
+        let parameters: [(any PostgresBindable)?] = [model, user, keep, olderThan]
         let result = try connection.query(dryRun ? selection + " ORDER BY v.user_id, v.version" : """
             WITH doomed AS (\(selection) FOR UPDATE OF v)
             UPDATE attune_personal_versions v SET state_lo = NULL, pruned_at = now()

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Samples kept on purpose: a model's retention period, the jobs kept with its versions, and pruning them.
 /// What is kept is what a rebase onto a new base model replays, user by user, in version order.

@@ -1,5 +1,5 @@
 import Crypto
-import Foundation
+public import Foundation
 
 /// Base models, personal heads and personal versions in PostgreSQL. Wraps one connection, so like
 /// the connection it belongs to one thread at a time; give each worker thread its own registry.

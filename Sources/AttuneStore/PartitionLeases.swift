@@ -1,5 +1,5 @@
-import AttuneSpec
-import Foundation
+public import AttuneSpec
+public import Foundation
 
 /// Which job partitions this worker takes, agreed among the live workers through PostgreSQL session
 /// advisory locks: each worker holds a member lock for as long as its session lives, the members sorted

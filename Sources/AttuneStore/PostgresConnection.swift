@@ -1,5 +1,5 @@
 internal import CLibPQ
-import Foundation
+public import Foundation
 
 /// One libpq connection. Not thread-safe: libpq allows one thread at a time per connection, so each
 /// thread (each worker slot) opens its own. Every statement goes through `PQexecParams` with the
@@ -68,7 +68,7 @@ public final class PostgresConnection {
 
     /// Runs one statement. `$1`, `$2`, ... in `sql` refer to `params`; nil binds SQL NULL.
     @discardableResult
-    public func query(_ sql: String, _ params: [PostgresBindable?] = []) throws -> QueryResult {
+    public func query(_ sql: String, _ params: [(any PostgresBindable)?] = []) throws -> QueryResult {
         let conn = try open(Self.describe(sql))
         roundTrips += 1
         let result = Self.withParameters(params) { types, values, lengths, formats in
@@ -332,7 +332,7 @@ public final class PostgresConnection {
     /// The parameters as `PQexecParams` takes them: types (0: let the server infer), values, lengths
     /// (read for binary values only) and formats (0 text, 1 binary), in buffers that live during `body`.
     private static func withParameters<R>(
-        _ params: [PostgresBindable?],
+        _ params: [(any PostgresBindable)?],
         _ body: ([UInt32], [UnsafePointer<CChar>?], [Int32], [Int32]) -> R
     ) -> R {
         var types = [UInt32](), values = [UnsafeMutablePointer<CChar>?](), lengths = [Int32](), formats = [Int32]()

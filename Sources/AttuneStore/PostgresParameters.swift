@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Bytes sent as a `bytea` parameter in binary format: as they are, where `Data` itself binds as hex
 /// text (twice the size, encoded here and decoded by the server). For large values such as update
@@ -20,9 +20,9 @@ public struct BinaryBytea: PostgresBindable, Sendable {
 /// A one-dimensional array parameter in PostgreSQL's text form, `{"a","b",NULL}`. Every element is
 /// quoted, so any text survives; cast the parameter to the element type in SQL (`$1::text[]`).
 public struct PostgresArray: PostgresBindable {
-    public let elements: [PostgresBindable?]
+    public let elements: [(any PostgresBindable)?]
 
-    public init(_ elements: [PostgresBindable?]) {
+    public init(_ elements: [(any PostgresBindable)?]) {
         self.elements = elements
     }
 

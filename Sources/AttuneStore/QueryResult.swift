@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// A value that can be sent as a query parameter. Parameters travel in PostgreSQL's text format,
 /// separately from the SQL, so no value can change the meaning of a statement.

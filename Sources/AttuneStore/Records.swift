@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// An imported base model, `name@version`. Its bytes are read separately (they can be large).
 public struct BaseModelRecord: Sendable, Equatable {

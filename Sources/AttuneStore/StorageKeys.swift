@@ -1,6 +1,6 @@
-import Crypto
-import Foundation
-import Logging
+public import Crypto
+public import Foundation
+public import Logging
 
 /// The keys that encrypt what Attune keeps in PostgreSQL's large objects (base models and update states),
 /// as Core ML encrypts a model so that the stored bytes are useless without its key.

@@ -1,4 +1,5 @@
 import AttuneSpec
+import SwiftProtobuf
 
 /// How an error names a model's type: as Core ML's `Model.proto` spells it, with an article ("a
 /// treeEnsembleClassifier", "a linked model"). Attune's spec subset declares only the types it reads, so

@@ -1,4 +1,4 @@
-import AttuneSpec
+public import AttuneSpec
 
 /// A base model Attune can personalize, read from its Core ML spec and checked once; then the source of
 /// update tasks, predictions and exported personal versions. Each kind keeps its own rules in its own

@@ -1,4 +1,5 @@
 import AttuneSpec
+import Foundation
 
 /// Core ML's own rules for updatable models: what a device's Core ML checks when it compiles a `.mlmodel`
 /// (coremltools' `mlmodel/src`: `Model.cpp`, `Validation/NeuralNetwork/UpdatableNeuralNetworkValidator.cpp`,

@@ -1,4 +1,4 @@
-import AttuneSpec
+public import AttuneSpec
 
 /// What an update task reports while it runs (as `MLUpdateProgressHandlers`). Epochs and mini-batches
 /// are 1-based; losses are means of the model's loss over the samples concerned, each measured with the

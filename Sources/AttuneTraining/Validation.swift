@@ -1,4 +1,4 @@
-import AttuneSpec
+public import AttuneSpec
 
 /// How a model does on a job's validation samples (held out, never trained on) at one epoch's end, as
 /// Keras reports `val_loss` and `val_accuracy`.

@@ -1,3 +1,4 @@
+import AttuneCodecs
 import ArgumentParser
 import AttuneQueue
 import AttuneSpec

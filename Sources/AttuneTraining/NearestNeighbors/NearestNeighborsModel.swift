@@ -1,4 +1,5 @@
-import AttuneSpec
+public import AttuneSpec
+import SwiftProtobuf
 
 /// An updatable k-nearest-neighbours classifier (Core ML `kNearestNeighborsClassifier`), read from its
 /// spec and checked once; then the source of update tasks, predictions and exported personal versions.

@@ -1,4 +1,5 @@
 import AttuneSpec
+import SwiftProtobuf
 
 /// What a personal k-NN version stores in `Attune_V1_UpdateState`:
 ///

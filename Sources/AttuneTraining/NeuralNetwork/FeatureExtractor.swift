@@ -1,5 +1,5 @@
-import AttuneImage
-import AttuneSpec
+public import AttuneImage
+public import AttuneSpec
 
 /// A frozen neural network run forward only: a model of a pipeline that turns each sample's input into an
 /// embedding for the model after it (another frozen network, or the updatable k-NN at the end). Nothing in

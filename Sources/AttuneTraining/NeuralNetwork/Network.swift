@@ -247,7 +247,7 @@ final class Workspace {
     ///
     /// With `optimizer`, the step ends with its update of the parameters. Without (tests), the gradients are
     /// left in `grads` and, for a split mini-batch, in the parts' buffers (`sumGradientParts`).
-    func trainStep(batch: Int, targets: Targets, inputs: InputRows = .loaded, optimizer: OptimizerStep? = nil) -> Double {
+    func trainStep(batch: Int, targets: Targets, inputs: InputRows = .loaded, optimizer: (any OptimizerStep)? = nil) -> Double {
         let split = BatchSplit(rows: batch, rowWork: rowWork, minimumPartWork: minimumPartWork, enabled: splitsBatches)
         precondition(split.count <= partGrads.count + 1, "trainStep: \(batch) rows in a workspace for \(maxBatch)")
         let width = plan.widths[0], x = activations[0].pointer
@@ -297,7 +297,7 @@ final class Workspace {
     /// Rows `first.outputs[part]` of the first layer's dW and db over all `batch` rows, and the optimizer's
     /// update of those weights and biases; the last part also updates every other trainable range, from
     /// the row parts' summed gradients.
-    private func firstLayerBackward(_ first: FirstLayerSplit, part: Int, batch: Int, optimizer: OptimizerStep?) {
+    private func firstLayerBackward(_ first: FirstLayerSplit, part: Int, batch: Int, optimizer: (any OptimizerStep)?) {
         first.layer.weightGradient(x: activation(0, 0..<batch), dy: delta(1, 0..<batch), batch: batch,
                                    grads: grads.pointer, rows: first.outputs[part], inKernel: denseKernels)
         optimizer?.update(first.ranges[part], params: params.pointer, grads: gradients[0])

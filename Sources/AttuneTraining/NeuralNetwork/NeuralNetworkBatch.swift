@@ -1,4 +1,4 @@
-import AttuneSpec
+public import AttuneSpec
 
 extension NeuralNetworkModel {
     /// Validates every sample (sample indices in errors are 0-based): exactly the model input and the label

@@ -1,6 +1,7 @@
-import AttuneImage
-import AttuneSpec
+public import AttuneImage
+public import AttuneSpec
 import Foundation
+import SwiftProtobuf
 
 /// An updatable neural network, read from its Core ML spec and checked once; then the source of update
 /// tasks, predictions and exported models.

@@ -69,7 +69,7 @@ extension NeuralNetworkModel {
     }
 
     /// The optimizer the job's parameters name, over the plan's parameter slots.
-    private static func optimizer(for parameters: ResolvedParameters, plan: NetworkPlan) -> OptimizerStep {
+    private static func optimizer(for parameters: ResolvedParameters, plan: NetworkPlan) -> any OptimizerStep {
         switch parameters.optimizer {
         case .sgd(let momentum):
             SGD(learningRate: parameters.learningRate, momentum: momentum, slots: plan.slots,
@@ -115,7 +115,7 @@ private struct MiniBatchRows {
 
     /// The forward and backward pass over the first `rows` rows loaded, their inputs from `inputs`, and the
     /// optimizer's step; returns their summed loss.
-    func trainStep(_ workspace: Workspace, rows: Int, optimizer: OptimizerStep, inputs: Workspace.InputRows) -> Double {
+    func trainStep(_ workspace: Workspace, rows: Int, optimizer: any OptimizerStep, inputs: Workspace.InputRows) -> Double {
         usesValues
             ? targetRows.withUnsafeBufferPointer {
                 workspace.trainStep(batch: rows, targets: .values($0.baseAddress!), inputs: inputs, optimizer: optimizer)

@@ -1,4 +1,5 @@
 import AttuneSpec
+import Foundation
 
 /// A network plan as `NeuralNetworkModel.compile` builds it, one layer at a time: the shape reaching the
 /// next layer, the steps so far, each boundary's width, the base parameters and the updatable tensors.

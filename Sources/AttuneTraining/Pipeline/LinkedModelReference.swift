@@ -1,4 +1,4 @@
-import AttuneSpec
+public import AttuneSpec
 
 /// A pipeline model that is a Core ML linked model (`linkedModel.linkedModelFile`): instead of holding a
 /// network it names a compiled model file (`TinyDrawingEmbedding.mlmodelc`) that the device finds along a

@@ -1,5 +1,5 @@
 import AttuneImage
-import AttuneSpec
+public import AttuneSpec
 import Foundation
 
 /// A pipeline (Core ML `pipelineClassifier` or `pipeline`) whose last model is an updatable k-nearest-
