@@ -1,6 +1,6 @@
 import Foundation
 
-/// Reconnection delays: `initial` doubling up to `maximum`, reset once the slot has handled a job.
+/// Reconnection delays: `initial` doubling up to `maximum`, reset once a connection is made again.
 struct Backoff {
     private let initial: TimeInterval
     private let maximum: TimeInterval

@@ -42,7 +42,7 @@ final class BrokerSettler {
     }
 
     /// Requeues, copies and acks first (acks batched), then the events, in the order the slots posted them.
-    func carryOut(_ items: [SlotMailbox.Posted], on connection: AMQPConnection) throws {
+    func carryOut(_ items: [SlotMailbox.Posted], on connection: any SettlementChannel) throws {
         guard !items.isEmpty else { return }
         var acks: [UInt64] = []
         var events: [Attune_V1_Event] = []
@@ -62,15 +62,18 @@ final class BrokerSettler {
                     try open.putBack(delivery.deliveryTag, on: connection)
                     events.append(job.decision.event)
                 case .deadLetter(let reason):
-                    try sendCopy(JobQueues.deadLetterCopy(of: delivery, reason: reason), of: delivery, job, connection)
+                    try sendCopy(of: delivery, job) {
+                        try connection.sendDeadLetterCopy(of: delivery, reason: reason, messageId: $0)
+                    }
                 case .retry(let delayMs, let attempt):
                     guard let partition else {
                         try open.putBack(delivery.deliveryTag, on: connection)
                         continue
                     }
-                    let copy = try JobQueues(connection).retryCopy(of: delivery, from: partition.queue,
-                                                                   delayMs: delayMs, attempt: attempt)
-                    try sendCopy(copy, of: delivery, job, connection)
+                    try sendCopy(of: delivery, job) {
+                        try connection.sendRetryCopy(of: delivery, from: partition.queue, delayMs: delayMs,
+                                                     attempt: attempt, messageId: $0)
+                    }
                 }
             }
         }
@@ -81,7 +84,7 @@ final class BrokerSettler {
 
     /// Acks the originals of the copies the broker confirmed and publishes their events; puts back those
     /// whose copy it refused or returned.
-    func handleConfirms(_ connection: AMQPConnection) throws {
+    func handleConfirms(_ connection: any SettlementChannel) throws {
         let confirms = connection.takeConfirms()
         guard !confirms.isEmpty else { return }
         let returned = Set(connection.takeReturnedMessageIds())
@@ -110,20 +113,18 @@ final class BrokerSettler {
     }
 
     /// Publishes `events`, noting the sequence numbers of the terminal ones (see `Attune_V1_Event.isTerminal`).
-    private func send(_ events: [Attune_V1_Event], on connection: AMQPConnection) throws {
+    private func send(_ events: [Attune_V1_Event], on connection: any SettlementChannel) throws {
         for event in events {
             let sequence = try connection.sendEvent(event)
             if event.isTerminal, !event.jobID.isEmpty, let sequence { terminalEvents[sequence] = event.jobID }
         }
     }
 
-    private func sendCopy(_ copy: JobQueues.Copy, of delivery: Delivery, _ job: SettledJob,
-                          _ connection: AMQPConnection) throws {
+    /// Publishes a dead-letter or retry copy (`publish`, given its message id) and notes what its confirm settles.
+    private func sendCopy(of delivery: Delivery, _ job: SettledJob, publish: (String) throws -> UInt64?) throws {
         // The copy's message id lets a broker return (no queue bound) be matched to it.
         let messageId = delivery.messageId ?? "attune-copy-\(open.generation)-\(delivery.deliveryTag)"
-        let sequence = try connection.send(exchange: copy.exchange, routingKey: copy.routingKey, body: delivery.body,
-                                           contentType: delivery.contentType ?? "", headers: copy.headers,
-                                           messageId: messageId, mandatory: true)
+        let sequence = try publish(messageId)
         let name = JobNames.name(job.decision.event.jobID, delivery: delivery.deliveryTag)
         switch job.decision.action {
         case .deadLetter(let reason):
@@ -138,14 +139,14 @@ final class BrokerSettler {
     }
 
     /// Acks `tags`: one multiple-ack for the longest run of the oldest unsettled tags, single acks for the rest.
-    private func ack(_ tags: [UInt64], on connection: AMQPConnection) throws {
+    private func ack(_ tags: [UInt64], on connection: any SettlementChannel) throws {
         guard !tags.isEmpty else { return }
         let run = open.oldestRun(within: Set(tags))
         if let last = run.last, run.count > 1 {
             try connection.ack(last, multiple: true)
         }
         let covered = run.count > 1 ? Set(run) : []
-        for tag in tags.sorted() where !covered.contains(tag) { try connection.ack(tag) }
+        for tag in tags.sorted() where !covered.contains(tag) { try connection.ack(tag, multiple: false) }
         for tag in tags { open.markSettled(tag) }
     }
 }

@@ -13,25 +13,36 @@ import Logging
 /// Its deliveries share the channel's delivery tags with the jobs, so a request waiting for PostgreSQL is
 /// reported as held: the source's multiple acks must not cover it.
 final class CancelRequests {
-    private let connection: AMQPConnection
-    private let databaseURL: String
+    private let connection: any CancelChannel
     private let workerName: String
     private let logger: Logger
     private let requestsTag: String
     private let announcementsTag: String
-    private var registry: ModelRegistry?
+    /// Opens a session to record cancels in; the next request after a failure opens another.
+    private let openRecords: () throws -> any CancelRecords
+    private var registry: (any CancelRecords)?
     /// Requests PostgreSQL could not record yet, unacked, tried again every `retryInterval`.
     private var pending: [(delivery: Delivery, request: Attune_V1_CancelRequest)] = []
     private var nextTry = Date.distantPast
     private let retryInterval: TimeInterval = 1
+    private let now: () -> Date
 
-    init(connection: AMQPConnection, databaseURL: String, workerName: String, logger: Logger) throws {
+    init(connection: any CancelChannel, workerName: String, logger: Logger,
+         now: @escaping () -> Date = Date.init, openRecords: @escaping () throws -> any CancelRecords) throws {
         self.connection = connection
-        self.databaseURL = databaseURL
         self.workerName = workerName
         self.logger = logger
-        announcementsTag = try connection.consume(queue: try JobQueues(connection).declareCancelAnnouncements())
+        self.now = now
+        self.openRecords = openRecords
+        announcementsTag = try connection.consume(queue: try connection.declareCancelAnnouncements())
         requestsTag = try connection.consume(queue: Topology.cancelQueue)
+    }
+
+    /// Records cancels in the model registry at `databaseURL`.
+    convenience init(connection: AMQPConnection, databaseURL: String, workerName: String, logger: Logger) throws {
+        try self.init(connection: connection, workerName: workerName, logger: logger) {
+            ModelRegistry(connection: try PostgresConnection(url: databaseURL))
+        }
     }
 
     /// Handles the deliveries that are cancel requests or announcements. Returns the rest (the jobs) and
@@ -47,7 +58,7 @@ final class CancelRequests {
                    Identifier.isValid(request.jobID) {
                     remember(request.jobID, request.reason)
                 }
-                try connection.ack(delivery.deliveryTag)
+                try connection.ack(delivery.deliveryTag, multiple: false)
             case requestsTag:
                 guard let request = try readable(delivery) else { continue }
                 if try !record(request, delivery, remember: remember) {
@@ -63,7 +74,7 @@ final class CancelRequests {
 
     /// Tries the held requests again (not more often than every `retryInterval`); returns the tags settled.
     func retryHeld(remember: (String, String) -> Void) throws -> [UInt64] {
-        guard !pending.isEmpty, Date() >= nextTry else { return [] }
+        guard !pending.isEmpty, now() >= nextTry else { return [] }
         var settled: [UInt64] = []
         var still: [(delivery: Delivery, request: Attune_V1_CancelRequest)] = []
         for (delivery, request) in pending {
@@ -85,7 +96,7 @@ final class CancelRequests {
     }
 
     func close() {
-        registry?.connection.close()
+        registry?.closeSession()
         registry = nil
     }
 
@@ -107,24 +118,24 @@ final class CancelRequests {
                         remember: (String, String) -> Void) throws -> Bool {
         let outcome: CancelOutcome
         do {
-            if registry == nil { registry = ModelRegistry(connection: try PostgresConnection(url: databaseURL)) }
+            if registry == nil { registry = try openRecords() }
             outcome = try registry!.cancelJob(jobId: request.jobID, reason: request.reason)
         } catch {
             logger.warning("cannot record the cancel of job \(request.jobID) yet (PostgreSQL): \(error); trying again")
             close()
-            nextTry = Date().addingTimeInterval(retryInterval)
+            nextTry = now().addingTimeInterval(retryInterval)
             return false
         }
         switch outcome {
         case .cancelled, .alreadyCancelled:
             remember(request.jobID, request.reason)
-            try JobQueues(connection).announceCancel(jobId: request.jobID, reason: request.reason)
+            try connection.announceCancel(jobId: request.jobID, reason: request.reason)
             logger.info("job \(request.jobID) cancelled: \(request.reason)")
         case .tooLate(let user, let model, let version):
-            try connection.sendEvent(Self.tooLate(request, user: user, model: model, version: version, worker: workerName))
+            _ = try connection.sendEvent(Self.tooLate(request, user: user, model: model, version: version, worker: workerName))
             logger.info("cancel of job \(request.jobID) came after its commit (\(model)/\(user) v\(version)); nothing changed")
         }
-        try connection.ack(delivery.deliveryTag)
+        try connection.ack(delivery.deliveryTag, multiple: false)
         return true
     }
 
@@ -140,16 +151,5 @@ final class CancelRequests {
             $0.version = Int64(version)
             $0.reason = "job \(request.jobID) was committed as version \(version) of \(model) for \(user) before the cancel arrived; nothing changed"
         }
-    }
-}
-
-extension AMQPConnection {
-    /// Publishes an event on `attune.events` without waiting for its confirm.
-    @discardableResult
-    func sendEvent(_ event: Attune_V1_Event, headers: [String: String] = [:]) throws -> UInt64? {
-        let (body, contentType) = try EventCodec.encode(event, as: .json)
-        return try send(exchange: Topology.eventsExchange,
-                 routingKey: EventRouting.key(model: event.model, user: event.userID, kind: event.kind),
-                 body: body, contentType: contentType, headers: headers, messageId: event.jobID)
     }
 }

@@ -23,7 +23,7 @@ final class DrainBarriers {
     /// Takes every delivery that arrived in hand and returns those that may go to the slots now: not a
     /// barrier, and not behind one. A barrier whose partition has drained is acked at once.
     func sort(_ arrived: [Delivery], consumers: PartitionConsumers, isDrained: (JobPartition) -> Bool,
-              on connection: AMQPConnection) throws -> [Delivery] {
+              on connection: any DeliveryChannel) throws -> [Delivery] {
         var ready: [Delivery] = []
         for delivery in arrived {
             let partition = consumers.partition(ofConsumer: delivery.consumerTag)
@@ -51,7 +51,7 @@ final class DrainBarriers {
     }
 
     /// Lets the jobs behind each barrier whose partition has drained go on (to `deliver`), up to the next barrier.
-    func passDrained(isDrained: (JobPartition) -> Bool, on connection: AMQPConnection,
+    func passDrained(isDrained: (JobPartition) -> Bool, on connection: any DeliveryChannel,
                      deliver: ([Delivery]) -> Void) throws {
         for (partition, waiting) in parked {
             var rest = waiting[...]
@@ -68,7 +68,7 @@ final class DrainBarriers {
     }
 
     /// At shutdown, what waits behind a barrier goes back to its queue, in order.
-    func handBack(on connection: AMQPConnection) throws {
+    func handBack(on connection: any DeliveryChannel) throws {
         for (_, waiting) in parked {
             for delivery in waiting { try open.putBack(delivery.deliveryTag, on: connection) }
         }

@@ -52,21 +52,21 @@ final class OpenDeliveries {
     }
 
     /// Sends delivery `tag` back to its queue and forgets it.
-    func putBack(_ tag: UInt64, on connection: AMQPConnection) throws {
+    func putBack(_ tag: UInt64, on connection: any DeliveryChannel) throws {
         try connection.reject(tag, requeue: true)
         markSettled(tag)
     }
 
     /// Rejects delivery `tag` without requeue, so its queue dead-letters it (to attune.jobs.dead, with the
     /// broker's `x-death`), and forgets it: for a message that is no job and must not get an event.
-    func refuse(_ tag: UInt64, on connection: AMQPConnection) throws {
+    func refuse(_ tag: UInt64, on connection: any DeliveryChannel) throws {
         try connection.reject(tag, requeue: false)
         markSettled(tag)
     }
 
     /// Acks one delivery on its own (a drain barrier passed) and forgets it.
-    func ack(_ tag: UInt64, on connection: AMQPConnection) throws {
-        try connection.ack(tag)
+    func ack(_ tag: UInt64, on connection: any DeliveryChannel) throws {
+        try connection.ack(tag, multiple: false)
         markSettled(tag)
     }
 

@@ -4,11 +4,11 @@ import AttuneStore
 
 /// The consumers of one connection, one per partition it consumes.
 final class PartitionConsumers {
-    private let connection: AMQPConnection
+    private let connection: any ConsumerChannel
     private var tags: [JobPartition: String] = [:]
     private var partitions: [String: JobPartition] = [:]
 
-    init(connection: AMQPConnection) { self.connection = connection }
+    init(connection: any ConsumerChannel) { self.connection = connection }
 
     var consuming: Set<JobPartition> { Set(tags.keys) }
 

@@ -32,7 +32,10 @@ final class PartitionKeeper {
     private let barriers: DrainBarriers
     /// The consumers of the current connection.
     private var consumers: PartitionConsumers?
-    private var leases: PartitionLeases?
+    private let leaseStore: any LeaseStore
+    private var leases: (any LeaseSession)?
+    /// The clock every look and interval is measured on (a test moves its own).
+    private let now: () -> Date
     private var lastLeaseLook = Date.distantPast
     /// The fleet's partition layout as last read from PostgreSQL.
     private var layout: PartitionLayout
@@ -50,11 +53,16 @@ final class PartitionKeeper {
     private let strayQueues = Gauge(label: "attune_stray_partition_queues")
     private let strayJobs = Gauge(label: "attune_stray_partition_jobs")
 
-    init(configuration: WorkerConfiguration, logger: Logger, mailbox: SlotMailbox, open: OpenDeliveries) {
+    /// - Parameter leaseStore: PostgreSQL at `configuration.databaseURL` unless given.
+    init(configuration: WorkerConfiguration, logger: Logger, mailbox: SlotMailbox, open: OpenDeliveries,
+         leaseStore: (any LeaseStore)? = nil, now: @escaping () -> Date = Date.init) {
         self.configuration = configuration
         self.logger = logger
         self.mailbox = mailbox
         self.open = open
+        self.leaseStore = leaseStore ?? PostgresLeaseStore(databaseURL: configuration.databaseURL,
+                                                           workerName: configuration.workerName)
+        self.now = now
         barriers = DrainBarriers(open: open, logger: logger)
         layout = configuration.layout
     }
@@ -67,26 +75,24 @@ final class PartitionKeeper {
     /// remembered from before a long outage could bind a drained generation to the jobs exchange again.
     /// Without PostgreSQL no partition queue is declared; the first look at the leases (which needs
     /// PostgreSQL too) declares them.
-    func declareQueues(on connection: AMQPConnection) throws {
+    func declareQueues(on connection: any PartitionChannel) throws {
         if let stored = try? storedLayout() {
             layout = stored
-            try JobQueues(connection).declare(layout: stored)
+            try connection.declarePartitionQueues(stored)
             lookForStrays(on: connection)
         } else {
-            try JobQueues(connection).declare()
+            try connection.declarePartitionQueues(nil)
         }
     }
 
     /// The layout PostgreSQL holds, read on the lease session when it answers, else on a connection of its own.
     private func storedLayout() throws -> PartitionLayout? {
-        if let leases, let stored = try? FleetPartitioning.layout(on: leases.connection) { return stored }
-        let database = try PostgresConnection(url: configuration.databaseURL)
-        defer { database.close() }
-        return try FleetPartitioning.layout(on: database)
+        if let leases, let stored = try? leases.storedLayout() { return stored }
+        return try leaseStore.storedLayout()
     }
 
     /// A new connection consumes nothing yet; the next look takes the partitions.
-    func connected(_ connection: AMQPConnection) {
+    func connected(_ connection: any PartitionChannel) {
         consumers = PartitionConsumers(connection: connection)
         consumerPrefetch = nil
         lastLeaseLook = .distantPast
@@ -110,7 +116,7 @@ final class PartitionKeeper {
 
     /// Takes what arrived in hand and returns what may go to the slots now; what arrives behind a drain
     /// barrier waits.
-    func sort(_ arrived: [Delivery], on connection: AMQPConnection) throws -> [Delivery] {
+    func sort(_ arrived: [Delivery], on connection: any PartitionChannel) throws -> [Delivery] {
         guard !arrived.isEmpty, let consumers else { return [] }
         return try barriers.sort(arrived, consumers: consumers, isDrained: isDrained, on: connection)
     }
@@ -126,31 +132,28 @@ final class PartitionKeeper {
     func stopConsuming() throws { try consumers?.cancelAll() }
 
     /// At shutdown, what waits behind a barrier goes back to its queue, in order.
-    func handBackParked(on connection: AMQPConnection) throws { try barriers.handBack(on: connection) }
+    func handBackParked(on connection: any PartitionChannel) throws { try barriers.handBack(on: connection) }
 
     // MARK: Looking at the partitions
 
     /// Looks at the partitions if the last look is `lookInterval` old.
-    func lookIfDue(on connection: AMQPConnection) throws {
-        guard let consumers, Date().timeIntervalSince(lastLeaseLook) >= lookInterval else { return }
+    func lookIfDue(on connection: any PartitionChannel) throws {
+        guard let consumers, now().timeIntervalSince(lastLeaseLook) >= lookInterval else { return }
         try look(consumers, connection)
     }
 
     /// Consumes the partitions this worker should hold, and lets go of the others once their jobs are
     /// settled. Without PostgreSQL the worker keeps what it consumes: each partition queue has a single
     /// active consumer, so no two workers take one partition's jobs at once whatever the locks say.
-    private func look(_ consumers: PartitionConsumers, _ connection: AMQPConnection) throws {
-        lastLeaseLook = Date()
+    private func look(_ consumers: PartitionConsumers, _ connection: any PartitionChannel) throws {
+        lastLeaseLook = now()
         do {
-            if leases == nil {
-                leases = try PartitionLeases(url: configuration.databaseURL, workerName: configuration.workerName)
-            }
+            if leases == nil { leases = try leaseStore.openSession() }
             guard let leases else { return }
-            try follow(try FleetPartitioning.layout(on: leases.connection)
-                       ?? FleetPartitioning.establish(on: leases.connection, proposing: layout.current.partitions), connection)
-            if Date().timeIntervalSince(lastStrayLook) >= Self.strayLookInterval { lookForStrays(on: connection) }
+            try follow(try leases.storedLayout() ?? leases.establishLayout(proposing: layout.current.partitions), connection)
+            if now().timeIntervalSince(lastStrayLook) >= Self.strayLookInterval { lookForStrays(on: connection) }
             if let draining = layout.draining {
-                knownDrained = Set(try FleetPartitioning.drained(generation: draining.number, on: leases.connection)
+                knownDrained = Set(try leases.drainedPartitions(generation: draining.number)
                     .map { JobPartition(generation: draining.number, index: $0) })
             } else {
                 knownDrained.removeAll()
@@ -172,7 +175,7 @@ final class PartitionKeeper {
             for partition in target.sorted() where !consumers.consuming.contains(partition) {
                 if try leases.tryAcquire(partition) {
                     try consumers.consume(partition)
-                    consumingSince[partition] = leases.handedOverCleanly.contains(partition) ? .distantPast : Date()
+                    consumingSince[partition] = leases.handedOverCleanly.contains(partition) ? .distantPast : now()
                     mailbox.noteHandover()
                 }
             }
@@ -190,10 +193,10 @@ final class PartitionKeeper {
 
     /// Says, at error level, which partition queues the broker has that the topology does not own, with the
     /// jobs stranded there; says when they are gone. A broker that cannot answer is no reason to stop training.
-    private func lookForStrays(on connection: AMQPConnection) {
-        lastStrayLook = Date()
+    private func lookForStrays(on connection: any PartitionChannel) {
+        lastStrayLook = now()
         let found: [StrayQueue]
-        do { found = try JobQueues(connection).strays(of: layout) } catch {
+        do { found = try connection.strayPartitionQueues(of: layout) } catch {
             logger.warning("cannot look for stray partition queues: \(error)")
             return
         }
@@ -216,11 +219,11 @@ final class PartitionKeeper {
 
     /// Takes a changed layout on: declares its queues (a repartition's new generation, already declared by
     /// `attune topology repartition`, is then known to this connection too) and says what changed.
-    private func follow(_ stored: PartitionLayout, _ connection: AMQPConnection) throws {
+    private func follow(_ stored: PartitionLayout, _ connection: any PartitionChannel) throws {
         guard stored != layout else { return }
         let before = layout
         layout = stored
-        try JobQueues(connection).declare(layout: stored)
+        try connection.declarePartitionQueues(stored)
         if let draining = stored.draining, before.draining == nil {
             logger.info("repartition from \(draining.partitions) to \(stored.current.partitions) partitions: draining generation \(draining.number) before taking jobs from generation \(stored.current.number)")
         } else if stored.draining == nil, before.draining != nil {
@@ -237,8 +240,8 @@ final class PartitionKeeper {
     /// no job waits in it or in a retry queue (from which a job would come back to it), none is in hand
     /// (nor behind a barrier), at looks `drainQuietPeriod` apart, and the partition has been consumed here
     /// long enough for a vanished holder's jobs to have come back.
-    private func lookForDrainedPartitions(_ leases: PartitionLeases, _ consumers: PartitionConsumers,
-                                          _ connection: AMQPConnection) throws {
+    private func lookForDrainedPartitions(_ leases: any LeaseSession, _ consumers: PartitionConsumers,
+                                          _ connection: any PartitionChannel) throws {
         guard let draining = layout.draining, layout.drainingUnbound else { quietSince.removeAll(); return }
         let mine = consumers.consuming.filter { $0.generation == draining.number && leases.held.contains($0) }
         guard !mine.isEmpty else { return }
@@ -246,7 +249,7 @@ final class PartitionKeeper {
         guard !candidates.isEmpty else { return }
         let retriesWait = try retryQueues.contains { try connection.queueDepth($0).messages > 0 }
         let inHand = open.partitionsInHand
-        let now = Date()
+        let now = self.now()
         var recordedCount = knownDrained.count
         for partition in candidates {
             let settled = !retriesWait && !inHand.contains(partition)
@@ -257,7 +260,7 @@ final class PartitionKeeper {
             }
             guard let first = quietSince[partition] else { quietSince[partition] = now; continue }
             guard now.timeIntervalSince(first) >= Self.drainQuietPeriod else { continue }
-            let finished = try FleetPartitioning.recordDrained(partition, by: configuration.workerName, on: leases.connection)
+            let finished = try leases.recordDrained(partition, by: configuration.workerName)
             recordedCount += 1
             logger.info("partition \(partition.queue) drained (\(recordedCount) of \(draining.partitions) recorded)")
             if finished {

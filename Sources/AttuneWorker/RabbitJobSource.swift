@@ -21,6 +21,8 @@ import Synchronization
 /// - `PartitionKeeper` (with `PartitionConsumers`, `DrainBarriers`): which partitions to consume, leases,
 ///   layout and a repartition's drain;
 /// - `OpenDeliveries` and `BrokerSettler`: the deliveries in hand, and settling them on the broker.
+/// The parts reach the broker and PostgreSQL through the seams of `BrokerSeams.swift`, so they are unit-tested
+/// without either; here they are handed this connection and PostgreSQL.
 ///
 /// Unchecked: other threads touch only `mailbox`, `cancels` and `connected` (each thread-safe); the rest is the broker thread's.
 final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {

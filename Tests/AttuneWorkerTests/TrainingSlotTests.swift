@@ -1,3 +1,4 @@
+import AttuneCodecs
 import AttuneQueue
 import AttuneSpec
 import AttuneStore

@@ -1,0 +1,173 @@
+import AttuneCodecs
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+import Foundation
+
+// What the broker side's parts need of RabbitMQ and PostgreSQL, each part no more than it uses, so their
+// rules are unit-tested against fakes in memory. `AMQPConnection`, `PartitionLeases` and `ModelRegistry`
+// conform below by calling exactly what the parts called before.
+
+// MARK: The broker
+
+/// Settling a delivery on its own: what `OpenDeliveries` and `DrainBarriers` do.
+protocol DeliveryChannel: AnyObject {
+    func ack(_ deliveryTag: UInt64, multiple: Bool) throws
+    /// Back to its queue when `requeue`, else to the queue's dead-letter exchange.
+    func reject(_ deliveryTag: UInt64, requeue: Bool) throws
+}
+
+/// Starting and stopping consumers: what `PartitionConsumers` does.
+protocol ConsumerChannel: AnyObject {
+    /// Returns the consumer tag the broker's deliveries will carry.
+    func consume(queue: String) throws -> String
+    func cancel(consumerTag: String) throws
+}
+
+/// Publishing an event on `attune.events` without waiting; the sequence number of its confirm, in confirm mode.
+protocol EventChannel: AnyObject {
+    func sendEvent(_ event: Attune_V1_Event) throws -> UInt64?
+}
+
+/// What `PartitionKeeper` does on the broker: declare and look at partition queues, consume them, and pass
+/// or hand back what waits at drain barriers.
+protocol PartitionChannel: DeliveryChannel, ConsumerChannel {
+    /// Attune's topology with the partition queues of `layout`, or without any partition queue when nil.
+    func declarePartitionQueues(_ layout: PartitionLayout?) throws
+    /// The partition queues on the broker that `layout` does not own.
+    func strayPartitionQueues(of layout: PartitionLayout) throws -> [StrayQueue]
+    func queueDepth(_ queue: String) throws -> (messages: Int, consumers: Int)
+    /// The prefetch of the consumers started from now on.
+    func setPrefetch(_ count: UInt16) throws
+}
+
+/// What `BrokerSettler` does on the broker: acks and requeues, events, dead-letter and retry copies and
+/// their confirms.
+protocol SettlementChannel: DeliveryChannel, EventChannel {
+    /// Publishes the dead-letter copy of `delivery` (mandatory, not waiting); the sequence number of its confirm.
+    func sendDeadLetterCopy(of delivery: Delivery, reason: String, messageId: String) throws -> UInt64?
+    /// Publishes the retry copy of `delivery`, back to `partitionQueue` after `delayMs` (declaring the retry
+    /// queue of an unusual delay first); the sequence number of its confirm.
+    func sendRetryCopy(of delivery: Delivery, from partitionQueue: String, delayMs: Int, attempt: Int,
+                       messageId: String) throws -> UInt64?
+    /// Confirms arrived since the last call: sequence number → acked.
+    func takeConfirms() -> [UInt64: Bool]
+    /// Message ids of mandatory messages returned unroutable since the last call.
+    func takeReturnedMessageIds() -> [String]
+}
+
+/// What `CancelRequests` does on the broker: consume the requests and this worker's announcements queue,
+/// settle them, announce a cancel to every worker, publish a too-late event.
+protocol CancelChannel: DeliveryChannel, ConsumerChannel, EventChannel {
+    /// Declares this connection's own queue of announcements; returns its name.
+    func declareCancelAnnouncements() throws -> String
+    func announceCancel(jobId: String, reason: String) throws
+}
+
+extension AMQPConnection: PartitionChannel, SettlementChannel, CancelChannel {
+    func declarePartitionQueues(_ layout: PartitionLayout?) throws {
+        if let layout { try JobQueues(self).declare(layout: layout) } else { try JobQueues(self).declare() }
+    }
+
+    func strayPartitionQueues(of layout: PartitionLayout) throws -> [StrayQueue] { try JobQueues(self).strays(of: layout) }
+
+    func sendEvent(_ event: Attune_V1_Event) throws -> UInt64? {
+        let (body, contentType) = try EventCodec.encode(event, as: .json)
+        return try send(exchange: Topology.eventsExchange,
+                        routingKey: EventRouting.key(model: event.model, user: event.userID, kind: event.kind),
+                        body: body, contentType: contentType, headers: [:], messageId: event.jobID)
+    }
+
+    func sendDeadLetterCopy(of delivery: Delivery, reason: String, messageId: String) throws -> UInt64? {
+        try sendCopy(JobQueues.deadLetterCopy(of: delivery, reason: reason), of: delivery, messageId: messageId)
+    }
+
+    func sendRetryCopy(of delivery: Delivery, from partitionQueue: String, delayMs: Int, attempt: Int,
+                       messageId: String) throws -> UInt64? {
+        let copy = try JobQueues(self).retryCopy(of: delivery, from: partitionQueue, delayMs: delayMs, attempt: attempt)
+        return try sendCopy(copy, of: delivery, messageId: messageId)
+    }
+
+    private func sendCopy(_ copy: JobQueues.Copy, of delivery: Delivery, messageId: String) throws -> UInt64? {
+        try send(exchange: copy.exchange, routingKey: copy.routingKey, body: delivery.body,
+                 contentType: delivery.contentType ?? "", headers: copy.headers, messageId: messageId, mandatory: true)
+    }
+
+    func declareCancelAnnouncements() throws -> String { try JobQueues(self).declareCancelAnnouncements() }
+
+    func announceCancel(jobId: String, reason: String) throws {
+        try JobQueues(self).announceCancel(jobId: jobId, reason: reason)
+    }
+}
+
+// MARK: PostgreSQL
+
+/// One worker's lease session (`PartitionLeases`): the partition locks it holds, and the fleet's layout read
+/// on the same session. A `DatabaseError` from any of these means the session is lost.
+protocol LeaseSession: AnyObject {
+    /// Partitions whose lock this session holds.
+    var held: Set<JobPartition> { get }
+    /// Partitions taken from a holder that released them, rather than losing its session.
+    var handedOverCleanly: Set<JobPartition> { get }
+    /// The partitions of `generation` this member should hold, given the live members.
+    func target(of generation: PartitionLayout.Generation) throws -> Set<JobPartition>
+    func tryAcquire(_ partition: JobPartition) throws -> Bool
+    func release(_ partition: JobPartition) throws
+    /// Ends the session, and every lock with it.
+    func close()
+
+    func storedLayout() throws -> PartitionLayout?
+    /// The stored layout, storing one of `partitions` first when there is none.
+    func establishLayout(proposing partitions: Int) throws -> PartitionLayout
+    func drainedPartitions(generation: Int) throws -> Set<Int>
+    /// Records `partition` drained; true when it was the last and the repartition ended.
+    func recordDrained(_ partition: JobPartition, by worker: String) throws -> Bool
+}
+
+/// Where `PartitionKeeper` gets its lease session, and the layout when it has none.
+protocol LeaseStore {
+    func openSession() throws -> any LeaseSession
+    /// The layout, read on a connection of its own.
+    func storedLayout() throws -> PartitionLayout?
+}
+
+/// The fleet's leases in PostgreSQL.
+struct PostgresLeaseStore: LeaseStore {
+    let databaseURL: String
+    let workerName: String
+
+    func openSession() throws -> any LeaseSession { try PartitionLeases(url: databaseURL, workerName: workerName) }
+
+    func storedLayout() throws -> PartitionLayout? {
+        let database = try PostgresConnection(url: databaseURL)
+        defer { database.close() }
+        return try FleetPartitioning.layout(on: database)
+    }
+}
+
+extension PartitionLeases: LeaseSession {
+    func storedLayout() throws -> PartitionLayout? { try FleetPartitioning.layout(on: connection) }
+
+    func establishLayout(proposing partitions: Int) throws -> PartitionLayout {
+        try FleetPartitioning.establish(on: connection, proposing: partitions)
+    }
+
+    func drainedPartitions(generation: Int) throws -> Set<Int> {
+        try FleetPartitioning.drained(generation: generation, on: connection)
+    }
+
+    func recordDrained(_ partition: JobPartition, by worker: String) throws -> Bool {
+        try FleetPartitioning.recordDrained(partition, by: worker, on: connection)
+    }
+}
+
+/// Where `CancelRequests` records a cancel, so that it outlives every worker (`ModelRegistry`).
+protocol CancelRecords: AnyObject {
+    func cancelJob(jobId: String, reason: String) throws -> CancelOutcome
+    /// Closes its session; the next cancel opens another.
+    func closeSession()
+}
+
+extension ModelRegistry: CancelRecords {
+    func closeSession() { connection.close() }
+}
