@@ -18,7 +18,8 @@ let integrationTests = Context.environment["ATTUNE_INTEGRATION_TESTS"] == "1"
 let strictSettings: [SwiftSetting] = [.enableUpcomingFeature("ExistentialAny"),
                                       .enableUpcomingFeature("MemberImportVisibility"),
                                       .enableUpcomingFeature("InternalImportsByDefault")]
-let strictTargets: Set<String> = ["AttuneSpec", "AttuneKernels", "AttuneImage", "AttuneStore", "AttuneCodecs", "AttuneTraining", "AttuneQueue"]
+// Every Swift target but the C ones (CPUFeatures, CDenseKernels) and the system libraries.
+let looseTargets: Set<String> = ["CPUFeatures", "CDenseKernels"]
 
 let package = Package(
     name: "Attune",
@@ -74,13 +75,13 @@ let package = Package(
         .target(name: "AttuneQueue", dependencies: ["AttuneSpec", "AttuneCodecs", "CRabbitMQ",
                                                     .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),
-        .target(name: "AttuneWorker", dependencies: ["AttuneCodecs", "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue",
+        .target(name: "AttuneWorker", dependencies: [.product(name: "CoreMetrics", package: "swift-metrics"), .product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneCodecs", "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue",
                                                      .product(name: "Logging", package: "swift-log"),
                                                      .product(name: "Metrics", package: "swift-metrics")]),
         // `attune doctor`'s checks: facts from both servers and the training runtime, judged by pure functions.
         .target(name: "AttuneDoctor", dependencies: ["AttuneSpec", "AttuneStore", "AttuneQueue", "AttuneTraining", "AttuneWorker"]),
         // The worker's HTTP side (metrics, health): Hummingbird and swift-prometheus stay out of the worker.
-        .target(name: "AttuneHTTP", dependencies: ["AttuneCodecs", "AttuneQueue", .product(name: "HummingbirdCore", package: "hummingbird"), "AttuneSpec", "AttuneStore", "AttuneTraining", "AttuneWorker",
+        .target(name: "AttuneHTTP", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), .product(name: "NIOFoundationEssentialsCompat", package: "swift-nio"), "AttuneCodecs", "AttuneQueue", .product(name: "HummingbirdCore", package: "hummingbird"), "AttuneSpec", "AttuneStore", "AttuneTraining", "AttuneWorker",
                                                    .product(name: "Hummingbird", package: "hummingbird"),
                                                    .product(name: "HummingbirdAuth", package: "hummingbird-auth"),
                                                    .product(name: "JWTKit", package: "jwt-kit"),
@@ -95,9 +96,9 @@ let package = Package(
                                                    .product(name: "Logging", package: "swift-log")]),
         // Benchmarks/training.sh's Swift side: built alone in release, without the server modules.
         .target(name: "BenchProbes", path: "Benchmarks/BenchProbes"),
-        .executableTarget(name: "attune-training-bench", dependencies: ["AttuneSpec", "AttuneTraining", "BenchProbes"],
+        .executableTarget(name: "attune-training-bench", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneSpec", "AttuneTraining", "BenchProbes"],
                           path: "Benchmarks/TrainingBench"),
-        .executableTarget(name: "attune", dependencies: ["AttuneCodecs", .product(name: "SwiftProtobuf", package: "swift-protobuf"), 
+        .executableTarget(name: "attune", dependencies: [.product(name: "UnixSignals", package: "swift-service-lifecycle"), "AttuneCodecs", .product(name: "SwiftProtobuf", package: "swift-protobuf"), 
             "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue", "AttuneWorker", "AttuneImage", "AttuneHTTP",
             "AttuneDoctor",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -134,12 +135,12 @@ let package = Package(
         .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneCodecs", "AttuneQueue", .product(name: "Logging", package: "swift-log"), "AttuneWorker", "AttuneTraining", "AttuneStore", "AttuneSpec",
                                                               "WorkerTestSupport"]),
         // Helpers the unit and integration tests of one module share.
-        .target(name: "TrainingTestSupport", dependencies: ["AttuneTraining", "AttuneSpec"], path: "Tests/Support/TrainingTestSupport"),
+        .target(name: "TrainingTestSupport", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneTraining", "AttuneSpec"], path: "Tests/Support/TrainingTestSupport"),
         .target(name: "QueueTestSupport", dependencies: ["AttuneSpec"], path: "Tests/Support/QueueTestSupport"),
         .target(name: "WorkerTestSupport", dependencies: ["AttuneSpec"], path: "Tests/Support/WorkerTestSupport"),
     ] + (integrationTests ? [
         // Integration tests: real PostgreSQL and RabbitMQ, Python with NumPy and coremltools, a browser.
-        .testTarget(name: "AttuneTrainingIntegrationTests", dependencies: ["AttuneTraining", "AttuneKernels", "AttuneImage",
+        .testTarget(name: "AttuneTrainingIntegrationTests", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneTraining", "AttuneKernels", "AttuneImage",
                                                                            "AttuneSpec", "TrainingTestSupport"]),
         .testTarget(name: "AttuneImageIntegrationTests", dependencies: ["AttuneImage", "AttuneSpec"]),
         .testTarget(name: "AttuneQueueIntegrationTests", dependencies: ["AttuneQueue", "AttuneCodecs", "AttuneSpec", "QueueTestSupport"]),
@@ -153,6 +154,6 @@ let package = Package(
     swiftLanguageModes: [.v6]
 )
 
-for target in package.targets where strictTargets.contains(target.name) {
+for target in package.targets where target.type != .system && !looseTargets.contains(target.name) {
     target.swiftSettings = (target.swiftSettings ?? []) + strictSettings
 }

@@ -12,6 +12,7 @@ import AttuneSpec
 import AttuneTraining
 import BenchProbes
 import Foundation
+import SwiftProtobuf
 
 struct BenchError: Error, CustomStringConvertible {
     let description: String

@@ -1,5 +1,5 @@
-import AttuneQueue
-import AttuneSpec
+public import AttuneQueue
+public import AttuneSpec
 import Foundation
 
 /// One finding of `attune doctor`: what was checked, how it stands, what was seen, and what to do.

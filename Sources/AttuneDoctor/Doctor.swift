@@ -1,9 +1,9 @@
 import AttuneQueue
 import AttuneSpec
-import AttuneStore
+public import AttuneStore
 import AttuneTraining
-import AttuneWorker
-import Foundation
+public import AttuneWorker
+public import Foundation
 
 /// `attune doctor`: the facts of one deployment, gathered with the same URLs and keys as a worker, judged by
 /// `DeploymentChecks`. A server that cannot be reached is itself a problem, reported by the checks that

@@ -1,8 +1,8 @@
 import Foundation
-import Hummingbird
+public import Hummingbird
 import HummingbirdAuth
-import Logging
-import Prometheus
+public import Logging
+public import Prometheus
 
 /// `attune serve`'s admin listener: the operators' dashboard and its APIs (`/`, `/dashboard/*`, `/api/*`)
 /// and the device port's Prometheus metrics (`/metrics`, scraped with the operator's basic auth),

@@ -1,9 +1,9 @@
 import AttuneSpec
 import AttuneStore
 import Foundation
-import Hummingbird
+public import Hummingbird
 import HummingbirdAuth
-import Logging
+public import Logging
 
 /// `attune serve`'s device port: personalized models and nothing else. `GET /v1/models/{name}/users/{user}`
 /// answers the user's newest `.mlmodel` (the base model while the user has no version), with an ETag naming

@@ -1,7 +1,7 @@
 import AttuneSpec
-import AttuneStore
-import Foundation
-import JWTKit
+public import AttuneStore
+public import Foundation
+public import JWTKit
 import Synchronization
 
 /// What a device token says, signed by the application's backend: who the user is (`sub`), for whom

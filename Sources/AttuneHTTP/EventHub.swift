@@ -2,7 +2,7 @@ import AttuneCodecs
 import AttuneQueue
 import AttuneSpec
 import Foundation
-import Logging
+public import Logging
 import Synchronization
 
 /// Every event on `attune.events`, for the dashboard: one consumer thread on an exclusive queue of its own

@@ -2,6 +2,7 @@ import AttuneSpec
 import AttuneStore
 import Foundation
 import Hummingbird
+import NIOFoundationEssentialsCompat
 
 /// `GET /api/jobs/ID` and `POST /api/jobs/lookup` on the admin listener: what became of jobs, for the
 /// producers that published them (with a producer's credential) and for operators. A job no worker has

@@ -1,10 +1,11 @@
 import AttuneSpec
-import AttuneStore
+public import AttuneStore
 import AttuneTraining
 import Crypto
-import Foundation
-import Logging
+public import Foundation
+public import Logging
 import Synchronization
+import SwiftProtobuf
 
 /// What a device is served for one user of one model: the newest personal version written into its base
 /// (the base itself while the user has none), named by an ETag that changes exactly when the bytes do.

@@ -1,10 +1,10 @@
 import AttuneStore
-import AttuneWorker
+public import AttuneWorker
 import Foundation
-import Hummingbird
-import Logging
+public import Hummingbird
+public import Logging
 import Metrics
-import Prometheus
+public import Prometheus
 
 /// A worker's HTTP port for its operators: `/metrics` in Prometheus' text format, `/healthz` (the process
 /// answers) and `/readyz` (it can work: the broker connection is open and PostgreSQL answers).

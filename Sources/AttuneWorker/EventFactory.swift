@@ -1,4 +1,4 @@
-import AttuneSpec
+public import AttuneSpec
 import AttuneTraining
 import Foundation
 

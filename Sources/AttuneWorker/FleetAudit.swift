@@ -1,8 +1,9 @@
-import AttuneQueue
-import AttuneSpec
-import AttuneStore
+public import AttuneQueue
+public import AttuneSpec
+public import AttuneStore
 import AttuneTraining
 import Foundation
+import SwiftProtobuf
 
 /// What the fault suite asserts after a run, read from PostgreSQL, the dead-letter queue and the copy
 /// of every published job: each job ended exactly once (as one version or as a dead letter), nothing

@@ -2,7 +2,7 @@ import AttuneCodecs
 import AttuneQueue
 import AttuneSpec
 import AttuneStore
-import AttuneTraining
+public import AttuneTraining
 import Logging
 
 /// How one delivery of a job ended; the slot turns each into exactly one broker action.
@@ -60,7 +60,7 @@ enum FailureClassifier {
     ///   - jobs: the names of the jobs the error concerns (`JobNames`); a batch's line gives their count and
     ///     the first few.
     ///   - log: where the error's private text goes, `failures` unless a test listens.
-    static func outcome(for error: Error, jobs names: @autoclosure () -> [String] = [], log: Logger = failures) -> JobOutcome {
+    static func outcome(for error: any Error, jobs names: @autoclosure () -> [String] = [], log: Logger = failures) -> JobOutcome {
         let outcome = publicOutcome(for: error)
         if let hidden = privateText(of: error) {
             log.warning("\(JobNames.list(names())): \(hidden)")
@@ -69,7 +69,7 @@ enum FailureClassifier {
     }
 
     /// The error's full text when the public reason leaves something out.
-    private static func privateText(of error: Error) -> String? {
+    private static func privateText(of error: any Error) -> String? {
         switch error {
         case let error as DatabaseError: return error.description
         case let error as RegistryError: return error.privateDetail
@@ -79,7 +79,7 @@ enum FailureClassifier {
         }
     }
 
-    private static func publicOutcome(for error: Error) -> JobOutcome {
+    private static func publicOutcome(for error: any Error) -> JobOutcome {
         switch error {
         case let error as InvalidIdentifier: return .rejected(reason: error.description)
         case let error as JobDecodingError: return .rejected(reason: error.description)

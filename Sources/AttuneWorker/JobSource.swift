@@ -1,5 +1,5 @@
-import AttuneSpec
-import Foundation
+public import AttuneSpec
+public import Foundation
 
 /// One job as it reaches a worker slot: the message as received, and what its source needs to settle it.
 public struct IncomingJob: Sendable {

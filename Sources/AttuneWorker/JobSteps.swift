@@ -5,6 +5,7 @@ import AttuneStore
 import AttuneTraining
 import Foundation
 import Logging
+import SwiftProtobuf
 
 /// The steps of a batch of jobs, in the order they happen: decode and check each job, look up the
 /// applied job ids and the users' heads (one round trip), train each job from its user's head (a user's
@@ -13,10 +14,10 @@ import Logging
 ///
 /// Pure of the broker: runs on a slot's thread against a `JobStore`, reporting progress through `report`.
 final class JobSteps {
-    private var store: JobStore
+    private var store: any JobStore
     /// A new connection's store, for looking up a commit whose answer was lost; nil: such a commit's jobs
     /// go back to the queue, and their redelivery looks them up.
-    private let reconnect: (() throws -> JobStore)?
+    private let reconnect: (() throws -> any JobStore)?
     private let configuration: WorkerConfiguration
     /// Base models are immutable once imported, so a decoded model is kept for the slot's lifetime.
     private var baseModels: [String: UpdatableModel] = [:]
@@ -40,7 +41,7 @@ final class JobSteps {
     /// Where failures' private text goes (`FailureClassifier`).
     private let failures: Logger
 
-    init(store: JobStore, reconnect: (() throws -> JobStore)? = nil, configuration: WorkerConfiguration,
+    init(store: any JobStore, reconnect: (() throws -> any JobStore)? = nil, configuration: WorkerConfiguration,
          failures: Logger = FailureClassifier.failures) {
         self.store = store
         self.reconnect = reconnect
@@ -385,14 +386,14 @@ final class JobSteps {
     /// Commits what was trained; returns the candidates to train again from a moved head.
     private func commit(_ staged: [Staged], results: inout [JobResult?], isAbandoning: () -> Bool) -> [Candidate] {
         guard !staged.isEmpty else { return [] }
-        let outcomes: [Result<CommitOutcome, Error>]
+        let outcomes: [Result<CommitOutcome, any Error>]
         do {
-            outcomes = try store.commitVersions(staged.map(\.version)).map { $0.mapError { $0 as Error } }
+            outcomes = try store.commitVersions(staged.map(\.version)).map { $0.mapError { $0 as any Error } }
         } catch let error as DatabaseError where error.blamesTheData && staged.count > 1 {
             // One element's data failed the whole transaction: commit each alone, so that only the job at
             // fault is refused (a user's later job, trained from a refused one, comes back as moved).
             outcomes = staged.map { entry in
-                Result { try store.commitVersions([entry.version])[0].mapError { $0 as Error } }.flatMap { $0 }
+                Result { try store.commitVersions([entry.version])[0].mapError { $0 as any Error } }.flatMap { $0 }
             }
         } catch let error as DatabaseError where error.leavesCommitUnknown && reconnect != nil {
             return settleUnknownCommit(staged, after: error, results: &results, isAbandoning: isAbandoning)
@@ -461,7 +462,7 @@ final class JobSteps {
         let deadline = Date().addingTimeInterval(configuration.commitRecheckSeconds)
         var backoff = Backoff(initial: 0.1, maximum: 2)
         var applied: [String: PersonalVersionRecord]?
-        var lastError: Error = error
+        var lastError: any Error = error
         while applied == nil {
             do {
                 if let reconnect { store = try reconnect() }

@@ -1,5 +1,5 @@
-import AttuneStore
-import Foundation
+public import AttuneStore
+public import Foundation
 
 /// What the worker needs from the model registry: heads and applied job ids for a batch of jobs, the
 /// base models, and one commit for many versions. The PostgreSQL implementation is `ModelRegistry`.

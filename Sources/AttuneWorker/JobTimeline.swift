@@ -6,7 +6,7 @@ import Glibc
 
 /// Where a job's time goes inside a worker, for finding latency: the moments its delivery arrived, a slot
 /// started its batch, the batch's commit began and ended, and its settlement and final event went to the
-/// broker. Off unless `ATTUNE_JOB_TIMELINE` names a file; then each moment is one line `STAGE JOB_ID
+/// broker. Off unless the worker is given a file (`attune worker` takes it from `ATTUNE_JOB_TIMELINE`); then each moment is one line `STAGE JOB_ID
 /// SECONDS` appended to it, in CLOCK_MONOTONIC seconds, so a load generator on the same host can set its
 /// own publish and receive times beside them (Python's `time.monotonic()` reads the same clock).
 final class JobTimeline: Sendable {
@@ -14,8 +14,15 @@ final class JobTimeline: Sendable {
         case arrived, started, committing, committed, settled
     }
 
-    static let shared: JobTimeline? = ProcessInfo.processInfo.environment["ATTUNE_JOB_TIMELINE"]
-        .flatMap { $0.isEmpty ? nil : JobTimeline(path: $0) }
+    /// The process's timeline, once a worker opened one (`WorkerConfiguration.timelinePath`).
+    static var shared: JobTimeline? { current.withLock { $0 } }
+    private static let current = Mutex<JobTimeline?>(nil)
+
+    /// Starts appending to `path` (nil or empty: no timeline), for every worker of the process.
+    static func open(path: String?) {
+        let timeline = path.flatMap { $0.isEmpty ? nil : JobTimeline(path: $0) }
+        current.withLock { $0 = timeline }
+    }
 
     /// The stdio handle (a C pointer, not Sendable) is reached only through its lock.
     private let file: Mutex<UnsafeMutablePointer<FILE>>

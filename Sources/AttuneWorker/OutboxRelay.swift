@@ -5,6 +5,7 @@ import AttuneStore
 import Foundation
 import Logging
 import Synchronization
+import CoreMetrics
 
 /// The worker's side of the terminal events' outbox (migration 0023). A job's outcome and its outbox row are
 /// written in one transaction; the broker thread publishes the job's terminal event as before and hands the

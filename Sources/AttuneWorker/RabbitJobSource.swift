@@ -4,6 +4,7 @@ import AttuneStore
 import Foundation
 import Logging
 import Synchronization
+import CoreMetrics
 
 /// The RabbitMQ side of a worker: one connection, served by one thread (rabbitmq-c is not thread-safe
 /// and answers heartbeats only inside its calls), consuming the partitions this worker holds, handing each

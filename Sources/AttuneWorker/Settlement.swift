@@ -1,4 +1,4 @@
-import AttuneSpec
+public import AttuneSpec
 import Foundation
 
 /// What the worker does with one delivery once its job has an outcome. Decided by `Settlement.decide`,

@@ -3,13 +3,14 @@ import AttuneSpec
 import AttuneStore
 import Foundation
 import Logging
+import CoreMetrics
 
 /// One training thread: takes the jobs its source hands it (a user's jobs always to the same slot, in
 /// order), runs their steps, and hands back how each ended. It never touches the broker, so a long task
 /// cannot starve the connection's heartbeats; it owns a PostgreSQL connection of its own.
 final class TrainingSlot {
     private let index: Int
-    private let source: JobSource
+    private let source: any JobSource
     private let configuration: WorkerConfiguration
     private let metrics: WorkerMetrics
     private let gauges: WorkerMetrics.SlotGauges
@@ -24,12 +25,12 @@ final class TrainingSlot {
     private(set) var jobs = 0
     private(set) var retrains = 0
     /// Opens the slot's store: a PostgreSQL connection of its own (a fake in the unit tests).
-    private let connect: () throws -> JobStore
+    private let connect: () throws -> any JobStore
 
     /// - Parameter connect: the slot's store; nil: a `ModelRegistry` on `configuration.databaseURL`.
-    init(index: Int, source: JobSource, configuration: WorkerConfiguration, logger: Logger,
+    init(index: Int, source: any JobSource, configuration: WorkerConfiguration, logger: Logger,
          metrics: WorkerMetrics = WorkerMetrics(slotCount: 1), failures: Logger = FailureClassifier.failures,
-         connect: (() throws -> JobStore)? = nil) {
+         connect: (() throws -> any JobStore)? = nil) {
         self.connect = connect ?? { [configuration] in
             try ModelRegistry(connection: PostgresConnection(url: configuration.databaseURL), keys: configuration.storageKeys)
         }
@@ -222,12 +223,12 @@ final class TrainingSlot {
 /// broker thread, and a batch of small jobs makes a dozen events each. A task that trains for long still
 /// streams its events, at most `delay` late; the rest go with the batch's settlement.
 final class ProgressBuffer {
-    private let source: JobSource
+    private let source: any JobSource
     private let delay: TimeInterval
     private var events: [Attune_V1_Event] = []
     private var oldest: Date?
 
-    init(source: JobSource, delay: TimeInterval = 0.05) {
+    init(source: any JobSource, delay: TimeInterval = 0.05) {
         self.source = source
         self.delay = delay
     }

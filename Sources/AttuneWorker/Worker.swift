@@ -1,5 +1,7 @@
 import Foundation
-import Logging
+public import Logging
+import AttuneSpec
+import AttuneStore
 
 /// A worker process: one broker thread consuming the partitions this worker holds, and `concurrency`
 /// training slots. Stateless: everything it knows lives in PostgreSQL and RabbitMQ, so operators add or
@@ -15,7 +17,7 @@ public final class Worker: Sendable {
     private let source: any DrivenJobSource
     private let metrics: WorkerMetrics
     /// Each slot's store; nil: a PostgreSQL registry per slot (`TrainingSlot`).
-    private let connect: (@Sendable () throws -> JobStore)?
+    private let connect: (@Sendable () throws -> any JobStore)?
 
     public init(configuration: WorkerConfiguration, logger: Logger = Logger(label: "attune.worker")) {
         self.configuration = configuration
@@ -23,10 +25,11 @@ public final class Worker: Sendable {
         metrics = WorkerMetrics(slotCount: max(1, configuration.concurrency))
         source = RabbitJobSource(configuration: configuration, logger: logger, metrics: metrics)
         connect = nil
+        if configuration.timelinePath != nil { JobTimeline.open(path: configuration.timelinePath) }
     }
 
     /// A worker on another source and store (the unit tests' fakes in memory).
-    init(configuration: WorkerConfiguration, source: any DrivenJobSource, connect: @escaping @Sendable () throws -> JobStore,
+    init(configuration: WorkerConfiguration, source: any DrivenJobSource, connect: @escaping @Sendable () throws -> any JobStore,
          logger: Logger = Logger(label: "attune.worker")) {
         self.configuration = configuration
         self.logger = logger

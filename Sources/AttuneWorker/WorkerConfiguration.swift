@@ -1,7 +1,7 @@
-import AttuneSpec
+public import AttuneSpec
 import AttuneQueue
-import AttuneStore
-import Foundation
+public import AttuneStore
+public import Foundation
 
 /// Everything a worker needs to know, passed in rather than read from globals.
 public struct WorkerConfiguration: Sendable {
@@ -29,8 +29,8 @@ public struct WorkerConfiguration: Sendable {
     /// default too): a delivery left unacked longer makes the broker close the slot's channel, and the
     /// job would be redelivered and time out again until its delivery limit dead-letters it without a reason.
     public var maxTaskSeconds: TimeInterval?
-    /// The keys that seal what the worker commits and open what it reads (`StorageKeys.load()` reads them
-    /// from ATTUNE_KEYS or ATTUNE_KEYS_FILE); `.none` writes clear text.
+    /// The keys that seal what the worker commits and open what it reads (`StorageKeys.load(environment:)` reads
+    /// them from ATTUNE_KEYS or ATTUNE_KEYS_FILE); `.none` writes clear text.
     public var storageKeys: StorageKeys = .none
     /// How long a slot whose commit's answer was lost keeps reconnecting to look its jobs up before handing
     /// them back to the queue: long enough for a failover manager to promote the standby (pg_auto_failover
@@ -45,6 +45,8 @@ public struct WorkerConfiguration: Sendable {
     public var outboxGraceSeconds: TimeInterval = 30
     /// How often the relay looks for such rows.
     public var outboxSweepSeconds: TimeInterval = 5
+    /// A file to append each job's moments to (`JobTimeline`), for finding latency; nil: none.
+    public var timelinePath: String?
 
     public init(databaseURL: String, amqpURL: String, concurrency: Int = 1, prefetch: Int? = nil, batchSize: Int = 32,
                 workerName: String = WorkerConfiguration.defaultWorkerName(),

@@ -29,7 +29,7 @@ struct Attune: AsyncParsableCommand {
         try? TrainingRuntime.configure(TrainingSettings.lenient(environment: ProcessInfo.processInfo.environment))
         do {
             var command = try parseAsRoot()
-            if var asyncCommand = command as? AsyncParsableCommand {
+            if var asyncCommand = command as? any AsyncParsableCommand {
                 try await asyncCommand.run()
             } else {
                 try command.run()

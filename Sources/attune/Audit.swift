@@ -5,6 +5,7 @@ import AttuneSpec
 import AttuneStore
 import AttuneWorker
 import Foundation
+import SwiftProtobuf
 
 /// The fault suite's two ends: publish a recorded set of jobs, then check what became of them.
 struct Audit: ParsableCommand {

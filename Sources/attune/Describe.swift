@@ -5,6 +5,7 @@ import AttuneSpec
 import AttuneTraining
 import AttuneWorker
 import Foundation
+import AttuneStore
 
 extension Model {
     struct Describe: ParsableCommand {

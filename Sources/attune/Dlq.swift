@@ -1,6 +1,7 @@
 import ArgumentParser
 import AttuneQueue
 import Foundation
+import AttuneCodecs
 
 struct Dlq: ParsableCommand {
     static let configuration = CommandConfiguration(

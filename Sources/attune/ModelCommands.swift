@@ -3,6 +3,7 @@ import AttuneSpec
 import AttuneStore
 import AttuneTraining
 import Foundation
+import SwiftProtobuf
 
 struct Model: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -297,7 +298,7 @@ func pad(_ text: String, _ width: Int) -> String {
 enum ExactJSON: Decodable {
     case null, bool(Bool), integer(Int64), number(Double), string(String), array([ExactJSON]), object([String: ExactJSON])
 
-    init(from decoder: Decoder) throws {
+    init(from decoder: any Swift.Decoder) throws {
         let container = try decoder.singleValueContainer()
         if container.decodeNil() { self = .null }
         else if let value = try? container.decode(Bool.self) { self = .bool(value) }

@@ -5,6 +5,7 @@ import AttuneStore
 import Foundation
 import Logging
 import ServiceLifecycle
+import UnixSignals
 
 struct Serve: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

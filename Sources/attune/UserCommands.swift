@@ -122,7 +122,7 @@ enum ForgetReportText {
         struct Line: Encodable {
             let user: String
             let report: ForgottenUser
-            func encode(to encoder: Encoder) throws {
+            func encode(to encoder: any Encoder) throws {
                 try report.encode(to: encoder)
                 var container = encoder.container(keyedBy: Key.self)
                 try container.encode(user, forKey: .user)

@@ -3,6 +3,7 @@ import ArgumentParser
 import AttuneQueue
 import AttuneSpec
 import Foundation
+import SwiftProtobuf
 
 struct Watch: ParsableCommand {
     static let configuration = CommandConfiguration(

@@ -8,6 +8,7 @@ import AttuneWorker
 import Foundation
 import Logging
 import ServiceLifecycle
+import UnixSignals
 
 struct WorkerCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -92,6 +93,7 @@ struct WorkerCommand: AsyncParsableCommand {
         configuration.outboxSweepSeconds = min(5, max(0.5, outboxGrace / 2))
         configuration.maxTaskSeconds = maxTaskSeconds > 0 ? maxTaskSeconds : nil
         configuration.storageKeys = storageKeys
+        configuration.timelinePath = ProcessInfo.processInfo.environment["ATTUNE_JOB_TIMELINE"]
 
         // Metrics first: a worker's counters bind to the metrics system there is when it is made.
         let registry = metricsPort.map { _ in OperationsServer.bootstrapMetrics() }

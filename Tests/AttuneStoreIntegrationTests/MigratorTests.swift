@@ -27,7 +27,7 @@ final class MigratorTests: XCTestCase {
         let schema = try makeSchema()
         let migrator = Migrator(directory: try XCTUnwrap(Migrator.defaultDirectory()))
         let expected = try migrator.migrations().map(\.name) + migrator.functionDefinitions().map { "functions/\($0.name)" }
-        let results = Collector<Result<[String], Error>>()
+        let results = Collector<Result<[String], any Error>>()
         onThreads(4) { _ in
             results.append(Result { try migrator.migrate(try schema.connect()) })
         }

@@ -55,7 +55,7 @@ final class ModelRegistryTests: XCTestCase {
     func testConcurrentImportsGetDistinctVersions() throws {
         let schema = try makeSchema()
         _ = try schema.migrated()
-        let versions = Collector<Result<Int, Error>>()
+        let versions = Collector<Result<Int, any Error>>()
         onThreads(4) { i in
             versions.append(Result {
                 try ModelRegistry(connection: try schema.connect())

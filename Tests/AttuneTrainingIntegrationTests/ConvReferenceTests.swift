@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// Whole update tasks on convolutional networks against the float64 NumPy reference
 /// (Tests/python/reference_sgd.py): same and valid convolutions with strides, max and average pooling,

@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// The frozen feature extractor a pipeline runs before its k-NN: built from a plain neuralNetwork spec and
 /// checked against the NumPy forward pass of Tests/python/reference_sgd.py.

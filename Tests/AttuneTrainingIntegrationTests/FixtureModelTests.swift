@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// Models that coremltools 9 built in this run (Tests/python/coreml_fixtures.py, into
 /// ATTUNE_TEST_FIXTURES by scripts/test.sh), trained by the engine and checked against the NumPy reference

@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// Whole update tasks under each kind of learning-rate schedule, with SGD (momentum) and Adam, against
 /// Tests/python/reference_sgd.py, which computes the per-epoch rates itself from the rule (closed form):

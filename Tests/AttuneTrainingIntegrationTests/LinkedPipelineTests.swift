@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// Pipelines as coremltools' updatable_linked_model notebook builds them: model 0 a linked model naming
 /// `DrawingEmbedding.mlmodelc` (an 8×8 gray image → 32-value embedding, trained in NumPy by

@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// Updatable k-NN classifiers: appending, voting rules, labels, k, versions and exports.
 final class NearestNeighborsTests: XCTestCase {

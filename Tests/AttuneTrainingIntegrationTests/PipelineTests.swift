@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// Pipelines of a frozen feature extractor feeding an updatable k-NN (linked models and longer chains:
 /// LinkedPipelineTests), on the coremltools-built fixture

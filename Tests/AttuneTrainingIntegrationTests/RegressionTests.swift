@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// Regressors built by coremltools (Tests/python/coreml_fixtures.py: digit-value*.mlmodel): read as declared, trained on real
 /// digits rows to predict the digit as a number, evaluated, and exported back into a file coremltools reads.

@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// Core ML's rules for updatable networks (UpdatableNeuralNetworkValidator.cpp, NeuralNetworkValidatorGraph.hpp
 /// in coremltools' mlmodel/src): import refuses what a device would refuse to compile, and each refusal names

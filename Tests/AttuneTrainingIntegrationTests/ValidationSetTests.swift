@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// A job's validation samples: evaluated after every epoch with that epoch's weights (loss and accuracy
 /// against the float64 NumPy reference of Tests/python/reference_sgd.py, a k-NN's accuracy against

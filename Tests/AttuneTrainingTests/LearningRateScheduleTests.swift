@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// Every way a learning-rate schedule is refused, and what a valid one does to a task's bits.
 final class LearningRateScheduleTests: XCTestCase {

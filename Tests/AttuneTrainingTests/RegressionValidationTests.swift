@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// The refusals that come with mean squared error and Adam: bad regression targets in jobs, optimizer
 /// overrides that do not fit the model's optimizer, and models the engine cannot train.

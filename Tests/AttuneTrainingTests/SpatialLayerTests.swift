@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// Reading convolution, pooling, batchnorm and reshape layers: Core ML's defaults, the options refused at
 /// import (each naming the layer, its type and what is supported), and exports of updatable convolutions.

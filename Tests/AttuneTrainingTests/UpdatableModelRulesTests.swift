@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// Core ML's rules for updatable models beyond a network's layers: the specification version (Model.cpp),
 /// the declared update parameters (ParameterValidator.cpp, UpdatableNeuralNetworkValidator.cpp), a k-NN's

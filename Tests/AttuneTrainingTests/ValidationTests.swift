@@ -4,6 +4,7 @@ import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
+import SwiftProtobuf
 
 /// Every way a job's samples or parameter overrides can be wrong, and every model the engine refuses.
 final class ValidationTests: XCTestCase {

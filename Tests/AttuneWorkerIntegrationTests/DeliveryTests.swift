@@ -61,7 +61,7 @@ final class DeliveryTests: XCTestCase {
         request.cachePolicy = .reloadIgnoringLocalCacheData
         if let token { request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization") }
         if let ifNoneMatch { request.setValue(ifNoneMatch, forHTTPHeaderField: "If-None-Match") }
-        final class Box: @unchecked Sendable { var answer: Result<Answer, Error>? }
+        final class Box: @unchecked Sendable { var answer: Result<Answer, any Error>? }
         let box = Box(), done = DispatchSemaphore(value: 0)
         URLSession(configuration: .ephemeral).dataTask(with: request) { data, response, error in
             if let error { box.answer = .failure(error) } else {

@@ -21,7 +21,7 @@ final class DeploymentTests: XCTestCase {
         var request = URLRequest(url: URL(string: "http://127.0.0.1:\(port)\(path)")!)
         request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
         request.cachePolicy = .reloadIgnoringLocalCacheData
-        final class Box: @unchecked Sendable { var answer: Result<(Int, Data, String?), Error>? }
+        final class Box: @unchecked Sendable { var answer: Result<(Int, Data, String?), any Error>? }
         let box = Box(), done = DispatchSemaphore(value: 0)
         URLSession(configuration: .ephemeral).dataTask(with: request) { data, response, error in
             let http = response as? HTTPURLResponse

@@ -3,6 +3,7 @@ import AttuneSpec
 import Foundation
 import XCTest
 @testable import WorkerTestSupport
+import AttuneStore
 
 /// `attune dlq` as an operator (or the fault suite) runs it: jobs a worker refused are listed with their
 /// reasons as JSON lines, replayed one at a time after the cause is fixed, and purged only with --yes.

@@ -51,7 +51,7 @@ final class EncryptionWorkerTests: XCTestCase {
         return stride(from: 0, through: p.count - 16, by: 4).filter { windows.contains(Array(p[$0..<($0 + 16)])) }.count
     }
 
-    private func raw(_ fleet: FleetHarness, _ sql: String, _ parameters: [PostgresBindable?]) throws -> Data {
+    private func raw(_ fleet: FleetHarness, _ sql: String, _ parameters: [(any PostgresBindable)?]) throws -> Data {
         let encoded = try fleet.registry.connection.query(sql, parameters).string(0, 0)
         return try XCTUnwrap(Data(base64Encoded: encoded, options: .ignoreUnknownCharacters))
     }

@@ -7,6 +7,7 @@ import Foundation
 import SwiftProtobuf
 import XCTest
 @testable import WorkerTestSupport
+import AttuneCodecs
 
 /// The fleet end to end on real servers: a published job becomes a committed version and a stream of events.
 final class FleetTests: XCTestCase {

@@ -6,6 +6,7 @@ import Foundation
 import FoundationNetworking
 import XCTest
 @testable import WorkerTestSupport
+import AttuneWorker
 
 /// The producer's view on a real worker, broker and database: every job's outcome is kept and answered by
 /// `attune job show` and by the admin listener's `/api/jobs` (to a producer's credential, which opens

@@ -6,6 +6,7 @@ import AttuneWorker
 import Foundation
 import XCTest
 @testable import WorkerTestSupport
+import SwiftProtobuf
 
 /// Jobs with a learning-rate schedule through a worker on real servers: committed with their digest,
 /// reported epoch by epoch, reproduced bit for bit by the fault suite's replay; a bad one dead-lettered.

@@ -5,6 +5,8 @@ import AttuneTraining
 import Foundation
 import XCTest
 @testable import WorkerTestSupport
+import AttuneCodecs
+import SwiftProtobuf
 
 /// coremltools' updatable_linked_model notebook, done with Attune's own drawing embedding
 /// (Tests/python/coreml_fixtures.py): the embedding imported on its own, the pipeline that links to it

@@ -47,7 +47,7 @@ final class MetricsTests: XCTestCase {
 
     private func get(_ port: Int, _ path: String) throws -> (status: Int, body: String) {
         final class Answer: @unchecked Sendable {
-            var result: Result<(Int, String), Error>?
+            var result: Result<(Int, String), any Error>?
         }
         let done = DispatchSemaphore(value: 0), answer = Answer()
         URLSession.shared.dataTask(with: URL(string: "http://127.0.0.1:\(port)\(path)")!) { data, response, error in

@@ -6,6 +6,7 @@ import AttuneTraining
 import Foundation
 import XCTest
 @testable import WorkerTestSupport
+import SwiftProtobuf
 
 /// Every kind of updatable model through a real worker: a published job becomes a committed version whose
 /// export, read back, carries the user's update.

@@ -3,6 +3,8 @@ import AttuneQueue
 import Foundation
 import XCTest
 @testable import WorkerTestSupport
+import AttuneSpec
+import AttuneStore
 
 /// The client side a Python team would copy: examples/python/producer.py publishes a job as JSON and as
 /// protobuf (Python classes generated with protoc for this run) with confirms, and consumer.py, bound to

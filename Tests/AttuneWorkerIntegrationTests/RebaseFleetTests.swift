@@ -6,6 +6,7 @@ import AttuneTraining
 import Foundation
 import XCTest
 @testable import WorkerTestSupport
+import SwiftProtobuf
 
 /// `attune model rebase` through a real worker, PostgreSQL and RabbitMQ: each user's kept jobs replayed onto
 /// the new base in order with the user's own jobs, checked against NumPy replaying the same jobs on the

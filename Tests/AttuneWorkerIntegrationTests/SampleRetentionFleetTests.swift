@@ -5,6 +5,7 @@ import AttuneStore
 import Foundation
 import XCTest
 @testable import WorkerTestSupport
+import SwiftProtobuf
 
 /// A real worker keeps a job with its version only while the model retains samples, as the job was
 /// published; `model describe` reports what is kept and `model prune --samples` removes it once off.

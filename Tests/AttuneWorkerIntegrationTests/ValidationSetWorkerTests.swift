@@ -5,6 +5,8 @@ import AttuneTraining
 import Foundation
 import XCTest
 @testable import WorkerTestSupport
+import AttuneCodecs
+import SwiftProtobuf
 
 /// Jobs with validation samples through a real worker: every `epoch_end` carries the epoch's validation
 /// loss and accuracy, `completed` the last ones, the version records them and `attune model history`

@@ -98,7 +98,7 @@ final class JobStepsTests: XCTestCase {
         }
     }
 
-    private func steps(_ store: MemoryStore, reconnect: (() throws -> JobStore)? = nil,
+    private func steps(_ store: MemoryStore, reconnect: (() throws -> any JobStore)? = nil,
                        failures: Logger = FailureClassifier.failures, recheckSeconds: TimeInterval = 60) -> JobSteps {
         var configuration = WorkerConfiguration(databaseURL: "", amqpURL: "", workerName: "w")
         configuration.commitRecheckSeconds = recheckSeconds

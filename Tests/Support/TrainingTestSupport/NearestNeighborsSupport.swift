@@ -3,6 +3,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
+import SwiftProtobuf
 
 /// A small updatable k-NN classifier spec built in Swift, as coremltools' KNearestNeighborsClassifierBuilder
 /// lays one out (input "x", label "label").

@@ -3,6 +3,7 @@ import Foundation
 import XCTest
 
 @testable import AttuneTraining
+import SwiftProtobuf
 
 /// A layer of a small test network, turned into a Core ML spec by `TestNetwork`.
 enum TestLayer {
