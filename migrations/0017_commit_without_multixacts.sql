@@ -1,11 +1,6 @@
 -- The batch commit of 0012, locking its lines by updating their head rows in place instead of SELECT ... FOR
--- UPDATE. A row locked by the transaction and then updated inside a subtransaction (each element is one)
--- keeps both as a multixact, so every commit made one per job, and every later read of the head's older
--- row versions resolved it (GetMultiXactIdMembers took half of the backends' CPU). Under a synchronous
--- standby with hot_standby_feedback those row versions outlive their pruning longer, and the fleet ran at
--- a third of its rate through the HA set in about half the runs (Benchmarks/fleet.sh --ha;
--- docs/postgresql-ha.md). A row the transaction itself updated needs no multixact when a
--- subtransaction updates it again: the same lock, one more row version per line and batch.
+-- UPDATE: a row the transaction itself updated needs no multixact when an element's subtransaction updates it
+-- again. How the multixacts were found and what they cost: docs/history.md, "The HA bench and migration 0017".
 CREATE OR REPLACE FUNCTION attune_commit_versions(
     job_users          text[],
     job_models         text[],
