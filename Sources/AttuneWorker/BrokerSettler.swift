@@ -25,9 +25,14 @@ final class BrokerSettler {
         let event: Attune_V1_Event
     }
 
-    init(open: OpenDeliveries, logger: Logger, terminalConfirmed: @escaping ([String]) -> Void = { _ in }) {
+    /// Which events go out; the others are dropped here, the one place every event passes.
+    private let selection: EventSelection
+
+    init(open: OpenDeliveries, logger: Logger, events selection: EventSelection = .all,
+         terminalConfirmed: @escaping ([String]) -> Void = { _ in }) {
         self.open = open
         self.logger = logger
+        self.selection = selection
         self.terminalConfirmed = terminalConfirmed
     }
 
@@ -114,7 +119,7 @@ final class BrokerSettler {
 
     /// Publishes `events`, noting the sequence numbers of the terminal ones (see `Attune_V1_Event.isTerminal`).
     private func send(_ events: [Attune_V1_Event], on connection: any SettlementChannel) throws {
-        for event in events {
+        for event in events where selection.includes(event) {
             let sequence = try connection.sendEvent(event)
             if event.isTerminal, !event.jobID.isEmpty, let sequence { terminalEvents[sequence] = event.jobID }
         }

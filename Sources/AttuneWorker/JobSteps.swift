@@ -270,7 +270,10 @@ final class JobSteps {
                                                      maxSamples: configuration.limits.maxSamples)
         let throttle = Throttle(interval: configuration.miniBatchEventInterval)
         let task = UpdateTask(model: model, state: head.state, batch: batch, parameters: parameters, validation: validation)
+        let reportsProgress = configuration.events.includesProgress
         let result = try run(task, of: job, started: Date(), isAbandoning: isAbandoning) { progress in
+            // Not even made when nobody is to hear them: eleven of a small job's twelve events are progress.
+            guard reportsProgress else { return }
             switch progress {
             case .trainingBegin(let samples, let epochs):
                 report(events.make(.trainingBegin) {

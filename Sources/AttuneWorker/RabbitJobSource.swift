@@ -53,7 +53,8 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
         partitions = PartitionKeeper(configuration: configuration, logger: logger, mailbox: mailbox, open: open)
         let outbox = OutboxRelay(configuration: configuration, logger: logger, metrics: metrics)
         self.outbox = outbox
-        settler = BrokerSettler(open: open, logger: logger, terminalConfirmed: outbox.confirmed)
+        settler = BrokerSettler(open: open, logger: logger, events: configuration.events,
+                               terminalConfirmed: outbox.confirmed)
     }
 
     // MARK: JobSource, called by the slots

@@ -47,6 +47,9 @@ public struct WorkerConfiguration: Sendable {
     public var outboxSweepSeconds: TimeInterval = 5
     /// A file to append each job's moments to (`JobTimeline`), for finding latency; nil: none.
     public var timelinePath: String?
+    /// Which events the worker publishes: every one (the default), or only those that end a job's story, for
+    /// fleets whose consumers wait for outcomes and never watch training (`--events terminal`).
+    public var events: EventSelection = .all
 
     public init(databaseURL: String, amqpURL: String, concurrency: Int = 1, prefetch: Int? = nil, batchSize: Int = 32,
                 workerName: String = WorkerConfiguration.defaultWorkerName(),
@@ -92,6 +95,23 @@ public struct WorkerConfiguration: Sendable {
     public static func defaultWorkerName() -> String {
         "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"
     }
+}
+
+/// The events a worker publishes. Progress events are most of a small job's messages (a job of 10 epochs makes
+/// a `training_begin` and 10 `epoch_end`s beside its `completed`), and a broker routes each one even when no
+/// queue is bound to take it; a fleet whose consumers want only outcomes saves that work with `.terminal`.
+/// What a producer waits for (`isTerminal`: `completed`, `held`, a final `failed`, `cancelled`) goes out either way.
+public enum EventSelection: String, CaseIterable, Sendable {
+    /// `training_begin`, `epoch_end`, `mini_batch_end`, a `failed` that will retry, and every terminal event.
+    case all
+    /// Only the events that end a job's story.
+    case terminal
+
+    /// Whether an event of this selection goes out.
+    public func includes(_ event: Attune_V1_Event) -> Bool { self == .all || event.isTerminal }
+
+    /// Whether a task's progress (`training_begin`, `epoch_end`, `mini_batch_end`) is reported at all.
+    public var includesProgress: Bool { self == .all }
 }
 
 /// Bounds on what one job may ask of a worker; a job over them is dead-lettered, not attempted.

@@ -41,6 +41,8 @@ struct WorkerCommand: AsyncParsableCommand {
     @Option(help: "AMQP heartbeat interval in seconds.") var heartbeat: Int = 30
     @Option(help: "Seconds a terminal event may wait for its worker's broker confirm before any worker publishes it again from the outbox (its worker presumably died).")
     var outboxGrace: Double = 30
+    @Option(help: "Which events to publish: all (progress too: training_begin, epoch_end, mini_batch_end, a failed that will retry) or terminal (only those that end a job: completed, held, a final failed, cancelled), for fleets whose consumers want only outcomes.")
+    var events: String = EventSelection.all.rawValue
     @Flag(help: "Apply no migrations at start; wait until this release's are applied (attune migrate, or a migration Job).")
     var noMigrate = false
     @Option(help: "Serve /metrics (Prometheus), /healthz and /readyz over HTTP on this port (0: any free one).")
@@ -54,6 +56,9 @@ struct WorkerCommand: AsyncParsableCommand {
         if let prefetch, !(1...65_535).contains(prefetch) { throw ValidationError("--prefetch must lie in 1...65535") }
         guard batchSize >= 1 else { throw ValidationError("--batch-size must be at least 1") }
         guard outboxGrace >= 1 else { throw ValidationError("--outbox-grace must be at least 1 second: a live worker needs time to hear its confirms") }
+        guard EventSelection(rawValue: events) != nil else {
+            throw ValidationError("--events must be one of: \(EventSelection.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
         guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
         if let metricsPort, !(0...65_535).contains(metricsPort) {
             throw ValidationError("--metrics-port must lie in 0...65535")
@@ -94,6 +99,7 @@ struct WorkerCommand: AsyncParsableCommand {
         configuration.maxTaskSeconds = maxTaskSeconds > 0 ? maxTaskSeconds : nil
         configuration.storageKeys = storageKeys
         configuration.timelinePath = ProcessInfo.processInfo.environment["ATTUNE_JOB_TIMELINE"]
+        configuration.events = EventSelection(rawValue: events) ?? .all
 
         // Metrics first: a worker's counters bind to the metrics system there is when it is made.
         let registry = metricsPort.map { _ in OperationsServer.bootstrapMetrics() }

@@ -14,11 +14,13 @@ final class ShutdownTests: XCTestCase {
     func testSigtermPastTheDeadlineRequeuesTheJobForAnotherWorker() throws {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
-        let job = Self.job(user: "patient", model: try Self.longTrainingModel(fleet), epochs: 4_000)
-        try fleet.publish(job)
         let quitter = try WorkerProcess(fleet: fleet, name: "quitter", options: ["--shutdown-deadline", "2", "--heartbeat", "2"])
         defer { quitter.kill() }
-        _ = try Self.events(fleet, timeout: 60) { $0.kind == .trainingBegin && $0.worker == "quitter" }
+        let model = try Self.longTrainingModel(fleet)
+        // Long enough to outlast the 2 s deadline by far; short enough for the finisher to train it again.
+        let job = Self.job(user: "patient", model: model, epochs: try Self.epochs(lasting: 10, model: model, fleet: fleet))
+        try fleet.publish(job)
+        _ = try Self.events(fleet, timeout: 60) { $0.kind == .trainingBegin && $0.jobID == job.jobID && $0.worker == "quitter" }
         Thread.sleep(forTimeInterval: 0.5)
 
         let elapsed = try quitter.terminate(within: 2 + 10)
@@ -67,7 +69,8 @@ final class ShutdownTests: XCTestCase {
         configuration.heartbeatSeconds = 2
         configuration.limits = JobLimits(maxSamples: 2_000, maxBodyBytes: 4 << 20)
         fleet.startWorker(configuration)
-        let job = Self.job(user: "marathon", model: try Self.longTrainingModel(fleet), epochs: 8_000)
+        let model = try Self.longTrainingModel(fleet)
+        let job = Self.job(user: "marathon", model: model, epochs: try Self.epochs(lasting: 20, model: model, fleet: fleet))
         try fleet.publish(job)
 
         let events = try fleet.events(untilEnded: 1, timeout: 300)
@@ -179,6 +182,20 @@ final class ShutdownTests: XCTestCase {
                                                    bytes: ModelFile.encode(spec))
         }
         return name
+    }
+
+    /// Epochs of `longTrainingModel` that train for about `seconds` on this machine, measured on the fleet's worker
+    /// with a probe job of 40 epochs. These tests need a task of some length, not of some count: an epoch's time
+    /// differs many times over between processors, kernel sets and loads (on a 2-core AMD EPYC under load, 8,000
+    /// epochs had reached 5,850 after 300 s, where the machine before it trained them within the test's timeout).
+    static func epochs(lasting seconds: Double, model: String, fleet: FleetHarness) throws -> Int64 {
+        let probe = job(user: "probe", model: model, epochs: 40)
+        try fleet.publish(probe)
+        let completed = try XCTUnwrap(fleet.events(untilEnded: 1, timeout: 120).last { $0.jobID == probe.jobID },
+                                      "the probe job did not complete")
+        XCTAssertEqual(completed.kind, .completed, completed.reason)
+        let perEpoch = max(completed.durationSeconds / 40, 1e-5)
+        return min(100_000, max(40, Int64((seconds / perEpoch).rounded(.up))))
     }
 
     static func job(user: String, model: String, epochs: Int64) -> Attune_V1_TrainingJob {

@@ -55,6 +55,21 @@ final class BrokerSettlerTests: XCTestCase {
         XCTAssertEqual(open.count, 1, "job 3 is still in hand")
     }
 
+    func testATerminalOnlySettlerSendsTheEndsOfJobsAndDropsTheirProgress() throws {
+        settler = BrokerSettler(open: open, logger: quietLogger, events: .terminal) { [unowned self] in confirmed.append($0) }
+        hold(1, 2, 3, 4)
+        var held = SettlementDecision(action: .ack, event: event(.completed, "job-2"))
+        held.followUps = [event(.held, "job-2")]
+        try settler.carryOut([.event(event(.trainingBegin, "job-1")), .event(event(.epochEnd, "job-1")), settle(1, .ack),
+                              .settle(SettledJob(receipt: .init(generation: open.generation, tag: 2), decision: held)),
+                              settle(3, .requeue), .event(event(.miniBatchEnd, "job-4"))], on: broker)
+        XCTAssertEqual(broker.operations, [
+            .reject(3, requeue: true), .ack(2, multiple: true),
+            .event(.completed, jobId: "job-1"), .event(.completed, jobId: "job-2"), .event(.held, jobId: "job-2"),
+        ], "progress and a failed that will retry are dropped; what ends a job goes out in order")
+        XCTAssertTrue(settler.awaitsConfirms, "the terminal events still wait for their confirms (the outbox rows)")
+    }
+
     func testAMultipleAckCoversOnlyTheOldestRunAndNeverAHeldCancelRequest() throws {
         hold(1, 2, 4, 5, 6)
         open.insert(3)  // a cancel request waiting for PostgreSQL
