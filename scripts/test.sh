@@ -43,7 +43,12 @@ ATTUNE_KEYS="ci:$(head -c 32 /dev/urandom | base64)"
 export ATTUNE_KEYS
 # XCTest only: a Swift Testing summary of "0 tests" would close the output and misreport the run.
 # The throughput benchmarks print figures only; Benchmarks/training.sh runs them in a release build.
-swift test --skip-build --disable-swift-testing --skip ThroughputBenchmarks "$@"
+# The output is also kept: CI shows only the run's last lines, so a failure's assertions are printed again at the end.
+if ! swift test --skip-build --disable-swift-testing --skip ThroughputBenchmarks "$@" 2>&1 | tee "$work/xctest.log"; then
+  echo "[test.sh] the XCTest suites failed; the failing assertions and tests:" >&2
+  grep -E ": error: |' failed \(" "$work/xctest.log" | head -n 60 >&2
+  exit 1
+fi
 took "the XCTest suites"
 # The float64 NumPy reference tests again under each other kernel set this processor runs (ATTUNE_TRAINING_KERNELS;
 # the run above had the set chosen for it): every set a user's server may get trains the same math. About 30 s.
