@@ -46,11 +46,12 @@ final class ShutdownTests: XCTestCase {
     func testSigtermDuringAShortJobLetsItFinishFirst() throws {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
-        let job = Self.job(user: "brief", model: try Self.longTrainingModel(fleet), epochs: 150)
-        try fleet.publish(job)
         let worker = try WorkerProcess(fleet: fleet, name: "finishes-first", options: [])
         defer { worker.kill() }
-        _ = try Self.events(fleet, timeout: 60) { $0.kind == .trainingBegin }
+        let model = try Self.longTrainingModel(fleet)
+        let job = Self.job(user: "brief", model: model, epochs: try Self.epochs(lasting: 3, model: model, fleet: fleet))
+        try fleet.publish(job)
+        _ = try Self.events(fleet, timeout: 60) { $0.kind == .trainingBegin && $0.jobID == job.jobID }
 
         let elapsed = try worker.terminate(within: 25 + 10)
         XCTAssertEqual(worker.status, 0, worker.log)
