@@ -3,15 +3,34 @@
 # transaction, on the same throwaway PostgreSQL and RabbitMQ, in one invocation, so every figure is a ratio
 # against a peer measured alongside it. Also pgbench's rate for the commit transaction alone.
 #   Benchmarks/fleet.sh [--jobs N] [--quick] [--out FILE] [--attune-routing-key user|attune.jobs] [--attune-prefetch Q]
-#   Benchmarks/fleet.sh --ha [--jobs N] [--out FILE]
+#   Benchmarks/fleet.sh --ha [--jobs N] [--ha-configs WxS[,WxS...]] [--ha-pairs P] [--out FILE]
 #   Benchmarks/fleet.sh --only latency|slots|scale|big|outbox [--jobs N] [--out FILE]
+#   Benchmarks/fleet.sh --only hot [--jobs N] [--hot-jobs H] [--hot-rate F] [--hot-seconds S] [--attune-worker-args="..."] [--out FILE]
+#   Benchmarks/fleet.sh [--ha] --only celery [--jobs N] [--rounds R] [--celery-prefetch 1,4] [--attune-worker-args="..."] [--out FILE]
+#   Benchmarks/fleet.sh --only costs [--jobs N] [--out FILE]
 # --jobs: jobs per throughput scenario (default 4000, --quick 1500). --out: also write the report (markdown).
 # A full run takes under ~10 minutes, --quick under ~3 (plus the release build the first time).
 # --ha: only Attune through PostgreSQL under pg_auto_failover (scripts/postgres-ha.sh, durable, a synchronous
-# standby) beside the single durable server, the same jobs in turn, three pairs (about 5 minutes).
+# standby) beside the single durable server, the same jobs in turn, P pairs (default 3) for each configuration of
+# W workers x S slots (default 1x2; e.g. --ha-configs 2x2,2x1,1x2), with the figures that explain the HA cost
+# (commits, WAL, the standby's lag, CPU per node: Benchmarks/python/bench_ha.py). 3 pairs of 6000 jobs: about 5
+# minutes; --jobs 30000 --ha-configs 2x2,2x1,1x2 --ha-pairs 2: about 25.
 # --only big: the training-bound end, jobs of the 784-128-10 net (200 samples x 5 epochs, default 600 of them)
 # on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes: jobs/s and jobs/s per core (about three minutes;
 # --jobs 1000 about 5).
+# --only hot: latency under load on Attune 1 worker x 2 slots: the peak (--jobs, default 6000, drained), p50/p99/p99.9
+# at half of it, then one user's H jobs (default 10,000) dumped into the running fleet while the others' jobs are paced
+# at F x the peak for S s: their latency in that user's partition and elsewhere, and how long the backlog took to drain
+# (Benchmarks/python/bench_hot.py; about 2 minutes plus the build).
+# --only celery: a Celery 5 peer (Benchmarks/python/celery_worker.py, -c 2, 4, 8) beside the pika peer (2 processes,
+# prefetch 16) and Attune (1x2, 2x1, 1x4, 2x2), 6,000 jobs each, --rounds rounds (default 2); with --ha, each round
+# on the single server and then on the pg_auto_failover pair. Prints Attune's best / Celery's best and / the pika peer.
+# --only costs: where one job's cost goes: N jobs (default 6000) drained through Attune 1 worker x 2 slots and the
+# pika peer (2 processes, prefetch 16), three drains each (the servers' counters and perf stat; tcpdump and perf record
+# of the worker's socket syscalls; perf record -g): CPU, transactions, statements, WAL, fsyncs, round trips, AMQP frames
+# and bytes per job, then the top symbols of the worker and of a PostgreSQL backend (Benchmarks/python/bench_costs.py;
+# as root: it installs tcpdump and linux-perf, mounts tracefs if needed, restarts the session's PostgreSQL with
+# pg_stat_statements; about 3 minutes).
 # The driver is Benchmarks/python/fleet_bench.py; the peer Benchmarks/python/python_worker.py; see docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,17 +39,30 @@ while (($#)); do
   case "$1" in
     --ha) ha=1; shift ;;
     --out|--timelines) args+=("$1" "$(realpath -m "$2")"); shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^# The driver is/p' "$0"; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done
 
-# The venv: numpy and coremltools (install-deps.sh --python), then the peer's clients.
+# The venv: numpy and coremltools (install-deps.sh --python), then the peers' clients and Celery 5.
 scripts/install-deps.sh --python
 venv=${ATTUNE_VENV:-$PWD/.venv}
-if ! "$venv/bin/python" -c "import pika, psycopg" 2>/dev/null; then
-  echo "installing pika and psycopg into $venv" >&2
-  "$venv/bin/pip" install -q --disable-pip-version-check pika "psycopg[binary]" >&2
+if ! "$venv/bin/python" -c "import pika, psycopg, celery; assert celery.VERSION.major == 5" 2>/dev/null; then
+  echo "installing pika, psycopg and celery into $venv" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check pika "psycopg[binary]" "celery>=5,<6" >&2
+fi
+# --only costs captures the loopback traffic (tcpdump) and counts syscalls and samples with perf.
+if [[ " ${args[*]} " == *" --only costs "* || " ${args[*]} " == *" --only=costs "* ]]; then
+  missing=()
+  for p in tcpdump linux-perf; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "installing Debian packages for --only costs: ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  fi
 fi
 [ -x /usr/lib/postgresql/15/bin/pgbench ] || { echo "pgbench missing: apt-get install postgresql-15" >&2; exit 1; }
 

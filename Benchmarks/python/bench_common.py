@@ -8,6 +8,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PEER_QUEUE = "pybench.jobs"  # the peer's exchange and queue share this name
 PEER_SCHEMA = "pybench"
+CELERY_SCHEMA = "celerybench"  # the Celery peer's copy of the tables
 PGBENCH_SCHEMA = "pgbench_attune"
 
 

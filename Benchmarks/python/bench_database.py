@@ -13,7 +13,7 @@ import numpy as np
 import psycopg
 
 from bench_broker import purge_queues
-from bench_common import HERE, PEER_SCHEMA, PGBENCH_SCHEMA, ROOT, log
+from bench_common import CELERY_SCHEMA, HERE, PEER_SCHEMA, PGBENCH_SCHEMA, ROOT, log
 
 
 def db_connect(args, schema=None):
@@ -42,14 +42,48 @@ def add_base_model(args, schema, name, path):
                      (name, model, len(model), hashlib.sha256(model).hexdigest()))
 
 
+# Every fleet's tables keep a history of earlier versions across scenarios, as a production database does. A
+# table emptied before each run made the planner's choices those of a new fleet's first minute: a statement
+# PL/pgSQL or a driver prepared while the versions table was empty kept a plan that scans it whole, and by
+# 6,000 jobs each lookup by job id took 0.3-0.6 ms (the peer's as well as Attune's; see docs/benchmarks.md).
+HISTORY_ROWS = 50_000
+HISTORY_JOBS = "history-job-%"
+
+
+def keep_history(conn):
+    """HISTORY_ROWS versions of 5,000 earlier users in the connection's schema (added once; each with a
+    one-byte large object of its own), without the outbox and outcome rows their inserts' trigger writes
+    (deleted in the same transaction, so no worker's relay ever sees them)."""
+    have = conn.execute("SELECT count(*) FROM attune_personal_versions WHERE job_id LIKE %s",
+                        (HISTORY_JOBS,)).fetchone()[0]
+    if have >= HISTORY_ROWS:
+        return
+    with conn.transaction():
+        conn.execute("INSERT INTO attune_personal_versions (user_id, model, version, base_version, parent_version, "
+                     "job_id, state_lo, state_size_bytes, loss, samples, epochs, duration_seconds, worker) "
+                     "SELECT 'history-' || (g %% 5000), 'digits', g / 5000 + 1, 1, g / 5000, 'history-job-' || g, "
+                     "lo_from_bytea(0, '\\x00'::bytea), 1, 0.5, 20, 10, 0.001, 'history' "
+                     "FROM generate_series(%s::int, %s::int) g", (have, HISTORY_ROWS - 1))
+        conn.execute("DELETE FROM attune_outbox WHERE job_id LIKE %s", (HISTORY_JOBS,))
+        conn.execute("DELETE FROM attune_job_outcomes WHERE job_id LIKE %s", (HISTORY_JOBS,))
+
+
+def clear_versions(conn):
+    """Every version and head but the history's (lo_manage unlinks the large objects), the history added if missing."""
+    conn.execute("DELETE FROM attune_personal_versions WHERE job_id NOT LIKE %s", (HISTORY_JOBS,))
+    conn.execute("DELETE FROM attune_personal_heads")
+    keep_history(conn)
+
+
 def reset(args, admin):
-    """Empty the queues and delete every personal version and head (lo_manage unlinks the large objects)."""
+    """Empty the queues and delete every personal version and head but the history's."""
     if args.active_url != args.database_url:
         return reset_ha(args, admin)
-    for schema in (None, PEER_SCHEMA):
+    for schema in (None, PEER_SCHEMA, CELERY_SCHEMA):
         with db_connect(args, schema) as conn:
-            conn.execute("DELETE FROM attune_personal_versions")
-            conn.execute("DELETE FROM attune_personal_heads")
+            if schema and not conn.execute("SELECT to_regclass(%s)", (f"{schema}.attune_personal_versions",)).fetchone()[0]:
+                continue
+            clear_versions(conn)
     # VACUUM as the superuser (over the session's trusted socket) so that pg_largeobject is cleaned too and
     # every scenario starts from tables of the same shape. Best effort: skipped if the socket is not there.
     try:
@@ -70,14 +104,13 @@ def version_summary(args, schema=None):
     compared after a run; the state is what each commit stored."""
     with db_connect(args, schema) as conn:
         return conn.execute("SELECT count(*), avg(loss), min(loss), max(loss), avg(state_size_bytes) "
-                            "FROM attune_personal_versions").fetchone()
+                            "FROM attune_personal_versions WHERE job_id NOT LIKE %s", (HISTORY_JOBS,)).fetchone()
 
 
 def reset_ha(args, admin):
     """`reset` on the HA set: its primary found through the multi-host URL, VACUUM as its trusted superuser."""
     with psycopg.connect(args.active_url, autocommit=True) as conn:
-        conn.execute("DELETE FROM attune_personal_versions")
-        conn.execute("DELETE FROM attune_personal_heads")
+        clear_versions(conn)
     superuser = re.sub(r"//[^@/]*@", "//postgres@", args.active_url)
     with psycopg.connect(superuser, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")

@@ -144,3 +144,85 @@ def render_big(args, runs, jobs, best_peer):
     if failed:
         lines.append("failed events: " + "; ".join(failed))
     return lines
+
+
+def render_celery(args, runs, jobs, databases, attune_extra, prefetches, minutes):
+    """--only celery's tables: `runs` is [{round, db, key, kind, result, versions}] (kind: celery, pika or
+    attune); every row, then per round and database the best of each fleet and Attune's ratios to the peers,
+    and with two databases each fleet's HA / single."""
+    names = {"single": "single", "ha": "HA pair"}
+    kinds = (("celery", "Celery best"), ("pika", "pika peer"), ("attune", "Attune best"))
+    rounds = sorted({x["round"] for x in runs})
+    lines = [
+        f"Celery bench (--only celery), {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores; "
+        f"Attune: {args.attune_label or args.attune}",
+        f"{jobs} jobs per run (digits MLP 64-32-10, 20 samples, 10 epochs, mini-batch 8, {len(USERS)} users, uniform), "
+        f"{len(rounds)} round{'s' if len(rounds) > 1 else ''}; every run queues all its jobs (persistent, confirmed) "
+        "before its workers start and begins from empty queues and tables. Database: one durable PostgreSQL"
+        + (" (single), then the pg_auto_failover pair (HA pair: a primary and its synchronous standby, both durable, "
+           "on the same cores)" if "ha" in databases else "") + ".",
+        "Celery: celery_worker.py, Celery 5 prefork -c N, acks late, reject on worker lost, prefetch multiplier "
+        f"{'/'.join(str(q) for q in prefetches)}, -O fair, no result backend, one `completed` event a job. pika peer: "
+        "python_worker.py, 2 processes, prefetch 16, training_begin + 10 epoch_end + completed events a job. Attune: "
+        + (" ".join(attune_extra) if attune_extra else "every progress event (no --events in this build)") + ".",
+        "jobs/s: jobs completed between the 10% and 90% marks of a queue drained from full; CPU s/job: CPU used between "
+        "those marks / jobs completed between them (worker: the fleet's process trees, Celery's main process and its "
+        "children included). versions: rows committed, of the jobs (job ids are unique: each job applied once). "
+        "others' load: cores busy outside the bench meanwhile.",
+        "",
+        "| round | database | configuration | jobs/s | worker CPU s/job | broker CPU s/job | db CPU s/job | versions | "
+        "retrains | others' load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for x in runs:
+        r, cpu = x["result"], x["result"].get("cpu") or {}
+        lines.append(
+            f"| {x['round']} | {names[x['db']]} | {r['label']} | {fmt(r['rate'], '.1f')} | {fmt(cpu.get('workers'), '.5f')} | "
+            f"{fmt(cpu.get('broker'), '.5f')} | {fmt(cpu.get('db'), '.5f')} | {x['versions']} of {r['jobs']} | "
+            f"{fmt(r['retrains'])} | {fmt(r.get('others'), '.2f')} |")
+
+    def best(round_, db, kind):
+        rows = [x["result"] for x in runs if x["round"] == round_ and x["db"] == db and x["kind"] == kind]
+        return max(rows, key=lambda r: r["rate"] or 0) if rows else None
+
+    def cell(r):
+        if r is None:
+            return "n/a"
+        short = r["label"].replace("Attune ", "").replace("Celery ", "").replace("Python ", "").split(", --")[0]
+        return f"{fmt(r['rate'], '.1f')} ({short})"
+
+    times = lambda v: fmt(v, '.2f') + ("x" if v else "")  # noqa: E731
+    lines += ["", "| round | database | Celery best | pika peer | Attune best | Attune / Celery | Attune / pika peer |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    summary = {db: {"celery": [], "pika": []} for db in databases}
+    for round_ in rounds:
+        for db in databases:
+            b = {kind: best(round_, db, kind) for kind, _ in kinds}
+            rate = {kind: b[kind]["rate"] if b[kind] else None for kind, _ in kinds}
+            vs_celery, vs_pika = ratio(rate["attune"], rate["celery"]), ratio(rate["attune"], rate["pika"])
+            summary[db]["celery"].append(vs_celery)
+            summary[db]["pika"].append(vs_pika)
+            lines.append(f"| {round_} | {names[db]} | {cell(b['celery'])} | {cell(b['pika'])} | {cell(b['attune'])} | "
+                         f"{times(vs_celery)} | {times(vs_pika)} |")
+    if len(databases) > 1:
+        lines += ["", "| round | fleet | single jobs/s | HA pair jobs/s | HA / single |", "| --- | --- | --- | --- | --- |"]
+        for round_ in rounds:
+            for kind, name in kinds:
+                single, ha = best(round_, "single", kind), best(round_, "ha", kind)
+                a, b = (single or {}).get("rate"), (ha or {}).get("rate")
+                lines.append(f"| {round_} | {name} | {fmt(a, '.1f')} | {fmt(b, '.1f')} | {fmt(ratio(b, a), '.2f')} |")
+    lines.append("")
+    for db in databases:
+        lines.append(f"{names[db]}: Attune best / Celery best, each round: "
+                     f"{', '.join(times(v) for v in summary[db]['celery'])}; Attune best / pika peer: "
+                     f"{', '.join(times(v) for v in summary[db]['pika'])}.")
+    results = [x["result"] for x in runs]
+    incomplete = [f"round {x['round']} {names[x['db']]} {x['result']['label']}" for x in runs
+                  if x["result"].get("done", 0) < x["result"]["jobs"] or x["versions"] != x["result"]["jobs"]]
+    failed = [f"{r['label']}: {r['failed']}" for r in results if r.get("failed")]
+    if incomplete:
+        lines.append("INCOMPLETE (fewer `completed` events or versions than jobs): " + "; ".join(incomplete))
+    if failed:
+        lines.append("failed events: " + "; ".join(failed))
+    lines.append(f"The mode took {minutes:.1f} minutes.")
+    return lines

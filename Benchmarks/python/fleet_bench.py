@@ -23,9 +23,13 @@ from pathlib import Path
 
 from bench_broker import EventListener, Publisher, blocking_connection, declare_attune_topology
 from bench_common import PEER_QUEUE, PEER_SCHEMA, PGBENCH_SCHEMA, ROOT, fmt, log
-from bench_database import add_base_model, create_schema_copy, db_connect, extract_base, run_pgbench, version_summary
+from bench_costs import costs_only
+from bench_database import (HISTORY_JOBS, add_base_model, clear_versions, create_schema_copy, db_connect, extract_base,
+                            run_pgbench, version_summary)
 from bench_fixtures import bench_mlp
 from bench_fleets import AttuneFleet, PythonFleet
+from bench_ha import add_ha_arguments, ha_only
+from bench_hot import HOT_RATE, hot_only
 from bench_jobs import load_rows, make_jobs, upsampled_rows
 from bench_measure import attune_target, latency, peer_target, throughput
 from bench_processes import STARTED, Servers, stop_all
@@ -52,8 +56,10 @@ def parse_args():
     p.add_argument("--ha-url", help="the URL of PostgreSQL under pg_auto_failover (scripts/postgres-ha.sh up, with "
                                     "ATTUNE_PG_DURABLE=1): run only the HA comparison, the same jobs through the "
                                     "single server and through the HA set in turn, --ha-pairs pairs")
-    p.add_argument("--ha-pairs", type=int, default=3, help="with --ha-url: how many pairs (default 3)")
-    p.add_argument("--only", choices=["latency", "slots", "scale", "big", "outbox"],
+    p.add_argument("--ha-pairs", type=int, default=3,
+                   help="with --ha-url: how many pairs for each --ha-configs configuration (default 3)")
+    add_ha_arguments(p)  # --ha-configs, --ha-workers, --ha-slots: bench_ha.py
+    p.add_argument("--only", choices=["latency", "slots", "scale", "big", "outbox", "celery", "hot", "costs"],
                    help="latency: just Attune 1 worker x 2 slots' peak and its latency at half and a quarter "
                         "of it (no peer, no pgbench): for trying a change to the latency path; slots: just the "
                         "training-bound jobs on 1 worker with 1 slot and with 2 (--jobs of them, default 400); scale: 1 to 48 "
@@ -62,7 +68,27 @@ def parse_args():
                         "default 600) on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes at "
                         "prefetch 1 and 4: jobs/s and jobs/s per core (no pgbench); outbox: Attune 1 worker x 2 slots "
                         "with the terminal events' outbox (migration 0023's trigger) and without it, the same jobs in "
-                        "turn, three pairs")
+                        "turn, three pairs; celery: the Celery peer (celery_worker.py) at -c 2, 4 and 8 beside the pika "
+                        "peer (2 processes, prefetch 16) and Attune 1 worker x 2 slots, 2 x 1, 1 x 4 and 2 x 2, --jobs "
+                        "(default 6000) each, --rounds rounds; with --ha-url, each round on the single server and then "
+                        "on the HA set; hot: Attune 1 worker x 2 slots' peak (--jobs, default 6000), p50/p99/p99.9 at "
+                        "half of it, then one user's --hot-jobs dumped into the running fleet while the other users' "
+                        "jobs are paced at --hot-rate x the peak: their latency in that user's partition and in the "
+                        "others, and the backlog's drain time (bench_hot.py); costs: where one job's cost goes, --jobs "
+                        "(default 6000) drained through Attune 1 worker x 2 slots and the pika peer (2 processes, "
+                        "prefetch 16): CPU, statements, WAL, fsyncs, round trips, AMQP frames and bytes per job and "
+                        "perf profiles, from the servers' counters, perf and tcpdump (bench_costs.py)")
+    p.add_argument("--rounds", type=int, default=2, help="--only celery: how many rounds (default 2)")
+    p.add_argument("--celery-prefetch", default="1",
+                   help="--only celery: the Celery peer's prefetch multipliers to try, comma-separated (default 1)")
+    p.add_argument("--attune-worker-args", default="",
+                   help="--only celery and hot: more flags for every `attune worker` (one string, split as a shell "
+                        "would)")
+    p.add_argument("--hot-jobs", type=int, default=10000, help="--only hot: the hot user's backlog (default 10000)")
+    p.add_argument("--hot-rate", type=float, default=HOT_RATE,
+                   help=f"--only hot: the other users' pace while it drains, times the peak (default {HOT_RATE})")
+    p.add_argument("--hot-seconds", type=float, default=15,
+                   help="--only hot: how long the other users' jobs are paced (default 15)")
     args = p.parse_args()
     args.jobs_given = args.jobs is not None
     args.jobs = args.jobs or (1500 if args.quick else 4000)
@@ -117,6 +143,12 @@ def main():
     uniform = lambda tag, count=n: make_jobs(rows, tag, count, "uniform", seed=1)  # noqa: E731
     hot = lambda tag: make_jobs(rows, tag, n, "hot", seed=2)  # noqa: E731
 
+    if args.only == "hot":
+        hot_only(ctx, rows)
+        return
+    if args.only == "celery":  # before --ha-url: with it, this mode runs on both databases
+        celery_only(ctx, rows)
+        return
     if args.ha_url:
         ha_only(ctx, rows, n)
         return
@@ -134,6 +166,9 @@ def main():
         return
     if args.only == "outbox":
         outbox_only(ctx, rows, n)
+        return
+    if args.only == "costs":
+        costs_only(ctx, rows)
         return
 
     log("pgbench: the commit transaction alone")
@@ -255,48 +290,6 @@ def big_only(ctx, rows):
     print_report(args, render_big(args, runs, n, best_peer))
 
 
-def ha_only(ctx, rows, n):
-    """Attune's best configuration (1 worker x 2 slots) on the same jobs through the single durable server and
-    through the HA set (a primary and its synchronous standby, both durable, on this same machine), in turn,
-    three pairs: the ratio of each pair, the median pair as the result."""
-    args = ctx.args
-    env = dict(os.environ, ATTUNE_DATABASE_URL=args.ha_url)
-    subprocess.run([args.attune, "migrate"], check=True, stdout=subprocess.DEVNULL, env=env)
-    subprocess.run([args.attune, "model", "import", args.model, "--name", "digits"], check=True,
-                   stdout=subprocess.DEVNULL, env=env)
-    ha_dir = Path(args.work) / "postgres-ha"
-    ha_postmasters = [int((ha_dir / f"node{i}/postmaster.pid").read_text().split()[0]) for i in (1, 2)]
-    pairs = []
-    for i in range(args.ha_pairs):
-        pair = {}
-        for key, url, roots in (("single", args.database_url, [ctx.servers.postmaster]),
-                                ("ha", args.ha_url, ha_postmasters)):
-            args.active_url, ctx.servers.db_roots = url, roots
-            pair[key] = throughput(ctx, AttuneFleet(args, 1, 2), attune_target,
-                                   make_jobs(rows, f"{key}{i}", n, "uniform", seed=1), f"{key}{i}")
-        pair["ratio"] = ratio(pair["ha"]["rate"], pair["single"]["rate"])
-        log(f"pair {i + 1}: HA / single {fmt(pair['ratio'], '.2f')}")
-        pairs.append(pair)
-    args.active_url, ctx.servers.db_roots = args.database_url, [ctx.servers.postmaster]
-    ranked = sorted(pairs, key=lambda p: p["ratio"] or 0)
-    median = ranked[len(ranked) // 2]
-    lines = [f"HA bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores; Attune: {args.attune_label or args.attune}",
-             f"{n} jobs per run (digits MLP, 20 samples, 10 epochs, 50 users), Attune 1 worker x 2 slots; both "
-             "databases durable (fsync, synchronous_commit on); the HA set's commits also wait for its synchronous "
-             "standby, which runs on the same 2 cores.", "",
-             "| run | single server jobs/s | HA set jobs/s | HA / single | db CPU s/job single | db CPU s/job HA (both nodes) |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for i, pair in enumerate(pairs):
-        cpu = lambda key: (pair[key]["cpu"] or {}).get("db")  # noqa: E731
-        lines.append(f"| {i + 1}{' (median)' if pair is median else ''} | {fmt(pair['single']['rate'], '.1f')} | "
-                     f"{fmt(pair['ha']['rate'], '.1f')} | {fmt(pair['ratio'], '.2f')} | {fmt(cpu('single'), '.5f')} | "
-                     f"{fmt(cpu('ha'), '.5f')} |")
-    lines.append("")
-    lines.append(f"HA / single, each pair: {', '.join(fmt(p['ratio'], '.2f') for p in pairs)}; target >= 0.70: "
-                 f"{'PASS' if (median['ratio'] or 0) >= 0.7 else 'MISS'} (median pair)")
-    print_report(args, lines)
-
-
 def outbox_only(ctx, rows, n):
     """What the terminal events' outbox costs: the same jobs on Attune 1 worker x 2 slots with the trigger that
     writes each completed job's outcome and outbox row (and the worker's deletes of confirmed rows), and with that
@@ -367,6 +360,105 @@ def latency_only(ctx, rows, n):
                       make_jobs(rows, "a12", n, "uniform", seed=1), "a12")["rate"] or 0
     for share in (2, 4):
         latency(ctx, AttuneFleet(args, 1, 2), attune_target, peak / share, rows, f"alat{share}", seconds)
+
+
+def celery_only(ctx, rows):
+    """The Celery comparison: the same jobs (--jobs, default 6,000, the uniform mix) on the Celery peer at -c 2, 4
+    and 8 (for each --celery-prefetch multiplier), the pika peer at its usual best (2 processes, prefetch 16) and
+    Attune 1 worker x 2 slots, 2 x 1, 1 x 4 and 2 x 2, in turn, each queued whole before its workers start and
+    drained from empty queues and tables; --rounds rounds. With --ha-url every round runs on the single durable
+    server and then on the pg_auto_failover pair (each peer gets its schema there too). Attune's workers report
+    only terminal events when `attune worker` has --events (the Celery peer sends only `completed`)."""
+    import copy
+    import shlex
+
+    import psycopg
+
+    import celery_worker
+    from bench_fleets import CELERY_QUEUE, CELERY_SCHEMA, CeleryFleet, CeleryPublisher, celery_target
+    from bench_report import render_celery
+
+    args, began = ctx.args, time.monotonic()
+    n = args.jobs if args.jobs_given else 6000
+    help_text = subprocess.run([args.attune, "worker", "--help"], capture_output=True, text=True).stdout
+    attune_extra = ["--events", "terminal"] if "--events <events>" in help_text else []
+    if not attune_extra:
+        log("attune worker has no --events; its rows send every progress event")
+    attune_extra += shlex.split(args.attune_worker_args)
+    prefetches = [int(q) for q in args.celery_prefetch.split(",")]
+
+    log(f"creating the Celery peer's tables (schema {CELERY_SCHEMA}) and its queue ({CELERY_QUEUE})")
+    create_schema_copy(args, CELERY_SCHEMA)
+    celery_worker.declare_queue(args.amqp_url)
+    publishers = {"celery": CeleryPublisher(args.amqp_url)}
+    databases = [("single", args.database_url, [ctx.servers.postmaster])]
+    if args.ha_url:
+        log("preparing the HA set: Attune's migrations and model, the peers' schemas")
+        env = dict(os.environ, ATTUNE_DATABASE_URL=args.ha_url)
+        subprocess.run([args.attune, "migrate"], check=True, stdout=subprocess.DEVNULL, env=env)
+        subprocess.run([args.attune, "model", "import", args.model, "--name", "digits"], check=True,
+                       stdout=subprocess.DEVNULL, env=env)
+        ha_args = copy.copy(args)
+        ha_args.database_url = args.ha_url
+        for schema in (PEER_SCHEMA, CELERY_SCHEMA):
+            create_schema_copy(ha_args, schema)
+        ha_dir = Path(args.work) / "postgres-ha"
+        databases.append(("ha", args.ha_url,
+                          [int((ha_dir / f"node{i}/postmaster.pid").read_text().split()[0]) for i in (1, 2)]))
+
+    def attune(workers, slots):
+        fleet = AttuneFleet(args, workers, slots)
+        fleet.extra_args = attune_extra
+        if attune_extra:
+            fleet.label += ", " + " ".join(attune_extra)
+        return fleet
+
+    configs = [(f"c{c}" + (f"p{q}" if q != 1 else ""), "celery", lambda c=c, q=q: CeleryFleet(args, c, q),
+                celery_target) for q in prefetches for c in (2, 4, 8)]
+    configs.append(("py", "pika", lambda: PythonFleet(args, 2, 16), peer_target))
+    configs += [(f"a{w}{s}", "attune", lambda w=w, s=s: attune(w, s), attune_target)
+                for w, s in ((1, 2), (2, 1), (1, 4), (2, 2))]
+    schemas = {"celery": CELERY_SCHEMA, "pika": PEER_SCHEMA, "attune": "public"}
+
+    def clear():
+        """Every fleet's tables on the active database emptied (throughput's reset then vacuums), the Celery
+        queue purged (reset purges the others)."""
+        for schema in schemas.values():
+            with psycopg.connect(args.active_url, autocommit=True, options=f"-c search_path={schema}") as conn:
+                for table in ("attune_job_outcomes", "attune_outbox"):
+                    conn.execute(f"DELETE FROM {table}")
+                clear_versions(conn)
+        channel = ctx.admin.channel()
+        channel.queue_purge(CELERY_QUEUE)
+        channel.close()
+
+    def versions(schema):
+        with psycopg.connect(args.active_url, autocommit=True) as conn:
+            return conn.execute(f"SELECT count(*) FROM {schema}.attune_personal_versions WHERE job_id NOT LIKE %s",
+                                (HISTORY_JOBS,)).fetchone()[0]
+
+    runs, plain = [], ctx.publisher
+    try:
+        for i in range(args.rounds):
+            for db, url, roots in databases:
+                args.active_url, ctx.servers.db_roots = url, roots
+                for key, kind, make, target in configs:
+                    clear()
+                    ctx.publisher = publishers.get(kind, plain)
+                    tag = f"{key}-{db}{i}"
+                    r = throughput(ctx, make(), target, make_jobs(rows, tag, n, "uniform", seed=1), f"celery-{tag}")
+                    runs.append({"round": i + 1, "db": db, "key": key, "kind": kind, "result": r,
+                                 "versions": versions(schemas[kind])})
+                best = {kind: max((x["result"]["rate"] or 0 for x in runs
+                                   if x["round"] == i + 1 and x["db"] == db and x["kind"] == kind), default=0)
+                        for kind in schemas}
+                log(f"round {i + 1}, {db}: Attune best / Celery best {fmt(ratio(best['attune'], best['celery']), '.2f')}, "
+                    f"Attune best / pika peer {fmt(ratio(best['attune'], best['pika']), '.2f')}")
+    finally:
+        ctx.publisher = plain
+        args.active_url, ctx.servers.db_roots = args.database_url, [ctx.servers.postmaster]
+    minutes = (time.monotonic() - began) / 60
+    print_report(args, render_celery(args, runs, n, [db for db, _, _ in databases], attune_extra, prefetches, minutes))
 
 
 if __name__ == "__main__":

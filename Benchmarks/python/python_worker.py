@@ -7,7 +7,8 @@ user's head weights (a large object) or the base weights, train the MLP whose ba
 ReLU, dense, softmax + cross-entropy, SGD with momentum, mini-batches, epochs; the shapes are the .npz's:
 64-32-10 for the digits, 784-128-10 for the fleet bench's --only big), commit the new version in one
 transaction (lock the head row, check the job id and the head again, lo_from_bytea, insert the version,
-move the head), publish training_begin / epoch_end / completed events to `attune.events`, and ack.
+move the head), publish training_begin / epoch_end / completed events to `attune.events`, and ack. The job's
+work up to the ack is `Trainer`'s, which the Celery peer (celery_worker.py) runs too.
 
     python_worker.py --amqp-url URL --database-url URL --base digits-base.npz
                      [--processes 4] [--prefetch 4] [--queue pybench.jobs] [--schema pybench]
@@ -122,25 +123,23 @@ def train(weights, x, y, params, on_epoch):
     return [w1, b1, w2, b2], loss
 
 
-class Worker:
-    def __init__(self, args, name, counters):
-        self.args, self.name, self.counters = args, name, counters
-        self.model = Model(args.base)
-        self.stopping = False
-        # autocommit: the reads outside the commit need no transaction; the commit opens its own.
-        self.db = psycopg.connect(args.database_url, autocommit=True,
-                                  options=f"-c search_path={args.schema},public")
-        self.connection = pika.BlockingConnection(pika.URLParameters(args.amqp_url))
-        self.channel = self.connection.channel()
-        declare_jobs_queue(self.channel, args.queue)
-        self.channel.basic_qos(prefetch_count=args.prefetch)
+def event(job, kind, worker, **fields):
+    """An event on `attune.events` as Attune's JSON events are: its routing key and its body."""
+    body = {"kind": kind.upper(), "jobId": job["jobId"], "userId": job["userId"], "model": job["model"],
+            "worker": worker, "timestampMs": str(int(time.time() * 1000))}
+    body.update(fields)
+    return f"{job['model']}.{job['userId']}.{kind}", json.dumps(body)
 
-    def publish(self, job, kind, **fields):
-        event = {"kind": kind.upper(), "jobId": job["jobId"], "userId": job["userId"], "model": job["model"],
-                 "worker": self.name, "timestampMs": str(int(time.time() * 1000))}
-        event.update(fields)
-        self.channel.basic_publish(EVENTS_EXCHANGE, f"{job['model']}.{job['userId']}.{kind}",
-                                   json.dumps(event), pika.BasicProperties(content_type="application/json"))
+
+class Trainer:
+    """What a job does between its delivery and its ack, on one process's own psycopg connection: skip an
+    applied job id, load the head, train, commit. Used by this peer and by the Celery peer (celery_worker.py)."""
+
+    def __init__(self, base, database_url, schema, name):
+        self.name = name
+        self.model = Model(base)
+        # autocommit: the reads outside the commit need no transaction; the commit opens its own.
+        self.db = psycopg.connect(database_url, autocommit=True, options=f"-c search_path={schema},public")
 
     def applied(self, job_id):
         row = self.db.execute("SELECT version FROM attune_personal_versions WHERE job_id = %s", (job_id,)).fetchone()
@@ -182,33 +181,58 @@ class Worker:
                             "WHERE user_id = %s AND model = %s", (head + 1, user, model))
             return head + 1
 
+    def run(self, job, publish=None, retrained=None):
+        """The parsed job, up to its commit: returns (version, fields for its `completed` event). `publish(job,
+        kind, **fields)`, when given, gets training_begin and epoch_end; `retrained()` is called when another
+        process moved the head while this one trained (it trains again from the new head)."""
+        publish = publish or (lambda *_, **__: None)
+        applied = self.applied(job["jobId"])
+        if applied is not None:
+            return applied, {"duplicate": True}
+        params = self.model.parameters(job.get("parameters", {}))
+        x, y = self.model.batch(job["samples"])
+        while True:
+            parent, weights = self.head(job["userId"], job["model"])
+            publish(job, "training_begin", version=str(parent), samples=str(len(x)), epochs=str(params["epochs"]))
+            started = time.perf_counter()
+            weights, loss = train(weights, x, y, params, lambda e, n, l: publish(
+                job, "epoch_end", epoch=str(e), epochs=str(n), loss=l))
+            outcome = self.commit(job, parent, weights, loss, time.perf_counter() - started, params, len(x))
+            if outcome is None:
+                # Another process moved the head while we trained: retrain from the new head.
+                if retrained:
+                    retrained()
+                continue
+            if isinstance(outcome, tuple):
+                return outcome[1], {"duplicate": True}
+            return outcome, {"loss": loss}
+
+    def close(self):
+        self.db.close()
+
+
+class Worker:
+    def __init__(self, args, name, counters):
+        self.args, self.name, self.counters = args, name, counters
+        self.trainer = Trainer(args.base, args.database_url, args.schema, name)
+        self.stopping = False
+        self.connection = pika.BlockingConnection(pika.URLParameters(args.amqp_url))
+        self.channel = self.connection.channel()
+        declare_jobs_queue(self.channel, args.queue)
+        self.channel.basic_qos(prefetch_count=args.prefetch)
+
+    def publish(self, job, kind, **fields):
+        routing_key, body = event(job, kind, self.name, **fields)
+        self.channel.basic_publish(EVENTS_EXCHANGE, routing_key, body,
+                                   pika.BasicProperties(content_type="application/json"))
+
+    def retrained(self):
+        with self.counters.get_lock():
+            self.counters[1] += 1
+
     def handle(self, channel, method, properties, body):
         job = json.loads(body)
-        applied = self.applied(job["jobId"])
-        if applied is None:
-            params = self.model.parameters(job.get("parameters", {}))
-            x, y = self.model.batch(job["samples"])
-            while True:
-                parent, weights = self.head(job["userId"], job["model"])
-                self.publish(job, "training_begin", version=str(parent), samples=str(len(x)),
-                             epochs=str(params["epochs"]))
-                started = time.perf_counter()
-                weights, loss = train(weights, x, y, params, lambda e, n, l: self.publish(
-                    job, "epoch_end", epoch=str(e), epochs=str(n), loss=l))
-                outcome = self.commit(job, parent, weights, loss, time.perf_counter() - started,
-                                      params, len(x))
-                if outcome is None:
-                    # Another process moved the head while we trained: retrain from the new head.
-                    with self.counters.get_lock():
-                        self.counters[1] += 1
-                    continue
-                break
-            if isinstance(outcome, tuple):
-                version, extra = outcome[1], {"duplicate": True}
-            else:
-                version, extra = outcome, {"loss": loss}
-        else:
-            version, extra = applied, {"duplicate": True}
+        version, extra = self.trainer.run(job, self.publish, self.retrained)
         # As Attune does: ack once committed, then report completion.
         channel.basic_ack(method.delivery_tag)
         self.publish(job, "completed", version=str(version), **extra)
@@ -221,7 +245,7 @@ class Worker:
             self.connection.process_data_events(time_limit=0.5)
         # Closing hands the prefetched, unacked deliveries back to the queue.
         self.connection.close()
-        self.db.close()
+        self.trainer.close()
 
 
 def child(args, index, counters):
