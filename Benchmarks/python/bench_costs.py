@@ -63,7 +63,15 @@ DB_SYSCALLS = ["fdatasync", "fsync", "pwrite64", "sendto", "recvfrom", "epoll_wa
 BROKER_SYSCALLS = ["fdatasync", "fsync", "pwrite64", "pwritev", "write", "writev", "sendmsg", "sendto",
                    "recvfrom", "recvmsg", "read"]
 
+def terminal_only(args):
+    """Attune 1 worker x 2 slots publishing only the events that end a job (`attune worker --events terminal`)."""
+    fleet = AttuneFleet(args, 1, 2)
+    fleet.extra_args = ["--events", "terminal"]
+    return fleet
+
+
 COLUMNS = [("attune", "Attune 1 worker x 2 slots", lambda args: AttuneFleet(args, 1, 2), attune_target),
+           ("terminal", "Attune 1 x 2, --events terminal", terminal_only, attune_target),
            ("peer", "pika peer 2 processes x prefetch 16", lambda args: PythonFleet(args, 2, 16), peer_target)]
 
 

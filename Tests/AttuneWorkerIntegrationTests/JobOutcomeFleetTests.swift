@@ -56,6 +56,37 @@ final class JobOutcomeFleetTests: XCTestCase {
         XCTAssertEqual(try outbox(fleet, [good.jobID, bad.jobID]), 0)
     }
 
+    /// `attune worker --events terminal`: what ends each job is published (and its outbox row goes once the broker
+    /// confirms it), and no progress event at all; the outcomes keep what progress would have said.
+    func testATerminalOnlyWorkerPublishesTheEndsOfJobsAndNoProgress() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        var configuration = fleet.configuration(name: "terminal-only")
+        configuration.events = .terminal
+        fleet.startWorker(configuration)
+        let good = Digits.job(id: "term-good-" + UUID().uuidString.prefix(8), user: "term_ann", model: fleet.model, rows: 0..<20)
+        let bad = refused("term-bad-" + UUID().uuidString.prefix(8), user: "term_bob", model: fleet.model)
+        try fleet.publish(good)
+        try fleet.publish(bad)
+        let events = try fleet.events(untilEnded: 2)
+        XCTAssertEqual(events.map(\.kind), [.completed, .failed], "only the ends, in order: \(events.map(\.kind))")
+        XCTAssertEqual(events.map(\.jobID), [good.jobID, bad.jobID])
+        XCTAssertFalse(events[1].willRetry)
+        XCTAssertEqual(events[0].samples, 20, "the completed event still says what the job trained")
+        XCTAssertEqual(events[0].version, 1)
+
+        let shown = try fleet.attuneOutput(["job", "show", "--json", good.jobID])
+        XCTAssertEqual(shown.status, 0, String(decoding: shown.out, as: UTF8.self))
+        // One job id: the answer is that job's object.
+        let job = try XCTUnwrap(JSONSerialization.jsonObject(with: shown.out) as? [String: Any],
+                                String(decoding: shown.out, as: UTF8.self))
+        XCTAssertEqual(job["state"] as? String, "completed")
+        XCTAssertEqual(job["version"] as? Int, 1, "\(job)")
+        let deadline = Date().addingTimeInterval(10)
+        while try outbox(fleet, [good.jobID, bad.jobID]) > 0, Date() < deadline { Thread.sleep(forTimeInterval: 0.2) }
+        XCTAssertEqual(try outbox(fleet, [good.jobID, bad.jobID]), 0, "the terminal events' confirms were tracked")
+    }
+
     func testAnEventItsWorkerNeverPublishedComesFromTheOutboxIntoADurableQueue() throws {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
