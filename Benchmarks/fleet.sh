@@ -3,7 +3,7 @@
 # transaction, on the same throwaway PostgreSQL and RabbitMQ, in one invocation, so every figure is a ratio
 # against a peer measured alongside it. Also pgbench's rate for the commit transaction alone.
 #   Benchmarks/fleet.sh [--jobs N] [--quick] [--out FILE] [--attune-routing-key user|attune.jobs] [--attune-prefetch Q]
-#   Benchmarks/fleet.sh --ha [--jobs N] [--ha-configs WxS[,WxS...]] [--ha-pairs P] [--out FILE]
+#   Benchmarks/fleet.sh --ha [--jobs N] [--ha-configs WxS[,WxS...]] [--ha-pairs P] [--ha-set NAME=VALUE] [--out FILE]
 #   Benchmarks/fleet.sh --only latency|slots|scale|big|outbox [--jobs N] [--out FILE]
 #   Benchmarks/fleet.sh --only hot [--jobs N] [--hot-jobs H] [--hot-rate F] [--hot-seconds S] [--attune-worker-args="..."] [--out FILE]
 #   Benchmarks/fleet.sh [--ha] --only celery [--jobs N] [--rounds R] [--celery-prefetch 1,4] [--attune-worker-args="..."] [--out FILE]
@@ -13,8 +13,9 @@
 # --ha: only Attune through PostgreSQL under pg_auto_failover (scripts/postgres-ha.sh, durable, a synchronous
 # standby) beside the single durable server, the same jobs in turn, P pairs (default 3) for each configuration of
 # W workers x S slots (default 1x2; e.g. --ha-configs 2x2,2x1,1x2), with the figures that explain the HA cost
-# (commits, WAL, the standby's lag, CPU per node: Benchmarks/python/bench_ha.py). 3 pairs of 6000 jobs: about 5
-# minutes; --jobs 30000 --ha-configs 2x2,2x1,1x2 --ha-pairs 2: about 25.
+# (commits, WAL, the standby's lag, CPU per node: Benchmarks/python/bench_ha.py); --ha-set sets something on both HA
+# nodes first (e.g. hot_standby_feedback=off). 3 pairs of 6000 jobs: about 4 minutes; --jobs 30000 --ha-configs
+# 2x2,2x1,1x2 --ha-pairs 2: about 9.
 # --only big: the training-bound end, jobs of the 784-128-10 net (200 samples x 5 epochs, default 600 of them)
 # on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes: jobs/s and jobs/s per core (about three minutes;
 # --jobs 1000 about 5).

@@ -6,14 +6,19 @@ Besides jobs/s it reads, between the 10% and 90% marks of each run, what explain
 - the commits: how many batch commits (attune_personal_versions grouped by worker and created_at, which is the
   commit transaction's start: every version of a batch has the same), jobs per commit, and from the workers' job
   timelines (ATTUNE_JOB_TIMELINE) how long a batch's commit took and what share of the slots' time went to it;
-- the primary's WAL (pg_current_wal_lsn and pg_stat_wal): bytes, full-page images and fsyncs per job; the
-  standby's own WAL fsyncs; checkpoints and autovacuum runs during the window;
-- the standby's lag (pg_stat_replication's write/flush/replay lag, sampled every 0.1 s), and what the primary's
-  Attune backends were doing at those samples (pg_stat_activity, lease sessions left out: waiting for the standby
-  (SyncRep), for the local WAL flush, for a lock, on CPU, or idle: their slot busy elsewhere);
+- the primary's WAL (pg_current_wal_lsn and pg_stat_wal): bytes, full-page images and fsyncs per job (PostgreSQL 15
+  does not count the standby's walreceiver fsyncs); checkpoints, autovacuum runs and rows of the versions table
+  read by sequential scans during the window; the heads table's size;
+- the standby's lag (pg_stat_replication's write/flush/replay lag, sampled every 0.1 s) and the xmin its
+  hot_standby_feedback holds, and what the primary's Attune backends were doing at those samples (pg_stat_activity,
+  lease sessions left out: waiting for the standby (SyncRep), for the local WAL flush, for a lock (of which the
+  NOTIFY queue's, from pg_locks), on CPU, or idle: their slot busy elsewhere);
 - CPU per job (/proc, as the fleet bench): the worker, the broker, the primary's and the standby's postmaster
   trees, pg_auto_failover (its monitor and the three pg_autoctl keepers), and the cores the machine was busy;
   the standby's split by process (replay, walreceiver, the rest), the primary's walsender.
+--ha-set NAME=VALUE sets something on both HA nodes before the runs (ALTER SYSTEM, reload), to try what one of their
+differences from the single server costs (hot_standby_feedback=off, pg_stat_statements.track=none).
+docs/benchmarks.md ("PostgreSQL high availability bench") says what each column means and what the runs found.
 """
 import os
 import statistics
@@ -48,6 +53,10 @@ def add_ha_arguments(p):
                    help="with --ha-url: W of one more configuration (with --ha-slots; repeatable, in pairs)")
     p.add_argument("--ha-slots", type=int, action="append", default=[],
                    help="with --ha-url: S of one more configuration (with --ha-workers)")
+    p.add_argument("--ha-set", action="append", default=[], metavar="NAME=VALUE",
+                   help="with --ha-url: a setting for both HA nodes (ALTER SYSTEM, then a reload) before the runs, to "
+                        "try what a difference from the single server costs (e.g. hot_standby_feedback=off, "
+                        "pg_stat_statements.track=none); repeatable")
 
 
 def configurations(args):
@@ -107,6 +116,11 @@ class DatabaseSet:
         c["checkpoints"] = p.one("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")[0]
         c["autovacuums"] = p.one("SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_all_tables")[0]
         c["heads_bytes"] = p.one("SELECT pg_total_relation_size('public.attune_personal_heads')")[0]
+        # Rows of the versions table read by sequential scans: a lookup by job id planned while the table was small
+        # scans it whole (migrations/functions/attune_commit_versions.sql before 8d716b4), so this grows with it.
+        c["versions_seq_rows"], c["versions_analyzes"] = p.one(
+            "SELECT coalesce(seq_tup_read, 0), autoanalyze_count + analyze_count FROM pg_stat_user_tables "
+            "WHERE relid = 'public.attune_personal_versions'::regclass")
         if self.standby:
             c["standby_checkpoints"] = self.standby.one("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")[0]
         return {k: float(v) for k, v in c.items()}
@@ -184,12 +198,19 @@ class Sampler(threading.Thread):
             try:
                 lag = self.conn.execute(
                     "SELECT extract(epoch FROM write_lag), extract(epoch FROM flush_lag), extract(epoch FROM replay_lag), "
-                    "pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn), age(backend_xmin) "
+                    "pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn), "
+                    # hot_standby_feedback's xmin: the walsender's, or its replication slot's (pg_auto_failover's)
+                    "coalesce(age(backend_xmin), (SELECT max(age(xmin)) FROM pg_replication_slots)) "
                     "FROM pg_stat_replication LIMIT 1").fetchone()
                 waits = dict(self.conn.execute(
                     "SELECT CASE WHEN state LIKE 'idle%' THEN 'idle' WHEN wait_event IS NULL THEN 'cpu' "
                     "ELSE wait_event_type || ':' || wait_event END, count(*) FROM pg_stat_activity "
                     "WHERE usename = 'attune' AND application_name NOT LIKE 'attune-lease%' GROUP BY 1").fetchall())
+                # Of the Lock:object waits, those for the NOTIFY queue's lock (PreCommit_Notify takes it on pg_database
+                # 0 and holds it until the commit is durable: on the HA set, through the standby's flush too).
+                waits["notify"] = self.conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'object' AND NOT granted "
+                    "AND classid = 'pg_database'::regclass AND objid = 0").fetchone()[0]
             except psycopg.Error as error:
                 log(f"sampler: {error}")
                 lag, waits = None, {}
@@ -204,8 +225,9 @@ WAIT_KINDS = {"IPC:SyncRep": "syncrep", "IO:WALSync": "wal", "IO:WALWrite": "wal
 
 def wait_kind(event):
     """The column a wait event counts in: the standby (SyncRep), the local WAL flush, a heavyweight lock
-    (Lock:*: a row's transaction, a relation's extension, ...), anything else."""
-    return WAIT_KINDS.get(event) or ("lock" if event.startswith("Lock:") else "other")
+    (Lock:*: a row's transaction, a relation's extension, the NOTIFY queue's (Lock:object), ...), anything else;
+    "notify" is the sampler's own count of waiters for the NOTIFY queue's lock (already in "lock")."""
+    return "notify" if event == "notify" else WAIT_KINDS.get(event) or ("lock" if event.startswith("Lock:") else "other")
 
 
 def wait_for_standby(dbset, timeout=120):
@@ -370,6 +392,15 @@ def ha_only(ctx, rows, n):
     subprocess.run([args.attune, "model", "import", args.model, "--name", "digits"], check=True,
                    stdout=subprocess.DEVNULL, env=env)
     single, ha = ha_sets(ctx)
+    for item in args.ha_set:
+        name, value = item.split("=", 1)
+        for node in (ha.primary, ha.standby):
+            node.conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+            node.conn.execute("SELECT pg_reload_conf()")
+    if args.ha_set:
+        time.sleep(1)  # the reload reaches every process
+        log("HA nodes: " + ", ".join(f"{item.split('=')[0]}={ha.primary.one('SHOW ' + item.split('=')[0])[0]}"
+                                     for item in args.ha_set))
     settings = {"single": single.primary.settings(), "HA primary": ha.primary.settings(),
                 "HA standby": ha.standby.settings()}
     log("settings: " + "; ".join(f"{k}: " + ", ".join(f"{n}={v}" for n, v in s.items()) for k, s in settings.items()))
@@ -392,11 +423,13 @@ def ha_only(ctx, rows, n):
 
 
 def render(args, n, configs, results, settings, roles, minutes):
+    changed = getattr(args, "ha_set", None)
     pairs_of = {c: [p for cc, _, p in results if cc == c] for c in configs}
     medians, median_pair = {}, {}  # the median ratio of each configuration; its median pair when the count is odd
     for c, pairs in pairs_of.items():
         ranked = sorted(pairs, key=lambda p: p["ratio"] or 0)
-        medians[c] = statistics.median([p["ratio"] or 0 for p in ranked]) if ranked else None
+        measured = [p["ratio"] for p in ranked if p["ratio"]]
+        medians[c] = statistics.median(measured) if measured else None
         median_pair[c] = ranked[len(ranked) // 2] if len(ranked) % 2 else None
     lines = [
         f"HA bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores; Attune: {args.attune_label or args.attune}; "
@@ -404,7 +437,8 @@ def render(args, n, configs, results, settings, roles, minutes):
         f"{n} jobs per run (digits MLP 64-32-10, 20 samples, 10 epochs, mini-batch 8, 50 users), queued whole, then "
         "drained; both databases durable (fsync, synchronous_commit on); the HA set's commits also wait for its "
         f"synchronous standby, which runs on the same {os.cpu_count()} cores (primary {roles[0]}, {roles[1]} at the "
-        "end). Each pair: the single server, then the HA set. Every figure is read between the 10% and 90% marks.",
+        "end). Each pair: the single server, then the HA set. Every figure is read between the 10% and 90% marks."
+        + (f" Set on both HA nodes for this run (--ha-set): {', '.join(changed)}." if changed else ""),
         "", "| config | pair | single jobs/s | HA jobs/s | HA / single | first 6,000: single | HA | HA / single |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in configs:
@@ -420,32 +454,35 @@ def render(args, n, configs, results, settings, roles, minutes):
     runs = [(c, i, key, p[key]) for c, i, p in results for key in ("single", "HA")]
     name = lambda c, i, key: f"{c[0]}x{c[1]} #{i + 1} {key}"  # noqa: E731
     lines += ["", "Commits, and what the primary's Attune backends were doing (mean number of them at 10 samples a "
-              "second: waiting for the standby's flush, for the local WAL flush, for a heavyweight lock, for anything else, "
-              "on CPU, idle between statements) and the rate over parts of the run:", "",
+              "second: waiting for the standby's flush, for the local WAL flush, for a heavyweight lock (of which for the "
+              "NOTIFY queue's lock, which every commit moving a head takes), for anything else, on CPU, idle between "
+              "statements) and the rate over parts of the run:", "",
               "| run | jobs/s | commits/s | jobs/commit | commit ms p50 / p90 | slot time in commit | train ms p50 | "
-              "SyncRep | WAL flush | lock | other | CPU | idle | rate by 10-30/30-50/50-70/70-90% |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "SyncRep | WAL flush | lock | of which NOTIFY | other | CPU | idle | rate by 10-30/30-50/50-70/70-90% |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c, i, key, r in runs:
-        w = r.get("waits") or {}
+        w = r.get("waits")
+        w = {k: w.get(k, 0) for k in ("syncrep", "wal", "lock", "notify", "other", "cpu", "idle")} if w else {}
         lines.append(
             f"| {name(c, i, key)} | {fmt(r['rate'], '.0f')} | {fmt(r.get('commits_s'), '.0f')} | "
             f"{fmt(r.get('jobs_per_commit'), '.1f')} | {fmt(ms(r.get('commit_p50')), '.1f')} / {fmt(ms(r.get('commit_p90')), '.1f')} | "
-            f"{fmt(100 * r['commit_share'] if r.get('commit_share') is not None else None, '.0f')}% | "
-            f"{fmt(ms(r.get('train_p50')), '.1f')} | {fmt(w.get('syncrep', 0), '.2f')} | {fmt(w.get('wal', 0), '.2f')} | "
-            f"{fmt(w.get('lock', 0), '.2f')} | {fmt(w.get('other', 0), '.2f')} | {fmt(w.get('cpu', 0), '.2f')} | "
-            f"{fmt(w.get('idle', 0), '.2f')} | "
+            f"{fmt(100 * r['commit_share'] if r.get('commit_share') is not None else None, '.0f')}{'%' if r.get('commit_share') is not None else ''} | "
+            f"{fmt(ms(r.get('train_p50')), '.1f')} | {fmt(w.get('syncrep'), '.2f')} | {fmt(w.get('wal'), '.2f')} | "
+            f"{fmt(w.get('lock'), '.2f')} | {fmt(w.get('notify'), '.2f')} | {fmt(w.get('other'), '.2f')} | {fmt(w.get('cpu'), '.2f')} | "
+            f"{fmt(w.get('idle'), '.2f')} | "
             f"{' / '.join(fmt(v, '.0f') for v in r.get('drift') or [])} |")
 
     lines += ["", "The wait events behind those columns (mean backends, the largest five): " + "; ".join(
-        f"{name(c, i, key)}: " + ", ".join(f"{e} {v:.2f}" for e, v in sorted((r.get('events') or {}).items(),
-                                                                           key=lambda x: -x[1])[:5])
+        f"{name(c, i, key)}: " + ", ".join(f"{e} {v:.2f}" for e, v in sorted(
+            ((e, v) for e, v in (r.get('events') or {}).items() if e != "notify"), key=lambda x: -x[1])[:5])
         for c, i, key, r in runs)]
     lines += ["", "The primary's WAL (per job), the standby's lag (ms, median / max of the samples), checkpoints and "
-              "autovacuum runs between the marks, the standby's xmin held back (hot_standby_feedback: age of the walsender's "
-              "backend_xmin, max, in transaction ids), the heads table's size at the 90% mark:", "",
+              "autovacuum runs between the marks, rows of the versions table read by sequential scans per job, the standby's xmin held back (hot_standby_feedback: age of the xmin the "
+              "walsender or its replication slot holds, max, in transaction ids), the heads table's size at the 90% mark:", "",
               "| run | WAL KB/job | full-page images/job | WAL fsyncs/job | xact commits/job | "
-              "write lag | flush lag | replay lag | replay behind max KB | checkpoints | autovacuums | standby xmin age | heads KB |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "write lag | flush lag | replay lag | replay behind max KB | checkpoints | autovacuums | versions rows seq-scanned/job | "
+              "standby xmin age | heads KB |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c, i, key, r in runs:
         d = r.get("counters") or {}
         jobs = round(0.9 * n) - max(1, round(0.1 * n))
@@ -455,7 +492,7 @@ def render(args, n, configs, results, settings, roles, minutes):
             f"| {name(c, i, key)} | {fmt(d['lsn'] / jobs / 1024 if 'lsn' in d else None, '.1f')} | {per('wal_fpi', '.2f')} | "
             f"{per('wal_sync', '.3f')} | {per('xact_commit', '.2f')} | {lag('write_lag')} | {lag('flush_lag')} | "
             f"{lag('replay_lag')} | {fmt(r['replay_bytes_max'] / 1024 if r.get('replay_bytes_max') is not None else None, '.0f', '')} | "
-            f"{fmt(d.get('checkpoints'), '.0f')} | {fmt(d.get('autovacuums'), '.0f')} | "
+            f"{fmt(d.get('checkpoints'), '.0f')} | {fmt(d.get('autovacuums'), '.0f')} | {per('versions_seq_rows', '.0f')} | "
             f"{fmt(r.get('xmin_age_max'), '.0f', '')} | {fmt(r.get('heads_kb'), '.0f')} |")
 
     lines += ["", "CPU per job (ms) between the marks: the worker processes, RabbitMQ, the primary's (or single "
