@@ -31,7 +31,7 @@ from bench_common import fmt, log
 from bench_database import db_connect, reset
 from bench_fleets import AttuneFleet
 from bench_jobs import make_jobs
-from bench_measure import STAGES, attune_target, latency, throughput, wait_for
+from bench_measure import STAGES, attune_target, latency, pace, throughput, wait_for
 from bench_report import print_report
 
 # --- Which partition a user's jobs go to: RabbitMQ's consistent-hash exchange, in Python. -------------------
@@ -250,18 +250,6 @@ def half_peak(ctx, fleet, rate, rows, seconds):
     return r
 
 
-def pace(ctx, jobs, rate, sent):
-    """Publish `jobs` at `rate` jobs/s from now, noting each publish time in `sent`; returns the seconds taken."""
-    start = time.monotonic()
-    for i, (job_id, user, body) in enumerate(jobs):
-        delay = start + i / rate - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        sent[job_id] = time.monotonic()
-        ctx.publisher.publish(*attune_target(ctx.args, user), job_id, body)
-    return time.monotonic() - start
-
-
 def hot_user(ctx, rows, extra, rate, partitions):
     """H's backlog dumped into the running fleet, then the other users paced at `rate` while it drains."""
     args = ctx.args
@@ -304,7 +292,7 @@ def hot_user(ctx, rows, extra, rate, partitions):
     log(f"H ({hot}, partition p{hp:02d}, slot {hslot}): {len(hot_jobs)} jobs published and confirmed in "
         f"{dumped - t0:.1f} s ({hot_done_at_dump} already completed); pacing {count} jobs of "
         f"{len(same) + len(other)} other users at {rate:.0f} jobs/s")
-    paced_in = pace(ctx, cold, rate, sent)
+    paced_in = pace(ctx, cold, rate, sent, attune_target)
     ctx.publisher.wait_confirmed()
     finished = wait_for(ctx.listener, len(hot_jobs) + len(cold), stall_seconds=60)
     after = ctx.servers.snapshot(fleet.roots())

@@ -97,6 +97,18 @@ def wait_for_partition_share(args, fleet):
     log(f"{fleet.label}: the partitions were not shared out within 180 s ({holders} holders, {held} held)")
 
 
+def pace(ctx, jobs, rate, sent, target):
+    """Publish `jobs` at `rate` jobs/s from now, noting each publish time in `sent`; returns the seconds taken."""
+    start = time.monotonic()
+    for i, (job_id, user, body) in enumerate(jobs):
+        delay = start + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        sent[job_id] = time.monotonic()
+        ctx.publisher.publish(*target(ctx.args, user), job_id, body)
+    return time.monotonic() - start
+
+
 def latency(ctx, fleet, target, rate, rows, tag, seconds):
     """Paced publishing at `rate` jobs/s into a running, warm fleet; publish -> completed percentiles."""
     args = ctx.args
@@ -117,13 +129,7 @@ def latency(ctx, fleet, target, rate, rows, tag, seconds):
     sent = {}
     before = ctx.servers.snapshot(fleet.roots())
     start = time.monotonic()
-    for i, (job_id, user, body) in enumerate(jobs):
-        delay = start + i / rate - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        sent[job_id] = time.monotonic()
-        ctx.publisher.publish(*target(args, user), job_id, body)
-    published_in = time.monotonic() - start
+    published_in = pace(ctx, jobs, rate, sent, target)
     ctx.publisher.wait_confirmed()
     wait_for(ctx.listener, count, stall_seconds=30)
     after, elapsed = ctx.servers.snapshot(fleet.roots()), time.monotonic() - start
