@@ -54,16 +54,7 @@ if ! "$venv/bin/python" -c "import pika, psycopg, celery; assert celery.VERSION.
 fi
 # --only costs captures the loopback traffic (tcpdump) and counts syscalls and samples with perf.
 if [[ " ${args[*]} " == *" --only costs "* || " ${args[*]} " == *" --only=costs "* ]]; then
-  missing=()
-  for p in tcpdump linux-perf; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if ((${#missing[@]})); then
-    echo "installing Debian packages for --only costs: ${missing[*]}" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-  fi
+  scripts/install-deps.sh --profiling
 fi
 [ -x /usr/lib/postgresql/15/bin/pgbench ] || { echo "pgbench missing: apt-get install postgresql-15" >&2; exit 1; }
 

@@ -3,6 +3,7 @@
 #   scripts/install-deps.sh            servers (PostgreSQL with pg_auto_failover for the HA set), C libraries for the build
 #   scripts/install-deps.sh --python   also a virtual environment with numpy, Pillow, coremltools and pika (for the tests)
 #   scripts/install-deps.sh --browser  also chromium, its driver and selenium (the dashboard's browser test)
+#   scripts/install-deps.sh --profiling  also tcpdump and perf (Benchmarks/fleet.sh --only costs)
 # examples/go builds offline from Debian's Go and its amqp091-go sources (GOPATH mode, /usr/share/gocode).
 # Needs root for apt-get (CI and the dev machines run as root). The Swift 6 toolchain itself is not a
 # Debian package: it must already be on PATH (swift.org's Linux tarball, or the machine image).
@@ -12,6 +13,7 @@ packages=(postgresql postgresql-contrib postgresql-15-auto-failover pg-auto-fail
           python3-venv gzip openssl libjs-chart.js protobuf-compiler curl
           golang-go golang-github-rabbitmq-amqp091-go-dev pgbackrest)
 [[ " $* " == *" --browser "* ]] && packages+=(chromium chromium-driver)
+[[ " $* " == *" --profiling "* ]] && packages+=(tcpdump linux-perf)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
