@@ -321,7 +321,9 @@ final class PartitionKeeperTests: XCTestCase {
         XCTAssertEqual(delivered.map(\.receipt), [IncomingJob.Receipt(generation: 1, tag: 2)])
     }
 
-    func testABarrierOfAGenerationNoLongerDrainingIsPast() throws {
+    /// A lone member of a draining fleet holding job 2 of partition 0 behind delivery 1, a barrier waiting for
+    /// partition 1 to drain.
+    private func jobParkedBehindABarrier() throws -> Member {
         database.layout = draining
         let a = Member(database, memberIds: [1], clock: clock)
         try a.connect()
@@ -329,6 +331,11 @@ final class PartitionKeeperTests: XCTestCase {
         let tag0 = a.broker.tag(of: p(0))!
         _ = try a.keeper.sort([Deliveries.barrier(1, consumer: tag0, waitsFor: p(1)), Deliveries.job(2, consumer: tag0)],
                               on: a.broker)
+        return a
+    }
+
+    func testABarrierOfAGenerationNoLongerDrainingIsPast() throws {
+        let a = try jobParkedBehindABarrier()
         database.layout = PartitionLayout(current: draining.current, retired: draining.draining)  // finished elsewhere
         try drainRound(a)
         XCTAssertEqual(a.mailbox.emptyInboxes().map(\.receipt.tag), [2])
@@ -337,13 +344,7 @@ final class PartitionKeeperTests: XCTestCase {
     }
 
     func testAtShutdownWhatWaitsAtABarrierGoesBack() throws {
-        database.layout = draining
-        let a = Member(database, memberIds: [1], clock: clock)
-        try a.connect()
-        try a.look()
-        let tag0 = a.broker.tag(of: p(0))!
-        _ = try a.keeper.sort([Deliveries.barrier(1, consumer: tag0, waitsFor: p(1)), Deliveries.job(2, consumer: tag0)],
-                              on: a.broker)
+        let a = try jobParkedBehindABarrier()
         try a.keeper.handBackParked(on: a.broker)
         XCTAssertEqual(a.broker.rejects, [.reject(1, requeue: true), .reject(2, requeue: true)])
         XCTAssertTrue(a.open.isEmpty)
