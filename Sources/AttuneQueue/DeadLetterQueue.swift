@@ -198,7 +198,7 @@ public final class DeadLetterQueue {
     static func withoutFailureHeaders(_ headers: [String: String]) -> [String: String] {
         headers.filter { key, _ in
             !(key == Topology.reasonHeader || key == Topology.attemptHeader || key == Topology.deadLetteredAtHeader
-                || key == Topology.routingKeyHeader || key == Topology.retryDelayHeader
+                || key == Topology.routingKeyHeader || key == Topology.retryDelayHeader || key == Topology.parkedQueueHeader
                 || key == "x-delivery-count" || key.hasPrefix("x-first-death-") || key.hasPrefix("x-last-death-"))
         }
     }

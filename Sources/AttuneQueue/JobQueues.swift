@@ -150,13 +150,7 @@ public struct JobQueues {
         let routed = layout.map { $0.current.all.map { ($0.queue, true) } } ?? []
         let draining = layout?.draining.map { $0.all.map { ($0.queue, false) } } ?? []
         for (queue, takesNewJobs) in draining + routed {
-            all.append(.queue(name: queue, arguments: [
-                ("x-queue-type", .string("quorum")),
-                ("x-single-active-consumer", .bool(true)),
-                ("x-delivery-limit", .int(Int64(Topology.deliveryLimit))),
-                ("x-dead-letter-exchange", .string(Topology.deadExchange)),
-                ("x-dead-letter-routing-key", .string(Topology.deadRoutingKey)),
-            ] + atLeastOnceDeadLettering))
+            all.append(.queue(name: queue, arguments: partitionQueueArguments))
             if takesNewJobs {
                 all.append(.binding(queue: queue, exchange: routedThrough ?? Topology.jobsExchange, key: hashWeight,
                                     arguments: []))
@@ -172,6 +166,49 @@ public struct JobQueues {
         ] + atLeastOnceDeadLettering))
         all.append(.binding(queue: Topology.cancelQueue, exchange: Topology.cancelExchange, key: "", arguments: []))
         return all
+    }
+
+    /// A partition queue's arguments, which its parked queue shares: one consumer at a time, the same
+    /// delivery limit, dead letters to `attune.jobs.dead`.
+    static var partitionQueueArguments: [(String, FieldValue)] {
+        [
+            ("x-queue-type", .string("quorum")),
+            ("x-single-active-consumer", .bool(true)),
+            ("x-delivery-limit", .int(Int64(Topology.deliveryLimit))),
+            ("x-dead-letter-exchange", .string(Topology.deadExchange)),
+            ("x-dead-letter-routing-key", .string(Topology.deadRoutingKey)),
+        ] + atLeastOnceDeadLettering
+    }
+
+    /// Declares `partition`'s parked queue, bound to the parked exchange under its own name. Idempotent.
+    public func declareParkedQueue(of partition: JobPartition) throws {
+        try declare(Self.parkedQueueDeclarations(of: partition))
+    }
+
+    /// Jobs waiting in `partition`'s parked queue; 0 when it was never declared. Ask only of partitions with
+    /// parked users (`FleetPartitioning.parkedUsers`): RabbitMQ logs each passive declare it refuses.
+    public func parkedJobs(of partition: JobPartition) throws -> Int {
+        try existingQueueDepth(partition.parkedQueue)?.messages ?? 0
+    }
+
+    public static func parkedQueueDeclarations(of partition: JobPartition) -> [Declaration] {
+        [
+            .exchange(name: Topology.parkedExchange, type: "headers"),
+            .queue(name: partition.parkedQueue, arguments: partitionQueueArguments),
+            .binding(queue: partition.parkedQueue, exchange: Topology.parkedExchange, key: "",
+                     arguments: [("x-match", .string("all")), (Topology.parkedQueueHeader, .string(partition.parkedQueue))]),
+        ]
+    }
+
+    /// The parked copy of a job delivered from `partition`: to its parked queue, with the user id as routing key
+    /// (a retried job came back under its partition queue's name, and carries the user's in a header), and the
+    /// headers it had.
+    public static func parkedCopy(of delivery: Delivery, from partition: JobPartition) -> Copy {
+        var headers = delivery.headers
+        headers[Topology.drainBarrierHeader] = nil
+        headers[Topology.parkedQueueHeader] = partition.parkedQueue
+        let user = delivery.headers[Topology.routingKeyHeader] ?? delivery.routingKey
+        return Copy(exchange: Topology.parkedExchange, routingKey: user, headers: headers)
     }
 
     /// A queue of this connection's own on `cancelledExchange` (server-named, gone with the connection).

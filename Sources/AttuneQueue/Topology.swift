@@ -46,6 +46,14 @@ public enum Topology {
     /// The routing key a producer gives a job: its user id.
     public static func routingKey(forUser user: String) -> String { user }
 
+    /// Durable headers exchange in front of the parked queues (`JobPartition.parkedQueue`): a parked copy
+    /// carries `parkedQueueHeader` naming its queue and keeps its user id as routing key, so that the worker
+    /// taking it back, and a broker dead-lettering it, see the user as on the partition queue. Only workers
+    /// publish here; nothing else is bound to it.
+    public static let parkedExchange = "attune.parked"
+    /// Header the parked exchange routes on: the name of the parked queue.
+    public static let parkedQueueHeader = "attune-parked-queue"
+
     /// Durable direct exchange for jobs that can never succeed (the partitions' dead-letter exchange).
     public static let deadExchange = "attune.dead"
     /// Durable queue holding dead jobs for a human (or a replay tool) to look at.
@@ -104,4 +112,9 @@ extension JobPartition {
         let number = index < 10 ? "p0\(index)" : "p\(index)"
         return generation == 0 ? "attune.jobs.\(number)" : "attune.jobs.g\(generation).\(number)"
     }
+
+    /// Its parked queue: the later jobs of a user with a backlog, moved out of the partition queue in order so
+    /// that the partition's other users are not held up behind them (docs/partitions.md). Declared by the
+    /// partition's holder the first time it parks a job.
+    public var parkedQueue: String { queue + ".parked" }
 }

@@ -1,4 +1,5 @@
 public import AttuneSpec
+import Crypto
 import Foundation
 
 /// The fleet's partition layout as PostgreSQL keeps it (`attune_topology`): every worker consumes, and
@@ -101,7 +102,11 @@ public enum FleetPartitioning {
             INSERT INTO attune_drained_partitions (generation, partition, worker) VALUES ($1, $2, $3)
             ON CONFLICT DO NOTHING
             """, [partition.generation, partition.index, worker])
-        return try finishIfDrained(on: connection)
+        guard try finishIfDrained(on: connection) else { return false }
+        // Its parked queues are empty (each was part of its partition's drain): users left parked there by a
+        // holder that died, and who sent nothing since, are parked nowhere.
+        try connection.query("DELETE FROM attune_parked_users WHERE generation = $1", [partition.generation])
+        return true
     }
 
     /// Ends the repartition if every partition of the draining generation is recorded drained.
@@ -121,6 +126,42 @@ public enum FleetPartitioning {
     public static func drained(generation: Int, on connection: PostgresConnection) throws -> Set<Int> {
         Set(try connection.query("SELECT partition FROM attune_drained_partitions WHERE generation = $1", [generation])
             .rows.map { try $0.int("partition") })
+    }
+
+    // MARK: Parked users (migration 0024)
+
+    /// How a user is named in `attune_parked_users`: the SHA-256 of its routing key, in hex, so that the table
+    /// holds no user id for `attune user forget` to find.
+    public static func parkedUserKey(routingKey: String) -> String {
+        SHA256.hash(data: Data(routingKey.utf8)).map { String(format: "%02x", $0) }.joined()
+    }
+
+    /// Every parked user, by partition.
+    public static func parkedUsers(on connection: PostgresConnection) throws -> [JobPartition: Set<String>] {
+        var users: [JobPartition: Set<String>] = [:]
+        for row in try connection.query("""
+            SELECT generation, partition, encode(user_key, 'hex') AS user_key FROM attune_parked_users
+            """).rows {
+            let partition = JobPartition(generation: try row.int("generation"), index: try row.int("partition"))
+            users[partition, default: []].insert(try row.string("user_key"))
+        }
+        return users
+    }
+
+    /// Records that `worker` parks the later jobs of the user `userKey` (`parkedUserKey`) of `partition`.
+    public static func recordParked(_ partition: JobPartition, userKey: String, by worker: String,
+                                    on connection: PostgresConnection) throws {
+        try connection.query("""
+            INSERT INTO attune_parked_users (generation, partition, user_key, worker) VALUES ($1, $2, decode($3, 'hex'), $4)
+            ON CONFLICT DO NOTHING
+            """, [partition.generation, partition.index, userKey, worker])
+    }
+
+    /// Every parked job of the user was taken back and settled: its new jobs go to the slots again.
+    public static func clearParked(_ partition: JobPartition, userKey: String, on connection: PostgresConnection) throws {
+        try connection.query("""
+            DELETE FROM attune_parked_users WHERE generation = $1 AND partition = $2 AND user_key = decode($3, 'hex')
+            """, [partition.generation, partition.index, userKey])
     }
 
     /// Forgets the retired generation once its queues are gone from the broker.

@@ -39,6 +39,8 @@ protocol PartitionChannel: DeliveryChannel, ConsumerChannel {
     func queueDepth(_ queue: String) throws -> (messages: Int, consumers: Int)
     /// The prefetch of the consumers started from now on.
     func setPrefetch(_ count: UInt16) throws
+    /// Declares `partition`'s parked queue (`JobQueues.declareParkedQueue`).
+    func declareParkedQueue(of partition: JobPartition) throws
 }
 
 /// What `BrokerSettler` does on the broker: acks and requeues, events, dead-letter and retry copies and
@@ -50,6 +52,9 @@ protocol SettlementChannel: DeliveryChannel, EventChannel {
     /// queue of an unusual delay first); the sequence number of its confirm.
     func sendRetryCopy(of delivery: Delivery, from partitionQueue: String, delayMs: Int, attempt: Int,
                        messageId: String) throws -> UInt64?
+    /// Publishes the parked copy of `delivery`, taken from `partition` (mandatory, not waiting); the sequence
+    /// number of its confirm.
+    func sendParkedCopy(of delivery: Delivery, from partition: JobPartition, messageId: String) throws -> UInt64?
     /// Confirms arrived since the last call: sequence number → acked.
     func takeConfirms() -> [UInt64: Bool]
     /// Message ids of mandatory messages returned unroutable since the last call.
@@ -88,6 +93,12 @@ extension AMQPConnection: PartitionChannel, SettlementChannel, CancelChannel {
         return try sendCopy(copy, of: delivery, messageId: messageId)
     }
 
+    func sendParkedCopy(of delivery: Delivery, from partition: JobPartition, messageId: String) throws -> UInt64? {
+        try sendCopy(JobQueues.parkedCopy(of: delivery, from: partition), of: delivery, messageId: messageId)
+    }
+
+    func declareParkedQueue(of partition: JobPartition) throws { try JobQueues(self).declareParkedQueue(of: partition) }
+
     private func sendCopy(_ copy: JobQueues.Copy, of delivery: Delivery, messageId: String) throws -> UInt64? {
         try send(exchange: copy.exchange, routingKey: copy.routingKey, body: delivery.body,
                  contentType: delivery.contentType ?? "", headers: copy.headers, messageId: messageId, mandatory: true)
@@ -122,6 +133,10 @@ protocol LeaseSession: AnyObject {
     func drainedPartitions(generation: Int) throws -> Set<Int>
     /// Records `partition` drained; true when it was the last and the repartition ended.
     func recordDrained(_ partition: JobPartition, by worker: String) throws -> Bool
+    /// Parked users by partition (`FleetPartitioning.parkedUsers`), as `FleetPartitioning.parkedUserKey`s.
+    func parkedUsers() throws -> [JobPartition: Set<String>]
+    func recordParked(_ partition: JobPartition, userKey: String, by worker: String) throws
+    func clearParked(_ partition: JobPartition, userKey: String) throws
 }
 
 /// Where `PartitionKeeper` gets its lease session, and the layout when it has none.
@@ -158,6 +173,16 @@ extension PartitionLeases: LeaseSession {
 
     func recordDrained(_ partition: JobPartition, by worker: String) throws -> Bool {
         try FleetPartitioning.recordDrained(partition, by: worker, on: connection)
+    }
+
+    func parkedUsers() throws -> [JobPartition: Set<String>] { try FleetPartitioning.parkedUsers(on: connection) }
+
+    func recordParked(_ partition: JobPartition, userKey: String, by worker: String) throws {
+        try FleetPartitioning.recordParked(partition, userKey: userKey, by: worker, on: connection)
+    }
+
+    func clearParked(_ partition: JobPartition, userKey: String) throws {
+        try FleetPartitioning.clearParked(partition, userKey: userKey, on: connection)
     }
 }
 

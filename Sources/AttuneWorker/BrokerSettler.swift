@@ -1,16 +1,18 @@
 import AttuneQueue
 import AttuneSpec
+import AttuneStore
 import Logging
 
 /// Carries out on the broker what the slots posted: acks (several at once where the delivery tags allow),
-/// requeues, dead-letter and retry copies, and events. Nothing waits for a confirm: a copy's original is acked,
-/// and its event published, when the broker confirms the copy (`handleConfirms`).
+/// requeues, dead-letter and retry copies, and events; and parks the jobs `HotUserParking` says to. Nothing
+/// waits for a confirm: a copy's original is acked, and its event published, when the broker confirms the copy
+/// (`handleConfirms`).
 ///
 /// Confined to the broker thread, like the connection it is handed.
 final class BrokerSettler {
     private let open: OpenDeliveries
     private let logger: Logger
-    /// What to do when the broker confirms a dead-letter or retry copy, by publish sequence number.
+    /// What to do when the broker confirms a dead-letter, retry or parked copy, by publish sequence number.
     private var onConfirm: [UInt64: CopyConfirmed] = [:]
     /// Events the broker refused (basic.nack): reported when the worker stops, not resent.
     private(set) var nackedEvents = 0
@@ -22,7 +24,8 @@ final class BrokerSettler {
     private struct CopyConfirmed {
         let receipt: IncomingJob.Receipt
         let messageId: String
-        let event: Attune_V1_Event
+        /// Nil for a parked copy: the job has not ended.
+        let event: Attune_V1_Event?
     }
 
     /// Which events go out; the others are dropped here, the one place every event passes.
@@ -105,16 +108,33 @@ final class BrokerSettler {
             guard copy.receipt.generation == open.generation else { continue }
             if acked && !returned.contains(copy.messageId) {
                 acks.append(copy.receipt.tag)
-                events.append(copy.event)
-            } else {
+                if let event = copy.event { events.append(event) }
+            } else if let event = copy.event {
                 // The copy did not reach its queue: the job stays where it was, to be taken again.
-                logger.error("job \(JobNames.name(copy.event.jobID, delivery: copy.receipt.tag)): the broker did not take its dead-letter or retry copy; requeued")
+                logger.error("job \(JobNames.name(event.jobID, delivery: copy.receipt.tag)): the broker did not take its dead-letter or retry copy; requeued")
                 try open.putBack(copy.receipt.tag, on: connection)
+            } else {
+                // A parked copy: the user's later jobs may be parked already, and this one put back would come after them.
+                throw ParkedCopyRefused(messageId: copy.messageId)
             }
         }
         try ack(acks, on: connection)
         try send(events, on: connection)
         if !confirmedJobs.isEmpty { terminalConfirmed(confirmedJobs) }
+    }
+
+    /// Publishes the parked copy of each delivery (`HotUserParking`); its original is acked on the copy's confirm.
+    func park(_ deliveries: [(delivery: Delivery, partition: JobPartition)], on connection: any SettlementChannel) throws {
+        for (delivery, partition) in deliveries {
+            let messageId = delivery.messageId ?? "attune-copy-\(open.generation)-\(delivery.deliveryTag)"
+            guard let sequence = try connection.sendParkedCopy(of: delivery, from: partition, messageId: messageId) else {
+                // Without confirms (never on a worker's connection) the copy is taken as placed.
+                try ack([delivery.deliveryTag], on: connection)
+                continue
+            }
+            onConfirm[sequence] = CopyConfirmed(receipt: .init(generation: open.generation, tag: delivery.deliveryTag),
+                                                messageId: messageId, event: nil)
+        }
     }
 
     /// Publishes `events`, noting the sequence numbers of the terminal ones (see `Attune_V1_Event.isTerminal`).
@@ -153,5 +173,15 @@ final class BrokerSettler {
         let covered = run.count > 1 ? Set(run) : []
         for tag in tags.sorted() where !covered.contains(tag) { try connection.ack(tag, multiple: false) }
         for tag in tags { open.markSettled(tag) }
+    }
+}
+
+/// The broker refused or returned a parked copy (its parked queue lost its quorum, or was deleted): the worker
+/// drops its connection, so that every job it holds goes back, and takes the partition's parked users up again
+/// from PostgreSQL (docs/partitions.md says what this can do to that user's order).
+struct ParkedCopyRefused: Error, CustomStringConvertible {
+    let messageId: String
+    var description: String {
+        "the broker did not take the parked copy of job \(messageId); reconnecting so that the jobs in hand go back"
     }
 }

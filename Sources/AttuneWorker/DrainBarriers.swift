@@ -52,7 +52,7 @@ final class DrainBarriers {
 
     /// Lets the jobs behind each barrier whose partition has drained go on (to `deliver`), up to the next barrier.
     func passDrained(isDrained: (JobPartition) -> Bool, on connection: any DeliveryChannel,
-                     deliver: ([Delivery]) -> Void) throws {
+                     deliver: ([Delivery]) throws -> Void) throws {
         for (partition, waiting) in parked {
             var rest = waiting[...]
             var ready: [Delivery] = []
@@ -63,7 +63,7 @@ final class DrainBarriers {
             guard rest.count < waiting.count else { continue }
             parked[partition] = rest.isEmpty ? nil : Array(rest)
             if !ready.isEmpty { logger.info("\(partition.queue) passed its drain barrier: \(ready.count) job(s) go on") }
-            deliver(ready)
+            try deliver(ready)
         }
     }
 

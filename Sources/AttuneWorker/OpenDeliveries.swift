@@ -46,6 +46,9 @@ final class OpenDeliveries {
         }
     }
 
+    /// Whether delivery `tag` of this connection is still unsettled.
+    func isOpen(_ tag: UInt64) -> Bool { held[tag] != nil }
+
     func markSettled(_ tag: UInt64) {
         if let index = unsettled.firstIndex(of: tag) { unsettled.remove(at: index) }
         held.removeValue(forKey: tag)

@@ -30,6 +30,9 @@ final class PartitionKeeper {
     private let mailbox: SlotMailbox
     private let open: OpenDeliveries
     private let barriers: DrainBarriers
+    private let parking: HotUserParking
+    /// Parked copies to publish (`takeParkedCopies`), in the order their originals arrived.
+    private var parkedCopies: [(delivery: Delivery, partition: JobPartition)] = []
     /// The consumers of the current connection.
     private var consumers: PartitionConsumers?
     private let leaseStore: any LeaseStore
@@ -64,6 +67,7 @@ final class PartitionKeeper {
                                                            workerName: configuration.workerName)
         self.now = now
         barriers = DrainBarriers(open: open, logger: logger)
+        parking = HotUserParking(rule: configuration.hotUsers, now: now)
         layout = configuration.layout
     }
 
@@ -101,6 +105,8 @@ final class PartitionKeeper {
     /// The connection is gone, and with it its consumers and deliveries.
     func disconnected() {
         consumers = nil
+        parkedCopies.removeAll()
+        parking.forgetAll()
         consumingSince.removeAll()
         quietSince.removeAll()
         barriers.forgetAll()
@@ -115,10 +121,78 @@ final class PartitionKeeper {
     // MARK: Deliveries
 
     /// Takes what arrived in hand and returns what may go to the slots now; what arrives behind a drain
-    /// barrier waits.
+    /// barrier waits, and a hot user's jobs are parked (`takeParkedCopies`).
     func sort(_ arrived: [Delivery], on connection: any PartitionChannel) throws -> [Delivery] {
         guard !arrived.isEmpty, let consumers else { return [] }
-        return try barriers.sort(arrived, consumers: consumers, isDrained: isDrained, on: connection)
+        let ready = try barriers.sort(arrived, consumers: consumers, isDrained: isDrained, on: connection)
+        return try parkHotUsers(ready, consumers, connection)
+    }
+
+    /// The copies to publish to parked queues, each acked when the broker confirms its copy (`BrokerSettler.park`).
+    func takeParkedCopies() -> [(delivery: Delivery, partition: JobPartition)] {
+        defer { parkedCopies.removeAll() }
+        return parkedCopies
+    }
+
+    /// The deliveries that go to the slots; the others are noted for parking. A user's parking begins only once
+    /// PostgreSQL has it, so that the partition's next holder knows to keep the user's jobs behind the parked ones.
+    private func parkHotUsers(_ ready: [Delivery], _ consumers: PartitionConsumers,
+                              _ connection: any PartitionChannel) throws -> [Delivery] {
+        var train: [Delivery] = []
+        for delivery in ready {
+            guard let partition = consumers.partition(ofConsumer: delivery.consumerTag) else {
+                train.append(delivery)
+                continue
+            }
+            if consumers.isParkedConsumer(delivery.consumerTag) {
+                parking.tookBack(delivery, from: partition)
+                train.append(delivery)
+                continue
+            }
+            switch parking.route(delivery, from: partition) {
+            case .train:
+                train.append(delivery)
+            case .park(let newUser):
+                if newUser, try !beginParking(HotUserParking.user(of: delivery), of: partition, consumers, connection) {
+                    parking.unpark(delivery, from: partition)
+                    train.append(delivery)
+                } else {
+                    parkedCopies.append((delivery, partition))
+                }
+            }
+        }
+        return train
+    }
+
+    private func beginParking(_ user: String, of partition: JobPartition, _ consumers: PartitionConsumers,
+                              _ connection: any PartitionChannel) throws -> Bool {
+        guard let leases else { return false }
+        do {
+            try leases.recordParked(partition, userKey: FleetPartitioning.parkedUserKey(routingKey: user),
+                                    by: configuration.workerName)
+        } catch let error as DatabaseError {
+            logger.warning("cannot record a parked user of \(partition.queue) (PostgreSQL): \(error); its jobs wait in line")
+            return false
+        }
+        try takeBackParked(partition, consumers, connection)
+        logger.info("\(partition.queue): one user's jobs are most of the partition's, with other users waiting; parking that user's later jobs in \(partition.parkedQueue)")
+        return true
+    }
+
+    private func takeBackParked(_ partition: JobPartition, _ consumers: PartitionConsumers,
+                                _ connection: any PartitionChannel) throws {
+        guard !consumers.isConsumingParked(partition) else { return }
+        try connection.declareParkedQueue(of: partition)
+        try consumers.consumeParked(partition)
+    }
+
+    /// Ends the parking of the users whose parked jobs all came back and were settled.
+    private func endFinishedParking(_ leases: any LeaseSession, _ consumers: PartitionConsumers) throws {
+        for partition in consumers.consuming {
+            for key in parking.finished(in: partition, isOpen: open.isOpen) {
+                try leases.clearParked(partition, userKey: key)
+            }
+        }
     }
 
     /// A barrier naming a partition of a generation no longer draining is past too.
@@ -158,8 +232,8 @@ final class PartitionKeeper {
             } else {
                 knownDrained.removeAll()
             }
-            try barriers.passDrained(isDrained: isDrained, on: connection) { [mailbox, open] ready in
-                mailbox.deliver(ready, generation: open.generation)
+            try barriers.passDrained(isDrained: isDrained, on: connection) { ready in
+                mailbox.deliver(try parkHotUsers(ready, consumers, connection), generation: open.generation)
             }
             let target = try leases.target(of: layout.consumed)
             for partition in consumers.consuming where !target.contains(partition) {
@@ -172,8 +246,13 @@ final class PartitionKeeper {
                 try connection.setPrefetch(UInt16(clamping: prefetch))
                 consumerPrefetch = prefetch
             }
+            var parkedUsers: [JobPartition: Set<String>]?
             for partition in target.sorted() where !consumers.consuming.contains(partition) {
                 if try leases.tryAcquire(partition) {
+                    if parkedUsers == nil { parkedUsers = try leases.parkedUsers() }
+                    let inherited = parkedUsers?[partition] ?? []
+                    parking.took(partition, inheriting: inherited)
+                    if !inherited.isEmpty { try takeBackParked(partition, consumers, connection) }
                     try consumers.consume(partition)
                     consumingSince[partition] = leases.handedOverCleanly.contains(partition) ? .distantPast : now()
                     mailbox.noteHandover()
@@ -183,6 +262,7 @@ final class PartitionKeeper {
             for partition in consumers.consuming where !leases.held.contains(partition) {
                 if try !leases.tryAcquire(partition) { try stopConsuming(partition, consumers) }
             }
+            try endFinishedParking(leases, consumers)
             try lookForDrainedPartitions(leases, consumers, connection)
         } catch let error as DatabaseError {
             logger.warning("cannot look at partition leases (PostgreSQL): \(error); keeping the partitions consumed")
@@ -254,7 +334,9 @@ final class PartitionKeeper {
         for partition in candidates {
             let settled = !retriesWait && !inHand.contains(partition)
                 && now.timeIntervalSince(consumingSince[partition] ?? now) >= staleConsumerBound
-            guard try settled && connection.queueDepth(partition.queue).messages == 0 else {
+            let parkedEmpty = try !consumers.isConsumingParked(partition)
+                || connection.queueDepth(partition.parkedQueue).messages == 0
+            guard try settled && parkedEmpty && connection.queueDepth(partition.queue).messages == 0 else {
                 quietSince[partition] = nil
                 continue
             }
@@ -280,6 +362,7 @@ final class PartitionKeeper {
         guard let leases, let consumers else { return }
         let inHand = open.partitionsInHand
         for partition in leases.held where !consumers.consuming.contains(partition) && !inHand.contains(partition) {
+            parking.letGo(partition)
             do { try leases.release(partition) } catch {
                 logger.warning("cannot release partition \(partition.queue): \(error)")
                 leases.close()

@@ -50,6 +50,10 @@ public struct WorkerConfiguration: Sendable {
     /// Which events the worker publishes: every one (the default), or only those that end a job's story, for
     /// fleets whose consumers wait for outcomes and never watch training (`--events terminal`).
     public var events: EventSelection = .all
+    /// When a user's backlog counts as holding up the other users of its partition, so that its later jobs are
+    /// parked (`HotUserParking`, docs/partitions.md); nil: never (`--no-hot-user-parking`), a partition is
+    /// first in, first out.
+    public var hotUsers: HotUserRule? = .standard
 
     public init(databaseURL: String, amqpURL: String, concurrency: Int = 1, prefetch: Int? = nil, batchSize: Int = 32,
                 workerName: String = WorkerConfiguration.defaultWorkerName(),
@@ -140,4 +144,21 @@ public struct RetryPolicy: Sendable {
     public func delayMs(afterAttempt attempt: Int) -> Int {
         delaysMs[min(max(attempt - 1, 0), delaysMs.count - 1)]
     }
+}
+
+/// When a partition's holder parks a user's later jobs: once the user's jobs are at least `share` of the
+/// partition's last `window` deliveries while another user of the partition had a job in the last `othersWithin`
+/// seconds (a user alone in its partition holds up nobody, and parking costs the broker a copy a job).
+public struct HotUserRule: Equatable, Sendable {
+    public var window: Int
+    public var share: Int
+    public var othersWithin: TimeInterval
+
+    public init(window: Int, share: Int, othersWithin: TimeInterval) {
+        self.window = window
+        self.share = share
+        self.othersWithin = othersWithin
+    }
+
+    public static let standard = HotUserRule(window: 32, share: 24, othersWithin: 60)
 }

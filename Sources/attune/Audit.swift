@@ -167,6 +167,9 @@ extension Audit {
             for delay in Topology.retryDelaysMs {
                 waiting += try connection.queueDepth(Topology.retryQueue(delayMs: delay)).messages
             }
+            for partition in try FleetPartitioning.parkedUsers(on: registry.connection).keys {
+                waiting += try JobQueues(connection).parkedJobs(of: partition)
+            }
             return (ended, waiting)
         }
     }

@@ -85,10 +85,13 @@ struct TopologyCommand: ParsableCommand {
             let shown = layout.consumed.all + (layout.draining == nil ? [] : layout.current.all)
             var depth: [JobPartition: (messages: Int, consumers: Int)] = [:]
             var strays: [StrayQueue] = []
+            let parked = try FleetPartitioning.parkedUsers(on: connection)
+            var parkedWaiting: [JobPartition: Int] = [:]
             if !noBroker {
                 let broker = try BrokerAddresses.connect(self.broker.resolved(), connectionName: "attune-topology-status")
                 defer { broker.close() }
                 for partition in shown { depth[partition] = try broker.queueDepth(partition.queue) }
+                for partition in parked.keys { parkedWaiting[partition] = try JobQueues(broker).parkedJobs(of: partition) }
                 strays = try JobQueues(broker).strays(of: layout)
             }
             defer { if !strays.isEmpty { print("STRAY: " + JobQueues.explain(strays, layout: layout)) } }
@@ -121,6 +124,10 @@ struct TopologyCommand: ParsableCommand {
             }
             if let retired = layout.retired {
                 print("generation \(retired.number) drained; its queues are removed by `attune topology repartition`")
+            }
+            for (partition, users) in parked.sorted(by: { $0.key < $1.key }) {
+                let waiting = parkedWaiting[partition].map { ", \($0) job(s) waiting there" } ?? ""
+                print("parked: \(users.count) user(s) of \(partition.queue) with a backlog, their later jobs in \(partition.parkedQueue)\(waiting)")
             }
         }
     }
@@ -256,14 +263,16 @@ struct TopologyCommand: ParsableCommand {
                     do { depth = try broker.queueDepth(partition.queue) } catch let error as AMQPError where error.replyCode == 404 {
                         continue  // removed by an earlier run
                     }
-                    if depth.messages > 0 {
-                        kept.append("\(partition.queue) (\(depth.messages) jobs)")
+                    let parked = try JobQueues(broker).parkedJobs(of: partition)
+                    if depth.messages > 0 || parked > 0 {
+                        kept.append("\(partition.queue) (\(depth.messages + parked) jobs)")
                     } else if depth.consumers > 0 {
                         next.append(partition)
                     } else {
                         try broker.unbind(queue: partition.queue, exchange: Topology.partitionsExchange, key: partition.queue)
                         if try broker.queueDepth(partition.queue).messages == 0 {
                             try broker.deleteQueue(partition.queue)
+                            try broker.deleteQueue(partition.parkedQueue)
                         } else {
                             next.append(partition)
                         }

@@ -43,6 +43,8 @@ struct WorkerCommand: AsyncParsableCommand {
     var outboxGrace: Double = 30
     @Option(help: "Which events to publish: all (progress too: training_begin, epoch_end, mini_batch_end, a failed that will retry) or terminal (only those that end a job: completed, held, a final failed, cancelled), for fleets whose consumers want only outcomes.")
     var events: String = EventSelection.all.rawValue
+    @Flag(inversion: .prefixedNo, help: "Park a user's later jobs in the partition's parked queue once that user's jobs are 24 of the partition's last 32 while other users of it wait, so the others are not held up behind its backlog; the user's own order is kept (docs/partitions.md).")
+    var hotUserParking = true
     @Flag(help: "Apply no migrations at start; wait until this release's are applied (attune migrate, or a migration Job).")
     var noMigrate = false
     @Option(help: "Serve /metrics (Prometheus), /healthz and /readyz over HTTP on this port (0: any free one).")
@@ -100,6 +102,7 @@ struct WorkerCommand: AsyncParsableCommand {
         configuration.storageKeys = storageKeys
         configuration.timelinePath = ProcessInfo.processInfo.environment["ATTUNE_JOB_TIMELINE"]
         configuration.events = EventSelection(rawValue: events) ?? .all
+        configuration.hotUsers = hotUserParking ? .standard : nil
 
         // Metrics first: a worker's counters bind to the metrics system there is when it is made.
         let registry = metricsPort.map { _ in OperationsServer.bootstrapMetrics() }

@@ -57,6 +57,8 @@ final class FleetHarness {
         }
         try connection.query("DELETE FROM attune_topology")
         try connection.query("DELETE FROM attune_drained_partitions")
+        // Users a hot-user test left parked would have this test's worker park their jobs.
+        try connection.query("DELETE FROM attune_parked_users")
         // Terminal events owed by earlier tests' versions (committed without a worker, or by a worker killed):
         // any worker here would publish them again, into this test's listener.
         try connection.query("DELETE FROM attune_outbox")

@@ -223,4 +223,34 @@ final class BrokerSettlerTests: XCTestCase {
         XCTAssertEqual(confirmed, [], "a terminal event unconfirmed when its connection went is the relay's to publish")
         XCTAssertEqual(settler.nackedEvents, 0)
     }
+
+    // MARK: Parked copies
+
+    func testAParkedJobsOriginalIsAckedOnItsCopysConfirmWithoutAnEvent() throws {
+        hold(1, 2)
+        let jobs = [1, 2].map { Deliveries.job(UInt64($0), consumer: "ctag-1", user: "hot") }
+        try settler.park(jobs.map { ($0, p0) }, on: broker)
+        XCTAssertEqual(broker.operations, [
+            .copy(exchange: Topology.parkedExchange, routingKey: "hot", messageId: "job-1", body: jobs[0].body),
+            .copy(exchange: Topology.parkedExchange, routingKey: "hot", messageId: "job-2", body: jobs[1].body),
+        ], "copied in order, the originals still held")
+        XCTAssertTrue(settler.awaitsConfirms)
+        broker.forgetOperations()
+        broker.confirm(1)
+        broker.confirm(2)
+        try settler.handleConfirms(broker)
+        XCTAssertEqual(broker.operations, [.ack(2, multiple: true)], "no event: the job has not ended")
+        XCTAssertTrue(open.isEmpty)
+    }
+
+    func testARefusedParkedCopyDropsTheConnectionRatherThanPuttingItsJobBehindTheUsersLaterOnes() throws {
+        hold(1, 2)
+        let jobs = [1, 2].map { Deliveries.job(UInt64($0), consumer: "ctag-1", user: "hot") }
+        try settler.park(jobs.map { ($0, p0) }, on: broker)
+        broker.forgetOperations()
+        broker.confirm(1, acked: false)
+        broker.confirm(2)
+        XCTAssertThrowsError(try settler.handleConfirms(broker)) { XCTAssertTrue($0 is ParkedCopyRefused) }
+        XCTAssertTrue(broker.rejects.isEmpty, "nothing requeued: the broker puts every job in hand back when the connection goes")
+    }
 }

@@ -15,6 +15,7 @@ final class FakeBroker: PartitionChannel, SettlementChannel, CancelChannel {
         case cancel(tag: String)
         case declare(PartitionLayout?)
         case setPrefetch(UInt16)
+        case declareParked(JobPartition)
         /// An event on attune.events: its kind and job id.
         case event(Attune_V1_EventKind, jobId: String)
         /// A dead-letter or retry copy: where it went, and the body of the delivery it copies.
@@ -113,6 +114,14 @@ final class FakeBroker: PartitionChannel, SettlementChannel, CancelChannel {
 
     func setPrefetch(_ count: UInt16) throws { try perform(.setPrefetch(count)) }
 
+    func declareParkedQueue(of partition: JobPartition) throws { try perform(.declareParked(partition)) }
+
+    func sendParkedCopy(of delivery: Delivery, from partition: JobPartition, messageId: String) throws -> UInt64? {
+        let copy = JobQueues.parkedCopy(of: delivery, from: partition)
+        try perform(.copy(exchange: copy.exchange, routingKey: copy.routingKey, messageId: messageId, body: delivery.body))
+        return published()
+    }
+
     func sendEvent(_ event: Attune_V1_Event) throws -> UInt64? {
         try perform(.event(event.kind, jobId: event.jobID))
         events.append(event)
@@ -154,6 +163,8 @@ final class FakeLeaseDatabase {
     /// False: every session and connection fails as PostgreSQL does when it is away.
     var isUp = true
     private(set) var drained: Set<JobPartition> = []
+    /// `attune_parked_users`: parked user keys by partition.
+    var parked: [JobPartition: Set<String>] = [:]
     /// Who holds each partition's lock: a session's member id.
     private(set) var locks: [JobPartition: Int32] = [:]
     private var members: Set<Int32> = []
@@ -286,6 +297,22 @@ final class FakeLeaseSession: LeaseSession {
     func drainedPartitions(generation: Int) throws -> Set<Int> {
         try database.check(self)
         return Set(database.drained.filter { $0.generation == generation }.map(\.index))
+    }
+
+    func parkedUsers() throws -> [JobPartition: Set<String>] {
+        try database.check(self)
+        return database.parked
+    }
+
+    func recordParked(_ partition: JobPartition, userKey: String, by worker: String) throws {
+        try database.check(self)
+        database.parked[partition, default: []].insert(userKey)
+    }
+
+    func clearParked(_ partition: JobPartition, userKey: String) throws {
+        try database.check(self)
+        database.parked[partition]?.remove(userKey)
+        if database.parked[partition]?.isEmpty == true { database.parked[partition] = nil }
     }
 
     func recordDrained(_ partition: JobPartition, by worker: String) throws -> Bool {

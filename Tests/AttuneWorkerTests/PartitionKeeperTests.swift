@@ -48,6 +48,13 @@ final class PartitionKeeperTests: XCTestCase {
         func receive(_ tag: UInt64, from partition: JobPartition) throws -> [Delivery] {
             try keeper.sort([Deliveries.job(tag, consumer: broker.tag(of: partition)!)], on: broker)
         }
+
+        /// A job of `user` from `partition`'s queue, or its parked queue.
+        func receive(_ tag: UInt64, of user: String, from partition: JobPartition, parked: Bool = false) throws -> [Delivery] {
+            let queue = parked ? partition.parkedQueue : partition.queue
+            let consumer = broker.liveConsumers.first { $0.value == queue }!.key
+            return try keeper.sort([Deliveries.job(tag, consumer: consumer, user: user)], on: broker)
+        }
     }
 
     private var clock: FakeClock!
@@ -348,5 +355,74 @@ final class PartitionKeeperTests: XCTestCase {
         try a.keeper.handBackParked(on: a.broker)
         XCTAssertEqual(a.broker.rejects, [.reject(1, requeue: true), .reject(2, requeue: true)])
         XCTAssertTrue(a.open.isEmpty)
+    }
+
+    // MARK: Hot users
+
+    /// A lone worker on partition 0 whose user "hot" has just become hot behind "mate" (standard rule: 24 of 32).
+    private func hotUserParked() throws -> (Member, parkedTags: [UInt64]) {
+        let a = Member(database, memberIds: [1], clock: clock)
+        try a.connect()
+        try a.look()
+        XCTAssertEqual(try a.receive(1, of: "mate", from: p(0)).count, 1)
+        var trained = 0
+        var tag: UInt64 = 1
+        for _ in 0..<40 {
+            tag += 1
+            trained += try a.receive(tag, of: "hot", from: p(0)).count
+        }
+        XCTAssertEqual(trained, 30, "the 31st job of the user fills the window of 32, 31 of them the user's")
+        let parked = a.keeper.takeParkedCopies()
+        XCTAssertEqual(parked.map(\.delivery.deliveryTag), Array(32...41), "in the order they came")
+        return (a, parked.map(\.delivery.deliveryTag))
+    }
+
+    func testAHotUsersLaterJobsAreParkedAfterPostgreSQLHasTheUser() throws {
+        let (a, _) = try hotUserParked()
+        XCTAssertEqual(database.parked[p(0)], [FleetPartitioning.parkedUserKey(routingKey: "hot")])
+        XCTAssertTrue(a.broker.operations.contains(.declareParked(p(0))))
+        XCTAssertTrue(a.consuming.contains(p(0).parkedQueue), "the holder takes them back from the parked queue")
+        XCTAssertEqual(try a.receive(50, of: "mate2", from: p(0)).count, 1, "the other users go on")
+    }
+
+    func testAHotUsersParkingEndsInPostgreSQLOnceItsParkedJobsAreBackAndSettled() throws {
+        let (a, parkedTags) = try hotUserParked()
+        var backTags: [UInt64] = []
+        for index in parkedTags.indices {
+            let back = try a.receive(100 + UInt64(index), of: "hot", from: p(0), parked: true)
+            XCTAssertEqual(back.count, 1, "a parked job goes to the slots when it comes back")
+            backTags.append(100 + UInt64(index))
+        }
+        try round(a)
+        XCTAssertNotNil(database.parked[p(0)], "back but not settled")
+        for tag in parkedTags + backTags { a.open.markSettled(tag) }
+        try round(a)
+        XCTAssertNil(database.parked[p(0)])
+        for tag in 200..<232 { _ = try a.receive(UInt64(tag), of: "mate", from: p(0)) }
+        XCTAssertEqual(try a.receive(300, of: "hot", from: p(0)).count, 1, "no longer hot, the user's jobs go to the slots again")
+    }
+
+    func testANewHolderKeepsAParkedUsersNewJobsBehindTheParkedOnes() throws {
+        database.parked[p(2)] = [FleetPartitioning.parkedUserKey(routingKey: "hot")]
+        let b = Member(database, memberIds: [2], clock: clock)
+        try b.connect()
+        try b.look()
+        XCTAssertTrue(b.consuming.contains(p(2).parkedQueue))
+        XCTAssertFalse(b.consuming.contains(p(1).parkedQueue), "no parked user there, so nothing to take back")
+        XCTAssertEqual(try b.receive(1, of: "hot", from: p(2)), [])
+        XCTAssertEqual(b.keeper.takeParkedCopies().map(\.delivery.deliveryTag), [1])
+        XCTAssertEqual(try b.receive(2, of: "mate", from: p(2)).count, 1)
+    }
+
+    func testWithoutPostgreSQLNoUserIsParked() throws {
+        let a = Member(database, memberIds: [1], clock: clock)
+        try a.connect()
+        try a.look()
+        database.isUp = false
+        _ = try a.receive(1, of: "mate", from: p(0))
+        var trained = 0
+        for tag in 2...41 { trained += try a.receive(UInt64(tag), of: "hot", from: p(0)).count }
+        XCTAssertEqual(trained, 40, "parking unrecorded would be lost on a handover, so the jobs wait in line")
+        XCTAssertTrue(a.keeper.takeParkedCopies().isEmpty)
     }
 }

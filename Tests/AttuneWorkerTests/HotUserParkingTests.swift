@@ -1,0 +1,127 @@
+import AttuneQueue
+import AttuneSpec
+import AttuneStore
+@testable import AttuneWorker
+import Foundation
+import XCTest
+
+/// Which jobs a partition's holder parks, and when a user's parking may end without its jobs overtaking each other.
+final class HotUserParkingTests: XCTestCase {
+    private let partition = JobPartition(generation: 0, index: 3)
+    private let rule = HotUserRule(window: 8, share: 6, othersWithin: 60)
+    private var clock: FakeClock!
+    private var nextTag: UInt64 = 0
+
+    override func setUp() {
+        clock = FakeClock()
+        nextTag = 0
+    }
+
+    private func job(_ user: String, parked: Bool = false) -> Delivery {
+        nextTag += 1
+        return Deliveries.job(nextTag, consumer: parked ? "parked" : "main", user: user)
+    }
+
+    /// Routes `count` jobs of `user` and returns the routes.
+    private func route(_ parking: HotUserParking, _ user: String, count: Int) -> [HotUserParking.Route] {
+        (0..<count).map { _ in parking.route(job(user), from: partition) }
+    }
+
+    func testAUserAloneInItsPartitionIsNeverParked() {
+        let parking = HotUserParking(rule: rule, now: clock.read)
+        XCTAssertEqual(Set(route(parking, "hot", count: 100)), [.train], "nobody waits behind a user alone in its partition")
+        XCTAssertFalse(parking.hasParkedUsers(partition))
+    }
+
+    func testAUserWhoseJobsAreMostOfTheWindowWhileOthersWaitIsParkedFromThenOn() {
+        let parking = HotUserParking(rule: rule, now: clock.read)
+        XCTAssertEqual(parking.route(job("mate"), from: partition), .train)
+        let routes = route(parking, "hot", count: 12)
+        // The window holds 8 deliveries: the 7th of "hot" fills it, with 7 of 8 the user's (share 6).
+        XCTAssertEqual(Array(routes.prefix(6)), Array(repeating: .train, count: 6))
+        XCTAssertEqual(routes[6], .park(newUser: true), "the user's parking begins, to be recorded first")
+        XCTAssertEqual(Array(routes.dropFirst(7)), Array(repeating: .park(newUser: false), count: 5))
+        XCTAssertEqual(parking.route(job("mate"), from: partition), .train, "the others' jobs go on to the slots")
+        XCTAssertTrue(parking.hasParkedUsers(partition))
+    }
+
+    func testOthersSeenLongAgoDoNotMakeAUserHot() {
+        let parking = HotUserParking(rule: rule, now: clock.read)
+        _ = parking.route(job("mate"), from: partition)
+        clock.advance(61)
+        XCTAssertEqual(Set(route(parking, "hot", count: 20)), [.train])
+    }
+
+    func testARetriedJobCountsAsItsUsersNotAsItsPartitionQueues() {
+        let parking = HotUserParking(rule: rule, now: clock.read)
+        let retried = Deliveries.job(99, consumer: "main", user: partition.queue, headers: [Topology.routingKeyHeader: "mate"])
+        XCTAssertEqual(HotUserParking.user(of: retried), "mate")
+        XCTAssertEqual(JobQueues.parkedCopy(of: retried, from: partition).routingKey, "mate",
+                       "the copy comes back under the user's key, so to the user's slot")
+    }
+
+    func testParkingEndsOnlyOnceEveryCopyCameBackAndWasSettled() {
+        let parking = HotUserParking(rule: rule, now: clock.read)
+        _ = parking.route(job("mate"), from: partition)
+        let routes = route(parking, "hot", count: 10)
+        let parkedCount = routes.filter { $0 != .train }.count
+        XCTAssertEqual(parkedCount, 4)
+        var open: Set<UInt64> = []
+        for _ in 0..<(parkedCount - 1) {
+            let back = job("hot", parked: true)
+            parking.tookBack(back, from: partition)
+            open.insert(back.deliveryTag)
+        }
+        XCTAssertEqual(parking.finished(in: partition, isOpen: open.contains), [], "one copy is still in the parked queue")
+        XCTAssertEqual(parking.route(job("hot"), from: partition), .park(newUser: false), "so a new job goes behind it")
+        for _ in 0..<2 {  // the last copy, and the new job's
+            let back = job("hot", parked: true)
+            parking.tookBack(back, from: partition)
+            open.insert(back.deliveryTag)
+        }
+        XCTAssertEqual(parking.finished(in: partition, isOpen: open.contains), [], "every copy is back, some not settled")
+        open.removeAll()
+        XCTAssertEqual(parking.finished(in: partition, isOpen: open.contains),
+                       [FleetPartitioning.parkedUserKey(routingKey: "hot")])
+        XCTAssertFalse(parking.hasParkedUsers(partition))
+    }
+
+    func testAnInheritedUsersNewJobsAreParkedUntilOneOfThemCameBack() {
+        let parking = HotUserParking(rule: rule, now: clock.read)
+        parking.took(partition, inheriting: [FleetPartitioning.parkedUserKey(routingKey: "hot")])
+        XCTAssertTrue(parking.hasParkedUsers(partition))
+        XCTAssertEqual(parking.route(job("mate"), from: partition), .train)
+        // The earlier holder's copies come back first: how many is unknown.
+        for _ in 0..<3 { parking.tookBack(job("hot", parked: true), from: partition) }
+        XCTAssertEqual(parking.finished(in: partition, isOpen: { _ in false }), [],
+                       "without a copy of its own, this holder cannot know the earlier ones are all back")
+        XCTAssertEqual(parking.route(job("hot"), from: partition), .park(newUser: false))
+        XCTAssertEqual(parking.finished(in: partition, isOpen: { _ in false }), [])
+        parking.tookBack(job("hot", parked: true), from: partition)
+        XCTAssertEqual(parking.finished(in: partition, isOpen: { _ in false }),
+                       [FleetPartitioning.parkedUserKey(routingKey: "hot")], "its own copy came back after every older one")
+        XCTAssertEqual(parking.route(job("hot"), from: partition), .train)
+    }
+
+    func testAnInheritedUserSeenFirstOnTheMainQueueIsParked() {
+        let parking = HotUserParking(rule: rule, now: clock.read)
+        parking.took(partition, inheriting: [FleetPartitioning.parkedUserKey(routingKey: "hot")])
+        XCTAssertEqual(parking.route(job("hot"), from: partition), .park(newUser: false), "recorded already by the earlier holder")
+        XCTAssertEqual(parking.route(job("other"), from: partition), .train)
+    }
+
+    func testAUserWhoseParkingCouldNotBeRecordedIsTrainedInLine() {
+        let parking = HotUserParking(rule: rule, now: clock.read)
+        _ = parking.route(job("mate"), from: partition)
+        let routes = route(parking, "hot", count: 7)
+        XCTAssertEqual(routes.last, .park(newUser: true))
+        parking.unpark(job("hot"), from: partition)
+        XCTAssertFalse(parking.hasParkedUsers(partition))
+    }
+
+    func testWithoutARuleNothingIsParked() {
+        let parking = HotUserParking(rule: nil, now: clock.read)
+        _ = parking.route(job("mate"), from: partition)
+        XCTAssertEqual(Set(route(parking, "hot", count: 50)), [.train])
+    }
+}
