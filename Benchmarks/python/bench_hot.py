@@ -250,8 +250,9 @@ def half_peak(ctx, fleet, rate, rows, seconds):
     return r
 
 
-def hot_user(ctx, rows, extra, rate, partitions):
-    """H's backlog dumped into the running fleet, then the other users paced at `rate` while it drains."""
+def hot_user(ctx, rows, extra, rate, partitions, tag="hotH"):
+    """H's backlog dumped into the running fleet, then the other users paced at `rate` while it drains. `tag` names
+    the run's jobs (a second run must not repeat the first one's job ids, which would be acked untrained)."""
     args = ctx.args
     hot = "hotH"
     hp = partition_of(hot, partitions)
@@ -266,12 +267,12 @@ def hot_user(ctx, rows, extra, rate, partitions):
 
     fleet = attune_fleet(args, extra)
     hslot = slot_of(hot, fleet.slots)
-    hot_jobs = make_jobs(rows, "hotH", args.hot_jobs, "uniform", seed=9, users=[hot])
+    hot_jobs = make_jobs(rows, tag, args.hot_jobs, "uniform", seed=9, users=[hot])
     count = max(1, int(rate * args.hot_seconds))
-    cold = make_jobs(rows, "cold", count, "uniform", seed=10, users=same + other)
-    warm = make_jobs(rows, "hot-warm", 20, "uniform", seed=7, users=other)
-    fleet.timeline = Path(args.work) / "timeline-hot-user.txt"
-    fleet.start("hot-user")
+    cold = make_jobs(rows, f"{tag}-cold", count, "uniform", seed=10, users=same + other)
+    warm = make_jobs(rows, f"{tag}-warm", 20, "uniform", seed=7, users=other)
+    fleet.timeline = Path(args.work) / f"timeline-{tag}.txt"
+    fleet.start(tag)
     ctx.listener.track([j[0] for j in warm])
     for job_id, user, body in warm:
         ctx.publisher.publish(*attune_target(args, user), job_id, body)
@@ -288,7 +289,7 @@ def hot_user(ctx, rows, extra, rate, partitions):
     ctx.publisher.wait_confirmed()
     dumped = time.monotonic()
     with ctx.listener.lock:
-        hot_done_at_dump = sum(1 for j in ctx.listener.ended if j.startswith("hotH-"))
+        hot_done_at_dump = sum(1 for j in ctx.listener.ended if j.startswith(f"{tag}-") and "-cold-" not in j)
     log(f"H ({hot}, partition p{hp:02d}, slot {hslot}): {len(hot_jobs)} jobs published and confirmed in "
         f"{dumped - t0:.1f} s ({hot_done_at_dump} already completed); pacing {count} jobs of "
         f"{len(same) + len(other)} other users at {rate:.0f} jobs/s")
@@ -347,11 +348,16 @@ def hot_only(ctx, rows):
     if not rate:
         raise SystemExit("no peak rate measured; see the log above")
     half = half_peak(ctx, attune_fleet(args, extra), rate / 2, rows, 10)
-    hot = hot_user(ctx, rows, extra, rate * args.hot_rate, partitions)
-    print_report(args, render_hot(args, n, peak, half, hot, extra))
+    # The same hot run on a worker that keeps every partition first in, first out: the peer the parking is measured
+    # against, in the same run.
+    hot = hot_user(ctx, rows, extra, rate * args.hot_rate, partitions, tag="hotH")
+    fifo = None
+    if "--no-hot-user-parking" not in extra:
+        fifo = hot_user(ctx, rows, extra + ["--no-hot-user-parking"], rate * args.hot_rate, partitions, tag="hotF")
+    print_report(args, render_hot(args, n, peak, half, hot, extra, fifo))
 
 
-def render_hot(args, n, peak, half, hot, extra):
+def render_hot(args, n, peak, half, hot, extra, fifo=None):
     s = hot["stats"]
     ms = lambda v: fmt(v, ".1f") if v is None or v < 1000 else f"{v:,.0f}"  # noqa: E731
     lines = [
@@ -391,6 +397,21 @@ def render_hot(args, n, peak, half, hot, extra):
               f"peak. Machine {100 * hot['busy']:.0f}% busy over the hot run; events failed "
               f"{hot['failed']}, retrains {fmt(hot['retrains'])}."
               + ("" if hot["complete"] and hot["hot_done"] == hot["hot_jobs"] else " INCOMPLETE: some jobs never completed.")]
+    if fifo:
+        f, fs = fifo, fifo["stats"]
+        ratio = lambda a, b: fmt(b / a if a and b else None, ".1f")  # noqa: E731
+        lines += ["", "The same hot run on a worker with `--no-hot-user-parking` (every partition first in, first out), "
+                  "in this invocation (ms from publish to `completed`):", "",
+                  "| hot run | parking (default) p50 / p99 / max | first in, first out p50 / p99 / max | FIFO / parking at p99 |",
+                  "| --- | --- | --- | --- |"]
+        for key, label in (("same", "other users in H's partition"), ("other", "users in other partitions")):
+            a, b = s[key], fs[key]
+            lines.append(f"| {label} | {ms(a['p50'])} / {ms(a['p99'])} / {ms(a['max'])} | {ms(b['p50'])} / "
+                         f"{ms(b['p99'])} / {ms(b['max'])} | {ratio(a['p99'], b['p99'])} |")
+        lines.append(f"| H's {hot['hot_jobs']:,} jobs drained in | {fmt(hot['drained'], '.1f')} s | "
+                     f"{fmt(f['drained'], '.1f')} s | |")
+        if not (f["complete"] and f["hot_done"] == f["hot_jobs"]):
+            lines.append("INCOMPLETE: some jobs of the first-in-first-out run never completed.")
     p99 = half["p99"]
     lines += ["", f"Target p99 publish -> completed < 100 ms at half the peak rate: {ms(p99)} ms, "
               f"{'PASS' if p99 is not None and p99 < 100 else 'MISS'}."]

@@ -5,7 +5,7 @@ import Foundation
 
 /// Which jobs a partition's holder parks. A partition queue is first in, first out, so a user who dumps a backlog
 /// holds up every other user of the partition until the backlog is trained. Once one user's jobs are most of a
-/// partition's recent deliveries while other users of it were seen lately, its later jobs are parked: copied, in
+/// partition's recent deliveries while others may wait behind them (`HotUserRule`), its later jobs are parked: copied, in
 /// order, to the partition's parked queue (`JobPartition.parkedQueue`) and acked, so the jobs behind them reach
 /// the slots at once; the holder takes the parked ones back from that queue as the slots get through them.
 ///
@@ -77,8 +77,9 @@ final class HotUserParking {
         return !state.users.isEmpty || !state.inheritedKeys.isEmpty
     }
 
-    /// Where a job delivered from `partition`'s queue goes.
-    func route(_ delivery: Delivery, from partition: JobPartition) -> Route {
+    /// Where a job delivered from `partition`'s queue goes. `waiting` says how many jobs wait in the partition
+    /// queue (asked only of a user whose share makes it a candidate, and nobody else seen lately), nil if unknown.
+    func route(_ delivery: Delivery, from partition: JobPartition, waiting: (JobPartition) -> Int? = { _ in nil }) -> Route {
         var state = partitions[partition] ?? PartitionState()
         defer { partitions[partition] = state }
         let user = Self.user(of: delivery)
@@ -93,7 +94,7 @@ final class HotUserParking {
             state.users[user] = ParkedUser(outstanding: 1, parkedHere: 1, inherited: true)
             return .park(newUser: false)
         }
-        guard let rule, isHot(user, in: state, at: time, rule: rule) else { return .train }
+        guard let rule, isHot(user, in: state, at: time, rule: rule, waiting: { waiting(partition) }) else { return .train }
         state.users[user] = ParkedUser(outstanding: 1, parkedHere: 1, inherited: false)
         return .park(newUser: true)
     }
@@ -148,8 +149,13 @@ final class HotUserParking {
         }
     }
 
-    private func isHot(_ user: String, in state: PartitionState, at time: Date, rule: HotUserRule) -> Bool {
+    private func isHot(_ user: String, in state: PartitionState, at time: Date, rule: HotUserRule,
+                       waiting: () -> Int?) -> Bool {
         guard state.recent.count >= rule.window, state.recent.lazy.filter({ $0 == user }).count >= rule.share else { return false }
-        return state.lastSeen.contains { $0.key != user && time.timeIntervalSince($0.value) <= rule.othersWithin }
+        if state.lastSeen.contains(where: { $0.key != user && time.timeIntervalSince($0.value) <= rule.othersWithin }) {
+            return true
+        }
+        // Users who sent their first job after the backlog are not seen until it is through: a long queue is reason enough.
+        return (waiting() ?? 0) >= rule.backlog
     }
 }

@@ -33,6 +33,8 @@ final class PartitionKeeper {
     private let parking: HotUserParking
     /// Parked copies to publish (`takeParkedCopies`), in the order their originals arrived.
     private var parkedCopies: [(delivery: Delivery, partition: JobPartition)] = []
+    /// The partition queues' depths as last asked (`waitingJobs`).
+    private var waitingAsked: [JobPartition: (at: Date, jobs: Int)] = [:]
     /// The consumers of the current connection.
     private var consumers: PartitionConsumers?
     private let leaseStore: any LeaseStore
@@ -106,6 +108,7 @@ final class PartitionKeeper {
     func disconnected() {
         consumers = nil
         parkedCopies.removeAll()
+        waitingAsked.removeAll()
         parking.forgetAll()
         consumingSince.removeAll()
         quietSince.removeAll()
@@ -149,7 +152,7 @@ final class PartitionKeeper {
                 train.append(delivery)
                 continue
             }
-            switch parking.route(delivery, from: partition) {
+            switch parking.route(delivery, from: partition, waiting: { self.waitingJobs(in: $0, connection) }) {
             case .train:
                 train.append(delivery)
             case .park(let newUser):
@@ -164,6 +167,15 @@ final class PartitionKeeper {
         return train
     }
 
+    /// Jobs waiting in a partition queue, asked of the broker at most once a second per partition.
+    private func waitingJobs(in partition: JobPartition, _ connection: any PartitionChannel) -> Int? {
+        let time = now()
+        if let known = waitingAsked[partition], time.timeIntervalSince(known.at) < 1 { return known.jobs }
+        guard let jobs = try? connection.queueDepth(partition.queue).messages else { return nil }
+        waitingAsked[partition] = (time, jobs)
+        return jobs
+    }
+
     private func beginParking(_ user: String, of partition: JobPartition, _ consumers: PartitionConsumers,
                               _ connection: any PartitionChannel) throws -> Bool {
         guard let leases else { return false }
@@ -175,7 +187,7 @@ final class PartitionKeeper {
             return false
         }
         try takeBackParked(partition, consumers, connection)
-        logger.info("\(partition.queue): one user's jobs are most of the partition's, with other users waiting; parking that user's later jobs in \(partition.parkedQueue)")
+        logger.info("\(partition.queue): one user's jobs are most of the partition's, and others may wait behind them; parking that user's later jobs in \(partition.parkedQueue)")
         return true
     }
 

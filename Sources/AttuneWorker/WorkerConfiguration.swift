@@ -147,18 +147,21 @@ public struct RetryPolicy: Sendable {
 }
 
 /// When a partition's holder parks a user's later jobs: once the user's jobs are at least `share` of the
-/// partition's last `window` deliveries while another user of the partition had a job in the last `othersWithin`
-/// seconds (a user alone in its partition holds up nobody, and parking costs the broker a copy a job).
+/// partition's last `window` deliveries, and somebody may be waiting behind them: another user of the partition had
+/// a job in the last `othersWithin` seconds, or the partition queue holds at least `backlog` jobs (whoever arrives
+/// next waits behind them all). A user alone in a short queue holds up nobody, and parking costs the broker a copy a job.
 public struct HotUserRule: Equatable, Sendable {
     public var window: Int
     public var share: Int
     public var othersWithin: TimeInterval
+    public var backlog: Int
 
-    public init(window: Int, share: Int, othersWithin: TimeInterval) {
+    public init(window: Int, share: Int, othersWithin: TimeInterval, backlog: Int) {
         self.window = window
         self.share = share
         self.othersWithin = othersWithin
+        self.backlog = backlog
     }
 
-    public static let standard = HotUserRule(window: 32, share: 24, othersWithin: 60)
+    public static let standard = HotUserRule(window: 32, share: 24, othersWithin: 60, backlog: 500)
 }

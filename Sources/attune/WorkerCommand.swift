@@ -43,7 +43,7 @@ struct WorkerCommand: AsyncParsableCommand {
     var outboxGrace: Double = 30
     @Option(help: "Which events to publish: all (progress too: training_begin, epoch_end, mini_batch_end, a failed that will retry) or terminal (only those that end a job: completed, held, a final failed, cancelled), for fleets whose consumers want only outcomes.")
     var events: String = EventSelection.all.rawValue
-    @Flag(inversion: .prefixedNo, help: "Park a user's later jobs in the partition's parked queue once that user's jobs are 24 of the partition's last 32 while other users of it wait, so the others are not held up behind its backlog; the user's own order is kept (docs/partitions.md).")
+    @Flag(inversion: .prefixedNo, help: "Park a user's later jobs in the partition's parked queue once that user's jobs are 24 of the partition's last 32 while others may wait behind them (another user of the partition seen in the last minute, or 500 jobs in its queue), so they are not held up behind its backlog; the user's own order is kept (docs/partitions.md).")
     var hotUserParking = true
     @Flag(help: "Apply no migrations at start; wait until this release's are applied (attune migrate, or a migration Job).")
     var noMigrate = false

@@ -8,7 +8,7 @@ import XCTest
 /// Which jobs a partition's holder parks, and when a user's parking may end without its jobs overtaking each other.
 final class HotUserParkingTests: XCTestCase {
     private let partition = JobPartition(generation: 0, index: 3)
-    private let rule = HotUserRule(window: 8, share: 6, othersWithin: 60)
+    private let rule = HotUserRule(window: 8, share: 6, othersWithin: 60, backlog: 100)
     private var clock: FakeClock!
     private var nextTag: UInt64 = 0
 
@@ -43,6 +43,16 @@ final class HotUserParkingTests: XCTestCase {
         XCTAssertEqual(Array(routes.dropFirst(7)), Array(repeating: .park(newUser: false), count: 5))
         XCTAssertEqual(parking.route(job("mate"), from: partition), .train, "the others' jobs go on to the slots")
         XCTAssertTrue(parking.hasParkedUsers(partition))
+    }
+
+    func testAUserAloneBeforeALongQueueIsParked() {
+        let parking = HotUserParking(rule: rule, now: clock.read)
+        var asked = 0
+        let short = (0..<20).map { _ in parking.route(job("hot"), from: partition) { _ in asked += 1; return 99 } }
+        XCTAssertEqual(Set(short), [.train], "99 waiting: whoever comes next is not held up long")
+        XCTAssertEqual(asked, 13, "asked only once the window is full of the user's jobs")
+        XCTAssertEqual(parking.route(job("hot"), from: partition) { _ in 100 }, .park(newUser: true),
+                       "the users whose jobs wait behind a long queue are not seen until it is through")
     }
 
     func testOthersSeenLongAgoDoNotMakeAUserHot() {
