@@ -11,15 +11,18 @@ import Synchronization
 /// every commit that moves a head, changes a deployment, imports a base or changes keys and tokens, and the
 /// entry is dropped when the notification arrives. While the listening connection is down nothing is
 /// read from or written to these two caches, and they are emptied when it comes back, so a device never
-/// sees a head older than the newest notification delivered to this server.
+/// sees a head older than the newest notification delivered to this server. A worker notifies the heads it
+/// moved just after its commit (migration 0025): one killed in between sends none, so a head is also read
+/// again once it has been cached `headMaxAge` seconds.
 final class DeliveryCache: Sendable {
     private struct State {
         var listening = false
         /// Bumped by every invalidation: a value read from the database under an older generation may
         /// already be stale, so it is not stored.
         var generation: UInt64 = 0
-        /// "model/user" → query-attributes key → what was delivered (nil: no such model).
-        var heads: [String: [String: DeliveredModel?]] = [:]
+        /// "model/user" → query-attributes key → what was delivered (nil: no such model), and when it was cached
+        /// (uptime ns).
+        var heads: [String: [String: (value: DeliveredModel?, cachedAt: UInt64)]] = [:]
         var headCount = 0
         var tokens: [String: AuthorizedApplication?] = [:]
         var bytes: [String: Data] = [:]
@@ -29,12 +32,17 @@ final class DeliveryCache: Sendable {
 
     private let state = Mutex(State())
     static let headLimit = 500_000
+    /// How long a cached head is served without a notification (seconds).
+    let headMaxAge: Double
     static let tokenLimit = 100_000
     let byteLimit: Int
 
-    init(byteLimit: Int = 64 << 20) {
+    init(byteLimit: Int = 64 << 20, headMaxAge: Double = 60) {
         self.byteLimit = byteLimit
+        self.headMaxAge = headMaxAge
     }
+
+    private static func uptime() -> UInt64 { DispatchTime.now().uptimeNanoseconds }
 
     /// The generation to read under, or nil while the cache cannot be trusted.
     func readGeneration() -> UInt64? {
@@ -42,14 +50,19 @@ final class DeliveryCache: Sendable {
     }
 
     func head(model: String, user: String, attributes: String) -> DeliveredModel?? {
-        state.withLock { $0.listening ? $0.heads["\(model)/\(user)"]?[attributes] : nil }
+        let now = Self.uptime()
+        return state.withLock {
+            guard $0.listening, let cached = $0.heads["\(model)/\(user)"]?[attributes],
+                  Double(now &- cached.cachedAt) / 1e9 < headMaxAge else { return nil }
+            return .some(cached.value)
+        }
     }
 
     func storeHead(_ value: DeliveredModel?, model: String, user: String, attributes: String, readAt: UInt64) {
         state.withLock {
             guard $0.listening, $0.generation == readAt else { return }
             if $0.headCount >= Self.headLimit { $0.heads.removeAll(keepingCapacity: true); $0.headCount = 0 }
-            $0.heads["\(model)/\(user)", default: [:]][attributes] = .some(value)
+            $0.heads["\(model)/\(user)", default: [:]][attributes] = (value, Self.uptime())
             $0.headCount += 1
         }
     }

@@ -103,6 +103,18 @@ extension ModelRegistry {
     /// A rebase job's version (`rebase` set) commits through `commitRebaseStep`, in its place among the
     /// others, all in one transaction.
     public func commitVersions(_ versions: [NewPersonalVersion]) throws -> [Result<CommitOutcome, RegistryError>] {
+        let outcomes = try commitInOneTransaction(versions)
+        if notifiesHeadsAfterCommit {
+            var moved = Set<String>()
+            for (version, outcome) in zip(versions, outcomes) {
+                if case .success(.committed) = outcome { moved.insert("\(version.model)/\(version.user)") }
+            }
+            try notifyHeadsMoved(moved)
+        }
+        return outcomes
+    }
+
+    private func commitInOneTransaction(_ versions: [NewPersonalVersion]) throws -> [Result<CommitOutcome, RegistryError>] {
         guard versions.contains(where: { $0.rebase != nil }) else { return try commitBatch(versions) }
         return try connection.transaction {
             var outcomes: [Result<CommitOutcome, RegistryError>] = []

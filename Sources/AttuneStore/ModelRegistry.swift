@@ -12,10 +12,28 @@ public final class ModelRegistry {
     public let keys: StorageKeys
     /// Users' data keys this connection has read (see `UserDataKeys`).
     let userKeys = UserKeyCache()
+    /// Whether `commitVersions` notifies the heads it moved after its commit (`notifyHeadsAfterCommit()`).
+    private(set) var notifiesHeadsAfterCommit = false
 
     public init(connection: PostgresConnection, keys: StorageKeys = .none) {
         self.connection = connection
         self.keys = keys
+    }
+
+    /// From now on the heads `commitVersions` moves are notified to `attune serve` (`attune_delivery`) once its
+    /// commit has returned, not from inside it (migration 0025): PostgreSQL lets only one notifying transaction
+    /// commit at a time, flush and standby wait included, so notifying inside kept a worker's commits from
+    /// overlapping. A session lost with its setting notifies inside its commits again.
+    public func notifyHeadsAfterCommit() throws {
+        try connection.query("SET attune.heads_notified_after_commit = on")
+        notifiesHeadsAfterCommit = true
+    }
+
+    /// Tells `attune serve` these heads ("model/user") moved, in a transaction that waits for no flush. Throws as a
+    /// commit whose answer was lost does (the caller looks its jobs up again), since the connection is gone too.
+    func notifyHeadsMoved(_ payloads: Set<String>) throws {
+        guard !payloads.isEmpty else { return }
+        try connection.query("SELECT attune_notify_heads($1::text[])", [PostgresArray(payloads.sorted())])
     }
 
     // MARK: - Base models

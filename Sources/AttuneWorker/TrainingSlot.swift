@@ -32,7 +32,10 @@ final class TrainingSlot {
          metrics: WorkerMetrics = WorkerMetrics(slotCount: 1), failures: Logger = FailureClassifier.failures,
          connect: (() throws -> any JobStore)? = nil) {
         self.connect = connect ?? { [configuration] in
-            try ModelRegistry(connection: PostgresConnection(url: configuration.databaseURL), keys: configuration.storageKeys)
+            let registry = try ModelRegistry(connection: PostgresConnection(url: configuration.databaseURL),
+                                             keys: configuration.storageKeys)
+            try registry.notifyHeadsAfterCommit()
+            return registry
         }
         self.index = index
         self.failures = failures

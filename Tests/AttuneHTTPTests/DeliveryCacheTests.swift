@@ -45,4 +45,14 @@ final class DeliveryCacheTests: XCTestCase {
         cache.setListening(true)
         XCTAssertNil(cache.head(model: "m", user: "w", attributes: ""), "notifications may have been missed meanwhile")
     }
+
+    func testAHeadIsReadAgainOnceOlderThanItsMaxAgeEvenWithoutANotification() throws {
+        // A worker killed between its commit and its notification sends none (migration 0025).
+        let cache = DeliveryCache(headMaxAge: 0.2)
+        cache.setListening(true)
+        cache.storeHead(v1, model: "m", user: "u", attributes: "", readAt: try XCTUnwrap(cache.readGeneration()))
+        XCTAssertEqual(cache.head(model: "m", user: "u", attributes: ""), .some(.some(v1)))
+        Thread.sleep(forTimeInterval: 0.3)
+        XCTAssertNil(cache.head(model: "m", user: "u", attributes: ""), "read from PostgreSQL again")
+    }
 }

@@ -1,0 +1,108 @@
+"""--only notify: what the heads' notification inside the commit costs, against the same notification sent just
+after it (migration 0025), in one run.
+
+PostgreSQL lets one notifying transaction commit at a time: the lock it takes before the commit is held until the
+commit has ended, WAL flush and (on the pg_auto_failover pair) the synchronous standby's flush included. Each pair
+of drains runs the same jobs through Attune W workers x S slots twice, alternating which goes first:
+
+- in the commit: `attune_notify_head()` as migration 0015 wrote it (the trigger notifies inside the worker's
+  commit; the worker still sends its own notification after the commit, so this side also pays that statement);
+- after the commit: migration 0025's trigger, which leaves the notification to the worker's session.
+
+With --ha, the pairs run on the single durable server and then on the HA pair. Prints each drain's rate and each
+pair's ratio (after / in), and the median pair.
+"""
+import statistics
+import subprocess
+import os
+
+import psycopg
+
+from bench_common import fmt, log
+from bench_fleets import AttuneFleet
+from bench_jobs import make_jobs
+from bench_measure import attune_target, throughput
+from bench_report import print_report, ratio
+
+IN_COMMIT = """
+CREATE OR REPLACE FUNCTION attune_notify_head() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_notify('attune_delivery', OLD.model || '/' || OLD.user_id);
+    ELSE
+        PERFORM pg_notify('attune_delivery', NEW.model || '/' || NEW.user_id);
+    END IF;
+    RETURN NULL;
+END $$"""
+
+AFTER_COMMIT = """
+CREATE OR REPLACE FUNCTION attune_notify_head() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('attune.heads_notified_after_commit', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_notify('attune_delivery', OLD.model || '/' || OLD.user_id);
+    ELSE
+        PERFORM pg_notify('attune_delivery', NEW.model || '/' || NEW.user_id);
+    END IF;
+    RETURN NULL;
+END $$"""
+
+VARIANTS = (("in the commit", IN_COMMIT), ("after the commit", AFTER_COMMIT))
+
+
+def notify_only(ctx, rows):
+    args = ctx.args
+    n = args.jobs if args.jobs_given else 6000
+    workers, slots = 2, 2
+    pairs = 3
+    databases = [("single", args.database_url)]
+    if args.ha_url:
+        env = dict(os.environ, ATTUNE_DATABASE_URL=args.ha_url)
+        subprocess.run([args.attune, "migrate"], check=True, stdout=subprocess.DEVNULL, env=env)
+        subprocess.run([args.attune, "model", "import", args.model, "--name", "digits"], check=True,
+                       stdout=subprocess.DEVNULL, env=env)
+        databases.append(("HA pair", args.ha_url))
+    results = []  # (database, pair, {variant: rate})
+    try:
+        for key, url in databases:
+            args.active_url = url
+            for pair in range(pairs):
+                rates = {}
+                order = VARIANTS if pair % 2 == 0 else tuple(reversed(VARIANTS))
+                for name, body in order:
+                    with psycopg.connect(url, autocommit=True) as conn:
+                        conn.execute(body)
+                    tag = f"notify-{key.split()[0].lower()}-{pair}-{'in' if body is IN_COMMIT else 'after'}"
+                    r = throughput(ctx, AttuneFleet(args, workers, slots), attune_target,
+                                   make_jobs(rows, tag, n, "uniform", seed=1), tag)
+                    rates[name] = r["rate"]
+                    log(f"{key}, pair {pair + 1}, notification {name}: {fmt(r['rate'], '.0f')} jobs/s")
+                results.append((key, pair, rates))
+    finally:
+        for _, url in databases:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(AFTER_COMMIT)
+        args.active_url = args.database_url
+    print_report(args, render(args, n, workers, slots, databases, results))
+
+
+def render(args, n, workers, slots, databases, results):
+    lines = [f"Heads' notification inside the commit or after it (--only notify): {n} jobs a drain, Attune "
+             f"{workers} workers x {slots} slots, the two variants alternating first; jobs/s between the 10% and 90% "
+             "marks.", "",
+             "| database | pair | in the commit | after the commit | after / in |", "| --- | --- | --- | --- | --- |"]
+    for key, _ in databases:
+        ratios = []
+        for db, pair, rates in results:
+            if db != key:
+                continue
+            r = ratio(rates.get("after the commit"), rates.get("in the commit"))
+            if r:
+                ratios.append(r)
+            lines.append(f"| {key} | {pair + 1} | {fmt(rates.get('in the commit'), '.0f')} | "
+                         f"{fmt(rates.get('after the commit'), '.0f')} | {fmt(r, '.2f')} |")
+        if ratios:
+            lines.append(f"| {key} | median | | | **{statistics.median(ratios):.2f}** |")
+    return lines
