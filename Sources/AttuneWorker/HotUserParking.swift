@@ -44,6 +44,8 @@ final class HotUserParking {
         var users: [String: ParkedUser] = [:]
         /// Users an earlier holder parked, as `FleetPartitioning.parkedUserKey`, not seen here yet.
         var inheritedKeys: Set<String> = []
+        /// When a parked job last came back.
+        var lastTookBack: Date?
     }
 
     private let rule: HotUserRule?
@@ -117,20 +119,46 @@ final class HotUserParking {
         }
         if state.users[user]!.outstanding > 0 { state.users[user]!.outstanding -= 1 }
         state.users[user]!.inHand.insert(delivery.deliveryTag)
+        state.lastTookBack = now()
+    }
+
+    /// How long the parked queue must look empty before an inherited user who sent nothing since is let go: a
+    /// parked job the broker sent but this worker has not read yet shows up by then.
+    static let emptyQuietPeriod: TimeInterval = 0.3
+
+    /// Whether some inherited user's parking can end only once the parked queue is seen empty: one whose new jobs
+    /// this holder never parked (none came), so no copy of its own can show that the older ones are back.
+    func waitsForAnEmptyParkedQueue(_ partition: JobPartition) -> Bool {
+        guard let state = partitions[partition] else { return false }
+        return !state.inheritedKeys.isEmpty || state.users.values.contains { $0.inherited && $0.parkedHere == 0 }
     }
 
     /// The users of `partition` whose parking is over: every copy parked here came back (for an inherited user, at
     /// least one did) and none of their parked jobs is still open. They are forgotten here; their new jobs go to
     /// the slots. Returns their `parkedUserKey`s, for PostgreSQL.
-    func finished(in partition: JobPartition, isOpen: (UInt64) -> Bool) -> [String] {
+    /// `parkedQueueEmptySince`: since when the parked queue has looked empty, with no consumer but this worker's
+    /// (nil: not empty, or not asked); an inherited user who sent nothing since is let go once it has for
+    /// `emptyQuietPeriod` with nothing taken back meanwhile.
+    func finished(in partition: JobPartition, isOpen: (UInt64) -> Bool, parkedQueueEmptySince: Date? = nil) -> [String] {
         guard var state = partitions[partition] else { return [] }
+        let emptied: Bool
+        if let since = parkedQueueEmptySince, now().timeIntervalSince(since) >= Self.emptyQuietPeriod {
+            emptied = state.lastTookBack.map { $0 < since } ?? true
+        } else {
+            emptied = false
+        }
         var done: [String] = []
         for (user, var parked) in state.users {
             parked.inHand = parked.inHand.filter(isOpen)
             state.users[user] = parked
-            guard parked.outstanding == 0, parked.inHand.isEmpty, !parked.inherited || parked.parkedHere > 0 else { continue }
+            guard parked.outstanding == 0, parked.inHand.isEmpty,
+                  !parked.inherited || parked.parkedHere > 0 || emptied else { continue }
             state.users[user] = nil
             done.append(FleetPartitioning.parkedUserKey(routingKey: user))
+        }
+        if emptied {
+            done += state.inheritedKeys
+            state.inheritedKeys.removeAll()
         }
         partitions[partition] = state
         return done

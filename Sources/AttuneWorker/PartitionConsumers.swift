@@ -36,6 +36,14 @@ final class PartitionConsumers {
         partitions[tag] = (partition, true)
     }
 
+    /// Starts the partition's consumer again (with the connection's prefetch now). The deliveries the old one
+    /// holds stay in hand, and are still found by their consumer tag.
+    func restart(_ partition: JobPartition) throws {
+        guard let old = tags.removeValue(forKey: partition) else { return }
+        try connection.cancel(consumerTag: old)
+        try consume(partition)
+    }
+
     /// Stops both of the partition's consumers.
     func cancel(_ partition: JobPartition) throws {
         if let tag = parkedTags.removeValue(forKey: partition) { try connection.cancel(consumerTag: tag) }

@@ -33,6 +33,10 @@ final class PartitionKeeper {
     private let parking: HotUserParking
     /// Parked copies to publish (`takeParkedCopies`), in the order their originals arrived.
     private var parkedCopies: [(delivery: Delivery, partition: JobPartition)] = []
+    /// Since when each parked queue has looked empty (`HotUserParking.finished`).
+    private var parkedQueueEmptySince: [JobPartition: Date] = [:]
+    /// Partitions whose consumer was started again with `HotUserRule.moving` as prefetch (`setMoving`).
+    private var movingPartitions: Set<JobPartition> = []
     /// The partition queues' depths as last asked (`waitingJobs`).
     private var waitingAsked: [JobPartition: (at: Date, jobs: Int)] = [:]
     /// The consumers of the current connection.
@@ -109,6 +113,8 @@ final class PartitionKeeper {
         consumers = nil
         parkedCopies.removeAll()
         waitingAsked.removeAll()
+        movingPartitions.removeAll()
+        parkedQueueEmptySince.removeAll()
         parking.forgetAll()
         consumingSince.removeAll()
         quietSince.removeAll()
@@ -188,7 +194,29 @@ final class PartitionKeeper {
         }
         try takeBackParked(partition, consumers, connection)
         logger.info("\(partition.queue): one user's jobs are most of the partition's, and others may wait behind them; parking that user's later jobs in \(partition.parkedQueue)")
+        try setMoving(partition, true, consumers, connection)
         return true
+    }
+
+    /// While a partition parks, its consumer may hold `HotUserRule.moving` deliveries, not its share of the budget:
+    /// each parked job is held from its delivery until the broker confirms its copy, and with a few in flight the
+    /// move went no faster than the training it should overtake. A consumer keeps the prefetch it started with,
+    /// so the partition's consumer is started again, and only while it is the queue's one consumer: a standby
+    /// consumer (another worker that thinks it holds the partition) would become the active one.
+    private func setMoving(_ partition: JobPartition, _ moving: Bool, _ consumers: PartitionConsumers,
+                           _ connection: any PartitionChannel) throws {
+        guard let rule = configuration.hotUsers, moving != movingPartitions.contains(partition),
+              consumers.consuming.contains(partition) else { return }
+        let share = consumerPrefetch ?? configuration.consumerPrefetch(consuming: consumers.consuming.count)
+        guard rule.moving > share else { return }
+        guard try connection.queueDepth(partition.queue).consumers <= 1 else {
+            logger.warning("\(partition.queue) has another consumer; its parked jobs move \(share) at a time")
+            return
+        }
+        try connection.setPrefetch(UInt16(clamping: moving ? rule.moving : share))
+        try consumers.restart(partition)
+        try connection.setPrefetch(UInt16(clamping: share))
+        if moving { movingPartitions.insert(partition) } else { movingPartitions.remove(partition) }
     }
 
     private func takeBackParked(_ partition: JobPartition, _ consumers: PartitionConsumers,
@@ -199,11 +227,19 @@ final class PartitionKeeper {
     }
 
     /// Ends the parking of the users whose parked jobs all came back and were settled.
-    private func endFinishedParking(_ leases: any LeaseSession, _ consumers: PartitionConsumers) throws {
+    private func endFinishedParking(_ leases: any LeaseSession, _ consumers: PartitionConsumers,
+                                    _ connection: any PartitionChannel) throws {
         for partition in consumers.consuming {
-            for key in parking.finished(in: partition, isOpen: open.isOpen) {
+            var emptySince: Date?
+            if parking.waitsForAnEmptyParkedQueue(partition), consumers.isConsumingParked(partition) {
+                let depth = try connection.queueDepth(partition.parkedQueue)
+                emptySince = depth.messages == 0 && depth.consumers <= 1 ? parkedQueueEmptySince[partition] ?? now() : nil
+            }
+            parkedQueueEmptySince[partition] = emptySince
+            for key in parking.finished(in: partition, isOpen: open.isOpen, parkedQueueEmptySince: emptySince) {
                 try leases.clearParked(partition, userKey: key)
             }
+            if !parking.hasParkedUsers(partition) { try setMoving(partition, false, consumers, connection) }
         }
     }
 
@@ -266,6 +302,7 @@ final class PartitionKeeper {
                     parking.took(partition, inheriting: inherited)
                     if !inherited.isEmpty { try takeBackParked(partition, consumers, connection) }
                     try consumers.consume(partition)
+                    if !inherited.isEmpty { try setMoving(partition, true, consumers, connection) }
                     consumingSince[partition] = leases.handedOverCleanly.contains(partition) ? .distantPast : now()
                     mailbox.noteHandover()
                 }
@@ -274,7 +311,7 @@ final class PartitionKeeper {
             for partition in consumers.consuming where !leases.held.contains(partition) {
                 if try !leases.tryAcquire(partition) { try stopConsuming(partition, consumers) }
             }
-            try endFinishedParking(leases, consumers)
+            try endFinishedParking(leases, consumers, connection)
             try lookForDrainedPartitions(leases, consumers, connection)
         } catch let error as DatabaseError {
             logger.warning("cannot look at partition leases (PostgreSQL): \(error); keeping the partitions consumed")

@@ -155,13 +155,16 @@ public struct HotUserRule: Equatable, Sendable {
     public var share: Int
     public var othersWithin: TimeInterval
     public var backlog: Int
+    /// Deliveries the partition's consumer may hold while the partition parks (its jobs in flight to the parked queue).
+    public var moving: Int
 
-    public init(window: Int, share: Int, othersWithin: TimeInterval, backlog: Int) {
+    public init(window: Int, share: Int, othersWithin: TimeInterval, backlog: Int, moving: Int = 64) {
         self.window = window
         self.share = share
         self.othersWithin = othersWithin
         self.backlog = backlog
+        self.moving = moving
     }
 
-    public static let standard = HotUserRule(window: 32, share: 24, othersWithin: 60, backlog: 500)
+    public static let standard = HotUserRule(window: 32, share: 24, othersWithin: 60, backlog: 500, moving: 64)
 }

@@ -113,6 +113,39 @@ final class HotUserParkingTests: XCTestCase {
         XCTAssertEqual(parking.route(job("hot"), from: partition), .train)
     }
 
+    func testAnInheritedUserWhoSendsNothingNewIsLetGoOnceTheParkedQueueStaysEmpty() {
+        let parking = HotUserParking(rule: rule, now: clock.read)
+        let key = FleetPartitioning.parkedUserKey(routingKey: "hot")
+        parking.took(partition, inheriting: [key, FleetPartitioning.parkedUserKey(routingKey: "quiet")])
+        let back = job("hot", parked: true)
+        parking.tookBack(back, from: partition)
+        XCTAssertTrue(parking.waitsForAnEmptyParkedQueue(partition), "no copy of its own will come back to say so")
+        var open: Set<UInt64> = [back.deliveryTag]
+        clock.advance(0.05)
+        let emptySince = clock.now
+        clock.advance(HotUserParking.emptyQuietPeriod + 0.01)
+        XCTAssertEqual(parking.finished(in: partition, isOpen: open.contains, parkedQueueEmptySince: emptySince),
+                       [FleetPartitioning.parkedUserKey(routingKey: "quiet")], "the user's parked job is still in hand")
+        open.removeAll()
+        XCTAssertEqual(parking.finished(in: partition, isOpen: open.contains, parkedQueueEmptySince: emptySince), [key])
+        XCTAssertFalse(parking.waitsForAnEmptyParkedQueue(partition))
+        XCTAssertFalse(parking.hasParkedUsers(partition))
+    }
+
+    func testAParkedQueueEmptyForLessThanTheQuietPeriodOrWithAJobTakenBackSinceLetsNobodyGo() {
+        let parking = HotUserParking(rule: rule, now: clock.read)
+        let key = FleetPartitioning.parkedUserKey(routingKey: "hot")
+        parking.took(partition, inheriting: [key])
+        let emptySince = clock.now
+        clock.advance(HotUserParking.emptyQuietPeriod / 2)
+        XCTAssertEqual(parking.finished(in: partition, isOpen: { _ in false }, parkedQueueEmptySince: emptySince), [])
+        parking.tookBack(job("hot", parked: true), from: partition)  // sent before the look, read after it
+        clock.advance(HotUserParking.emptyQuietPeriod)
+        XCTAssertEqual(parking.finished(in: partition, isOpen: { _ in false }, parkedQueueEmptySince: emptySince), [])
+        XCTAssertEqual(parking.finished(in: partition, isOpen: { _ in false }, parkedQueueEmptySince: nil), [],
+                       "not empty")
+    }
+
     func testAnInheritedUserSeenFirstOnTheMainQueueIsParked() {
         let parking = HotUserParking(rule: rule, now: clock.read)
         parking.took(partition, inheriting: [FleetPartitioning.parkedUserKey(routingKey: "hot")])

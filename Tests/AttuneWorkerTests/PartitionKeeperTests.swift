@@ -383,6 +383,10 @@ final class PartitionKeeperTests: XCTestCase {
         XCTAssertTrue(a.broker.operations.contains(.declareParked(p(0))))
         XCTAssertTrue(a.consuming.contains(p(0).parkedQueue), "the holder takes them back from the parked queue")
         XCTAssertEqual(try a.receive(50, of: "mate2", from: p(0)).count, 1, "the other users go on")
+        let restarted = Array(a.broker.operations.drop { $0 != .declareParked(p(0)) })
+        XCTAssertEqual(restarted.compactMap { if case .setPrefetch(let n) = $0 { n } else { nil } }, [UInt16(64), 16],
+                       "the partition's consumer moves 64 at a time while it parks; later consumers get the share (1 slot x 2 batches of 32 over 4 partitions)")
+        XCTAssertEqual(restarted.filter { if case .consume(p(0).queue, _) = $0 { true } else { false } }.count, 1)
     }
 
     func testAHotUsersParkingEndsInPostgreSQLOnceItsParkedJobsAreBackAndSettled() throws {
@@ -398,6 +402,8 @@ final class PartitionKeeperTests: XCTestCase {
         for tag in parkedTags + backTags { a.open.markSettled(tag) }
         try round(a)
         XCTAssertNil(database.parked[p(0)])
+        XCTAssertEqual(a.broker.operations.compactMap { if case .setPrefetch(let n) = $0 { n } else { nil } }.suffix(2),
+                       [UInt16(16), 16], "the parking over, the partition's consumer holds its share again")
         for tag in 200..<232 { _ = try a.receive(UInt64(tag), of: "mate", from: p(0)) }
         XCTAssertEqual(try a.receive(300, of: "hot", from: p(0)).count, 1, "no longer hot, the user's jobs go to the slots again")
     }
