@@ -12,9 +12,11 @@ of drains runs the same jobs through Attune W workers x S slots twice, alternati
 With --ha, the pairs run on the single durable server and then on the HA pair. Prints each drain's rate and each
 pair's ratio (after / in), and the median pair.
 """
+import os
+import re
 import statistics
 import subprocess
-import os
+from pathlib import Path
 
 import psycopg
 
@@ -24,30 +26,21 @@ from bench_jobs import make_jobs
 from bench_measure import attune_target, throughput
 from bench_report import print_report, ratio
 
-IN_COMMIT = """
-CREATE OR REPLACE FUNCTION attune_notify_head() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        PERFORM pg_notify('attune_delivery', OLD.model || '/' || OLD.user_id);
-    ELSE
-        PERFORM pg_notify('attune_delivery', NEW.model || '/' || NEW.user_id);
-    END IF;
-    RETURN NULL;
-END $$"""
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
-AFTER_COMMIT = """
-CREATE OR REPLACE FUNCTION attune_notify_head() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF current_setting('attune.heads_notified_after_commit', true) = 'on' THEN
-        RETURN NULL;
-    END IF;
-    IF TG_OP = 'DELETE' THEN
-        PERFORM pg_notify('attune_delivery', OLD.model || '/' || OLD.user_id);
-    ELSE
-        PERFORM pg_notify('attune_delivery', NEW.model || '/' || NEW.user_id);
-    END IF;
-    RETURN NULL;
-END $$"""
+
+def notify_function(migration):
+    """`attune_notify_head()` as `migration` defines it, as a CREATE OR REPLACE."""
+    text = (MIGRATIONS / migration).read_text()
+    found = re.search(r"CREATE (?:OR REPLACE )?FUNCTION attune_notify_head\(\).*?END \$\$", text, re.S)
+    if not found:
+        raise SystemExit(f"no attune_notify_head() in migrations/{migration}")
+    return found.group(0).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+
+
+# Migration 0015's trigger notifies inside the commit; 0025's leaves it to a worker's session, after the commit.
+IN_COMMIT = notify_function("0015_device_keys.sql")
+AFTER_COMMIT = notify_function("0025_heads_notified_after_commit.sql")
 
 VARIANTS = (("in the commit", IN_COMMIT), ("after the commit", AFTER_COMMIT))
 

@@ -34,6 +34,18 @@ final class HotUserFleetTests: XCTestCase {
         return (hot, found, partition)
     }
 
+    /// A fleet whose hot user and `mates` share a partition with nothing parked; stopped and cleaned up after the test.
+    private func fleetWithAHotPartition(mates: Int) throws -> (FleetHarness, hot: String, mates: [String], JobPartition) {
+        let fleet = try FleetHarness()
+        let (hot, found, partition) = try usersSharingAPartition(fleet, mates: mates)
+        try cleanParking(fleet, partition)
+        addTeardownBlock { [self] in
+            fleet.stop()
+            try? cleanParking(fleet, partition)
+        }
+        return (fleet, hot, found, partition)
+    }
+
     private func cleanParking(_ fleet: FleetHarness, _ partition: JobPartition) throws {
         try fleet.registry.connection.query("DELETE FROM attune_parked_users")
         let cleaner = try AMQPConnection(url: fleet.amqpURL, connectionName: "test-cleanup")
@@ -67,13 +79,7 @@ final class HotUserFleetTests: XCTestCase {
     }
 
     func testTheOtherUsersOfAHotUsersPartitionAreNotHeldUpBehindItsBacklog() throws {
-        let fleet = try FleetHarness()
-        let (hot, mates, partition) = try usersSharingAPartition(fleet, mates: 3)
-        try cleanParking(fleet, partition)
-        defer {
-            fleet.stop()
-            try? cleanParking(fleet, partition)
-        }
+        let (fleet, hot, mates, partition) = try fleetWithAHotPartition(mates: 3)
         let published = try publishBacklog(fleet, hot: hot, mates: mates, hotJobs: 240, matesJobs: 5, hotEpochs: 10)
         let total = published.values.map(\.count).reduce(0, +)
         fleet.startWorker(fleet.configuration(name: "hot-user-worker"))
@@ -99,13 +105,7 @@ final class HotUserFleetTests: XCTestCase {
     }
 
     func testAHolderKilledWhileItParksLeavesTheParkedJobsToTheNextInOrder() throws {
-        let fleet = try FleetHarness()
-        let (hot, mates, partition) = try usersSharingAPartition(fleet, mates: 2)
-        try cleanParking(fleet, partition)
-        defer {
-            fleet.stop()
-            try? cleanParking(fleet, partition)
-        }
+        let (fleet, hot, mates, partition) = try fleetWithAHotPartition(mates: 2)
         let published = try publishBacklog(fleet, hot: hot, mates: mates, hotJobs: 400, matesJobs: 5)
         let total = published.values.map(\.count).reduce(0, +)
         let first = try fleet.startWorkerProcess(name: "hot-user-first")
