@@ -45,6 +45,12 @@ case "$role" in
         --listen '*' --dbname attune --auth trust --ssl-self-signed \
         --monitor "postgresql://autoctl_node@${ATTUNE_HA_MONITOR:-monitor:5432}/pg_auto_failover?sslmode=require"
     fi
+    # Attune sends no query to a standby, and a standby holding back the primary's cleanup (pg_auto_failover turns
+    # the feedback on) bloats the heads table every job updates: off, after pg_auto_failover's own include.
+    grep -q '^# attune settings' "$PGDATA/postgresql.conf" || cat >>"$PGDATA/postgresql.conf" <<EOF
+# attune settings (deploy/postgres-ha-node.sh)
+hot_standby_feedback = off
+EOF
     # The application's line, once: its own database, its password, TLS. (A standby's copy of the primary's
     # data directory has it already.)
     grep -q '^# attune application' "$PGDATA/pg_hba.conf" || cat >>"$PGDATA/pg_hba.conf" <<EOF

@@ -147,6 +147,9 @@ up() {
 fsync = $fsync
 shared_buffers = $buffers
 max_connections = 300  # room for a fleet of 48 workers and more, each with a lease session and its slots
+# pg_auto_failover turns it on so that queries on a standby are not cancelled; Attune sends none there, and with it
+# on the standby holds back the primary's cleanup, bloating the heads table (docs/postgresql-ha.md).
+hot_standby_feedback = off
 EOF
         run_keeper "$i"
         if [ "$i" = 1 ]; then
