@@ -10,7 +10,9 @@ import Foundation
 /// the slots at once; the holder takes the parked ones back from that queue as the slots get through them.
 ///
 /// Order: while a user has parked jobs, every later job of theirs is parked behind them, and their parking ends
-/// only once every copy this holder parked came back and was settled. A holder that takes a partition with parked
+/// only once every copy this holder parked came back and was settled. The first copies wait until the user's jobs
+/// already sent to the slots are settled (`copiesMayBegin`), so that a holder killed meanwhile leaves them ahead of
+/// the parked ones. A holder that takes a partition with parked
 /// users (`attune_parked_users`: it does not know how many of their jobs wait) parks their new jobs too and ends
 /// their parking the same way, once a copy of its own came back: the parked queue is first in, first out, so
 /// everything parked before it came back first.
@@ -46,6 +48,8 @@ final class HotUserParking {
         var inheritedKeys: Set<String> = []
         /// When a parked job last came back.
         var lastTookBack: Date?
+        /// Delivery tags of jobs sent to the slots from the partition queue, by user, not known settled.
+        var direct: [String: Set<UInt64>] = [:]
     }
 
     private let rule: HotUserRule?
@@ -96,14 +100,29 @@ final class HotUserParking {
             state.users[user] = ParkedUser(outstanding: 1, parkedHere: 1, inherited: true)
             return .park(newUser: false)
         }
-        guard let rule, isHot(user, in: state, at: time, rule: rule, waiting: { waiting(partition) }) else { return .train }
+        guard let rule, isHot(user, in: state, at: time, rule: rule, waiting: { waiting(partition) }) else {
+            state.direct[user, default: []].insert(delivery.deliveryTag)
+            return .train
+        }
         state.users[user] = ParkedUser(outstanding: 1, parkedHere: 1, inherited: false)
         return .park(newUser: true)
     }
 
     /// The user's parking could not be recorded (PostgreSQL away): its job is trained instead, as before parking.
     func unpark(_ delivery: Delivery, from partition: JobPartition) {
-        partitions[partition]?.users[Self.user(of: delivery)] = nil
+        let user = Self.user(of: delivery)
+        partitions[partition]?.users[user] = nil
+        partitions[partition]?.direct[user, default: []].insert(delivery.deliveryTag)
+    }
+
+    /// Whether the user's jobs may be copied to the parked queue now: none of those it sent to the slots from the
+    /// partition queue is still open. A holder that died with such a job in hand would have it put back at the head
+    /// of the partition queue, behind which its successor parks it, after the copies already parked.
+    func copiesMayBegin(for user: String, in partition: JobPartition, isOpen: (UInt64) -> Bool) -> Bool {
+        guard let tags = partitions[partition]?.direct[user] else { return true }
+        let open = tags.filter(isOpen)
+        partitions[partition]?.direct[user] = open.isEmpty ? nil : open
+        return open.isEmpty
     }
 
     /// A parked job came back from `partition`'s parked queue.
@@ -148,6 +167,10 @@ final class HotUserParking {
             emptied = false
         }
         var done: [String] = []
+        state.direct = state.direct.compactMapValues { tags in
+            let open = tags.filter(isOpen)
+            return open.isEmpty ? nil : open
+        }
         for (user, var parked) in state.users {
             parked.inHand = parked.inHand.filter(isOpen)
             state.users[user] = parked

@@ -46,6 +46,9 @@ final class OpenDeliveries {
         }
     }
 
+    /// Whether some unsettled delivery came through consumer `tag`.
+    func holds(consumer tag: String) -> Bool { held.values.contains { $0.delivery.consumerTag == tag } }
+
     /// Whether delivery `tag` of this connection is still unsettled.
     func isOpen(_ tag: UInt64) -> Bool { held[tag] != nil }
 

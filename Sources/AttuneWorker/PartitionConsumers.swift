@@ -11,7 +11,7 @@ final class PartitionConsumers {
 
     init(connection: any ConsumerChannel) { self.connection = connection }
 
-    var consuming: Set<JobPartition> { Set(tags.keys) }
+    var consuming: Set<JobPartition> { Set(tags.keys).union(paused.keys) }
 
     /// The partition whose queue, or parked queue, consumer `tag` consumes.
     func partition(ofConsumer tag: String) -> JobPartition? { partitions[tag]?.partition }
@@ -36,22 +36,34 @@ final class PartitionConsumers {
         partitions[tag] = (partition, true)
     }
 
-    /// Starts the partition's consumer again (with the connection's prefetch now). The deliveries the old one
-    /// holds stay in hand, and are still found by their consumer tag.
-    func restart(_ partition: JobPartition) throws {
-        guard let old = tags.removeValue(forKey: partition) else { return }
-        try connection.cancel(consumerTag: old)
+    /// Partitions whose consumer is cancelled for a moment, to be started again (`resume`) with another prefetch:
+    /// still consumed, with the tag of the consumer they had.
+    private(set) var paused: [JobPartition: String] = [:]
+
+    func isPaused(_ partition: JobPartition) -> Bool { paused[partition] != nil }
+
+    /// Cancels the partition's consumer; the deliveries it holds stay in hand and are still found by its tag.
+    func pause(_ partition: JobPartition) throws {
+        guard let tag = tags.removeValue(forKey: partition) else { return }
+        try connection.cancel(consumerTag: tag)
+        paused[partition] = tag
+    }
+
+    /// Starts the paused partition's consumer again, with the connection's prefetch now.
+    func resume(_ partition: JobPartition) throws {
+        guard paused.removeValue(forKey: partition) != nil else { return }
         try consume(partition)
     }
 
     /// Stops both of the partition's consumers.
     func cancel(_ partition: JobPartition) throws {
+        paused[partition] = nil
         if let tag = parkedTags.removeValue(forKey: partition) { try connection.cancel(consumerTag: tag) }
         guard let tag = tags.removeValue(forKey: partition) else { return }
         try connection.cancel(consumerTag: tag)
     }
 
     func cancelAll() throws {
-        for partition in Set(tags.keys).union(parkedTags.keys) { try cancel(partition) }
+        for partition in Set(tags.keys).union(parkedTags.keys).union(paused.keys) { try cancel(partition) }
     }
 }

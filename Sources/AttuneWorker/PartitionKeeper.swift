@@ -31,8 +31,9 @@ final class PartitionKeeper {
     private let open: OpenDeliveries
     private let barriers: DrainBarriers
     private let parking: HotUserParking
-    /// Parked copies to publish (`takeParkedCopies`), in the order their originals arrived.
-    private var parkedCopies: [(delivery: Delivery, partition: JobPartition)] = []
+    /// Jobs to park, in the order they arrived; each is copied once its user's jobs sent to the slots before it are
+    /// settled (`takeParkedCopies`).
+    private var toPark: [(delivery: Delivery, partition: JobPartition)] = []
     /// Since when each parked queue has looked empty (`HotUserParking.finished`).
     private var parkedQueueEmptySince: [JobPartition: Date] = [:]
     /// Partitions whose consumer was started again with `HotUserRule.moving` as prefetch (`setMoving`).
@@ -111,7 +112,7 @@ final class PartitionKeeper {
     /// The connection is gone, and with it its consumers and deliveries.
     func disconnected() {
         consumers = nil
-        parkedCopies.removeAll()
+        toPark.removeAll()
         waitingAsked.removeAll()
         movingPartitions.removeAll()
         parkedQueueEmptySince.removeAll()
@@ -137,10 +138,27 @@ final class PartitionKeeper {
         return try parkHotUsers(ready, consumers, connection)
     }
 
-    /// The copies to publish to parked queues, each acked when the broker confirms its copy (`BrokerSettler.park`).
-    func takeParkedCopies() -> [(delivery: Delivery, partition: JobPartition)] {
-        defer { parkedCopies.removeAll() }
-        return parkedCopies
+    /// The copies to publish to parked queues now, each acked when the broker confirms its copy
+    /// (`BrokerSettler.park`): a user's, in order, once none of its jobs sent to the slots is open. Called at every
+    /// turn of the broker thread's loop, it also starts again the consumers `setMoving` paused.
+    func takeParkedCopies(on connection: any PartitionChannel) throws -> [(delivery: Delivery, partition: JobPartition)] {
+        if let consumers { try resumePaused(consumers, connection) }
+        guard !toPark.isEmpty else { return [] }
+        var ready: [(delivery: Delivery, partition: JobPartition)] = []
+        var waiting: [(delivery: Delivery, partition: JobPartition)] = []
+        var blocked = Set<String>()
+        for item in toPark {
+            let user = HotUserParking.user(of: item.delivery)
+            let key = "\(item.partition.queue)\u{0}\(user)"
+            if !blocked.contains(key), parking.copiesMayBegin(for: user, in: item.partition, isOpen: open.isOpen) {
+                ready.append(item)
+            } else {
+                blocked.insert(key)
+                waiting.append(item)
+            }
+        }
+        toPark = waiting
+        return ready
     }
 
     /// The deliveries that go to the slots; the others are noted for parking. A user's parking begins only once
@@ -166,7 +184,7 @@ final class PartitionKeeper {
                     parking.unpark(delivery, from: partition)
                     train.append(delivery)
                 } else {
-                    parkedCopies.append((delivery, partition))
+                    toPark.append((delivery, partition))
                 }
             }
         }
@@ -200,23 +218,35 @@ final class PartitionKeeper {
 
     /// While a partition parks, its consumer may hold `HotUserRule.moving` deliveries, not its share of the budget:
     /// each parked job is held from its delivery until the broker confirms its copy, and with a few in flight the
-    /// move went no faster than the training it should overtake. A consumer keeps the prefetch it started with,
-    /// so the partition's consumer is started again, and only while it is the queue's one consumer: a standby
+    /// move went no faster than the training it should overtake. A consumer keeps the prefetch it started with, so
+    /// the partition's consumer is cancelled and started again (`resumePaused`) once none of its deliveries is
+    /// open: a worker killed holding deliveries of two consumers of one queue gets them back into the queue one
+    /// consumer after the other, the newer one's first. Only while it is the queue's one consumer: a standby
     /// consumer (another worker that thinks it holds the partition) would become the active one.
     private func setMoving(_ partition: JobPartition, _ moving: Bool, _ consumers: PartitionConsumers,
                            _ connection: any PartitionChannel) throws {
         guard let rule = configuration.hotUsers, moving != movingPartitions.contains(partition),
-              consumers.consuming.contains(partition) else { return }
+              consumers.consuming.contains(partition), !consumers.isPaused(partition) else { return }
         let share = consumerPrefetch ?? configuration.consumerPrefetch(consuming: consumers.consuming.count)
         guard rule.moving > share else { return }
         guard try connection.queueDepth(partition.queue).consumers <= 1 else {
             logger.warning("\(partition.queue) has another consumer; its parked jobs move \(share) at a time")
             return
         }
-        try connection.setPrefetch(UInt16(clamping: moving ? rule.moving : share))
-        try consumers.restart(partition)
-        try connection.setPrefetch(UInt16(clamping: share))
+        try consumers.pause(partition)
         if moving { movingPartitions.insert(partition) } else { movingPartitions.remove(partition) }
+    }
+
+    /// Starts again the partition consumers `setMoving` cancelled whose deliveries are all settled, with the prefetch
+    /// of what the partition does now.
+    private func resumePaused(_ consumers: PartitionConsumers, _ connection: any PartitionChannel) throws {
+        for (partition, tag) in consumers.paused where !open.holds(consumer: tag) {
+            let share = consumerPrefetch ?? configuration.consumerPrefetch(consuming: consumers.consuming.count)
+            let moving = movingPartitions.contains(partition) ? configuration.hotUsers?.moving : nil
+            try connection.setPrefetch(UInt16(clamping: moving ?? share))
+            try consumers.resume(partition)
+            try connection.setPrefetch(UInt16(clamping: share))
+        }
     }
 
     private func takeBackParked(_ partition: JobPartition, _ consumers: PartitionConsumers,

@@ -164,7 +164,7 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
             let (jobs, held) = try cancelRequests.take(arrived, remember: cancels.remember(cancelOf:reason:))
             for tag in held { open.insert(tag) }
             mailbox.deliver(try partitions.sort(jobs, on: connection), generation: open.generation)
-            try settler.park(partitions.takeParkedCopies(), on: connection)
+            try settler.park(partitions.takeParkedCopies(on: connection), on: connection)
             countInHand()
             let settled = stop ? try cancelRequests.handBackHeld()
                 : try cancelRequests.retryHeld(remember: cancels.remember(cancelOf:reason:))

@@ -55,6 +55,21 @@ final class HotUserParkingTests: XCTestCase {
                        "the users whose jobs wait behind a long queue are not seen until it is through")
     }
 
+    func testCopiesWaitUntilTheUsersJobsSentToTheSlotsAreSettled() {
+        let parking = HotUserParking(rule: rule, now: clock.read)
+        _ = parking.route(job("mate"), from: partition)
+        let direct = (0..<6).map { _ in job("hot") }
+        for delivery in direct { XCTAssertEqual(parking.route(delivery, from: partition), .train) }
+        XCTAssertEqual(parking.route(job("hot"), from: partition), .park(newUser: true))
+        var open = Set(direct.map(\.deliveryTag))
+        XCTAssertFalse(parking.copiesMayBegin(for: "hot", in: partition, isOpen: open.contains))
+        XCTAssertTrue(parking.copiesMayBegin(for: "mate", in: partition, isOpen: open.contains), "another user's are settled")
+        open.remove(direct[5].deliveryTag)
+        XCTAssertFalse(parking.copiesMayBegin(for: "hot", in: partition, isOpen: open.contains))
+        open.removeAll()
+        XCTAssertTrue(parking.copiesMayBegin(for: "hot", in: partition, isOpen: open.contains))
+    }
+
     func testOthersSeenLongAgoDoNotMakeAUserHot() {
         let parking = HotUserParking(rule: rule, now: clock.read)
         _ = parking.route(job("mate"), from: partition)

@@ -49,11 +49,17 @@ final class PartitionKeeperTests: XCTestCase {
             try keeper.sort([Deliveries.job(tag, consumer: broker.tag(of: partition)!)], on: broker)
         }
 
-        /// A job of `user` from `partition`'s queue, or its parked queue.
+        /// A job of `user` from `partition`'s queue, or its parked queue, through the newest consumer of that queue
+        /// (one just cancelled still delivers what the broker sent before its cancel).
         func receive(_ tag: UInt64, of user: String, from partition: JobPartition, parked: Bool = false) throws -> [Delivery] {
             let queue = parked ? partition.parkedQueue : partition.queue
-            let consumer = broker.liveConsumers.first { $0.value == queue }!.key
+            let consumer = broker.operations.compactMap { if case .consume(queue, let tag) = $0 { tag } else { nil } }.last!
             return try keeper.sort([Deliveries.job(tag, consumer: consumer, user: user)], on: broker)
+        }
+
+        /// What the broker thread does at each turn after sorting the arrivals.
+        func copies() throws -> [UInt64] {
+            try keeper.takeParkedCopies(on: broker).map(\.delivery.deliveryTag)
         }
     }
 
@@ -365,6 +371,7 @@ final class PartitionKeeperTests: XCTestCase {
         try a.connect()
         try a.look()
         XCTAssertEqual(try a.receive(1, of: "mate", from: p(0)).count, 1)
+        a.open.markSettled(1)
         var trained = 0
         var tag: UInt64 = 1
         for _ in 0..<40 {
@@ -372,9 +379,14 @@ final class PartitionKeeperTests: XCTestCase {
             trained += try a.receive(tag, of: "hot", from: p(0)).count
         }
         XCTAssertEqual(trained, 30, "the 31st job of the user fills the window of 32, 31 of them the user's")
-        let parked = a.keeper.takeParkedCopies()
-        XCTAssertEqual(parked.map(\.delivery.deliveryTag), Array(32...41), "in the order they came")
-        return (a, parked.map(\.delivery.deliveryTag))
+        XCTAssertEqual(try a.copies(), [],
+                       "no copy while the user's jobs sent to the slots are open: killed now, they would come after")
+        for tag in 2...30 { a.open.markSettled(UInt64(tag)) }
+        XCTAssertEqual(try a.copies(), [], "one is still open")
+        a.open.markSettled(31)
+        let parked = try a.copies()
+        XCTAssertEqual(parked, Array(32...41), "in the order they came")
+        return (a, parked)
     }
 
     func testAHotUsersLaterJobsAreParkedAfterPostgreSQLHasTheUser() throws {
@@ -383,10 +395,19 @@ final class PartitionKeeperTests: XCTestCase {
         XCTAssertTrue(a.broker.operations.contains(.declareParked(p(0))))
         XCTAssertTrue(a.consuming.contains(p(0).parkedQueue), "the holder takes them back from the parked queue")
         XCTAssertEqual(try a.receive(50, of: "mate2", from: p(0)).count, 1, "the other users go on")
+        let queue = p(0).queue
+        let consumes = { a.broker.operations.filter { if case .consume(queue, _) = $0 { true } else { false } }.count }
+        XCTAssertFalse(a.broker.liveConsumers.values.contains(queue), "cancelled, to start again with more in flight")
+        XCTAssertEqual(consumes(), 1)
+        for tag in 32...41 { a.open.markSettled(UInt64(tag)) }
+        XCTAssertEqual(try a.copies(), [])
+        XCTAssertEqual(consumes(), 1, "the job of another user from the old consumer is still open")
+        a.open.markSettled(50)
+        XCTAssertEqual(try a.copies(), [])
+        XCTAssertEqual(consumes(), 2, "started again once the old consumer's deliveries are all settled")
         let restarted = Array(a.broker.operations.drop { $0 != .declareParked(p(0)) })
         XCTAssertEqual(restarted.compactMap { if case .setPrefetch(let n) = $0 { n } else { nil } }, [UInt16(64), 16],
                        "the partition's consumer moves 64 at a time while it parks; later consumers get the share (1 slot x 2 batches of 32 over 4 partitions)")
-        XCTAssertEqual(restarted.filter { if case .consume(p(0).queue, _) = $0 { true } else { false } }.count, 1)
     }
 
     func testAHotUsersParkingEndsInPostgreSQLOnceItsParkedJobsAreBackAndSettled() throws {
@@ -400,10 +421,12 @@ final class PartitionKeeperTests: XCTestCase {
         try round(a)
         XCTAssertNotNil(database.parked[p(0)], "back but not settled")
         for tag in parkedTags + backTags { a.open.markSettled(tag) }
+        XCTAssertEqual(try a.copies(), [])  // the moving consumer starts
         try round(a)
         XCTAssertNil(database.parked[p(0)])
-        XCTAssertEqual(a.broker.operations.compactMap { if case .setPrefetch(let n) = $0 { n } else { nil } }.suffix(2),
-                       [UInt16(16), 16], "the parking over, the partition's consumer holds its share again")
+        XCTAssertEqual(try a.copies(), [])  // the parking over, it starts again with the share
+        XCTAssertEqual(a.broker.operations.compactMap { if case .setPrefetch(let n) = $0 { n } else { nil } }.suffix(4),
+                       [UInt16(64), 16, 16, 16], "the parking over, the partition's consumer holds its share again")
         for tag in 200..<232 { _ = try a.receive(UInt64(tag), of: "mate", from: p(0)) }
         XCTAssertEqual(try a.receive(300, of: "hot", from: p(0)).count, 1, "no longer hot, the user's jobs go to the slots again")
     }
@@ -416,7 +439,7 @@ final class PartitionKeeperTests: XCTestCase {
         XCTAssertTrue(b.consuming.contains(p(2).parkedQueue))
         XCTAssertFalse(b.consuming.contains(p(1).parkedQueue), "no parked user there, so nothing to take back")
         XCTAssertEqual(try b.receive(1, of: "hot", from: p(2)), [])
-        XCTAssertEqual(b.keeper.takeParkedCopies().map(\.delivery.deliveryTag), [1])
+        XCTAssertEqual(try b.copies(), [1])
         XCTAssertEqual(try b.receive(2, of: "mate", from: p(2)).count, 1)
     }
 
@@ -429,6 +452,6 @@ final class PartitionKeeperTests: XCTestCase {
         var trained = 0
         for tag in 2...41 { trained += try a.receive(UInt64(tag), of: "hot", from: p(0)).count }
         XCTAssertEqual(trained, 40, "parking unrecorded would be lost on a handover, so the jobs wait in line")
-        XCTAssertTrue(a.keeper.takeParkedCopies().isEmpty)
+        XCTAssertEqual(try a.copies(), [])
     }
 }
