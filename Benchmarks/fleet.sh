@@ -9,6 +9,7 @@
 #   Benchmarks/fleet.sh [--ha] --only celery [--jobs N] [--rounds R] [--celery-prefetch 1,4] [--attune-worker-args="..."] [--out FILE]
 #   Benchmarks/fleet.sh --only costs [--jobs N] [--out FILE]
 #   Benchmarks/fleet.sh [--ha] --only notify [--jobs N] [--out FILE]
+#   Benchmarks/fleet.sh --only parking [--jobs N] [--out FILE]
 # --jobs: jobs per throughput scenario (default 4000, --quick 1500). --out: also write the report (markdown).
 # A full run takes under ~10 minutes, --quick under ~3 (plus the release build the first time).
 # --ha: only Attune through PostgreSQL under pg_auto_failover (scripts/postgres-ha.sh, durable, a synchronous
@@ -36,6 +37,8 @@
 # --only notify: the heads' notification inside the commit against after it (migration 0025), Attune 2 workers x 2 slots,
 # 3 pairs of drains alternating which goes first; with --ha on the single server and then the pg_auto_failover pair
 # (Benchmarks/python/bench_notify.py; about 2 minutes, 4 with --ha).
+# --only parking: what parking costs with nobody waiting: 30,000 uniform jobs (600 a user, so most users are parked)
+# on Attune 1 worker x 2 slots with and without --no-hot-user-parking, 2 pairs (Benchmarks/python/bench_parking.py).
 # The driver is Benchmarks/python/fleet_bench.py; the peer Benchmarks/python/python_worker.py; see docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
