@@ -196,3 +196,16 @@ def format_stages(stages):
     if not stages:
         return "no job timeline"
     return "; ".join(f"{name} {p50:.1f} / {p99:.1f} (slowest 1%: {worst:.1f})" for name, p50, p99, worst in stages)
+
+
+def alternating_pairs(variants, pairs, drain, label=""):
+    """`pairs` pairs of drains, one per variant (name, value), the order swapped every other pair so that neither
+    variant always goes first; `drain(value, pair)` runs one and returns its rate. One {name: rate} per pair."""
+    results = []
+    for pair in range(pairs):
+        rates = {}
+        for name, value in (variants if pair % 2 == 0 else tuple(reversed(variants))):
+            rates[name] = drain(value, pair)
+            log(f"{label}pair {pair + 1}, {name}: {fmt(rates[name], '.0f')} jobs/s")
+        results.append(rates)
+    return results

@@ -14,17 +14,15 @@ pair's ratio (after / in), and the median pair.
 """
 import os
 import re
-import statistics
 import subprocess
 from pathlib import Path
 
 import psycopg
 
-from bench_common import fmt, log
 from bench_fleets import AttuneFleet
 from bench_jobs import make_jobs
-from bench_measure import attune_target, throughput
-from bench_report import print_report, ratio
+from bench_measure import alternating_pairs, attune_target, throughput
+from bench_report import pair_rows, print_report
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -57,22 +55,19 @@ def notify_only(ctx, rows):
         subprocess.run([args.attune, "model", "import", args.model, "--name", "digits"], check=True,
                        stdout=subprocess.DEVNULL, env=env)
         databases.append(("HA pair", args.ha_url))
-    results = []  # (database, pair, {variant: rate})
+    results = []  # (database, [{variant: rate} a pair])
     try:
         for key, url in databases:
             args.active_url = url
-            for pair in range(pairs):
-                rates = {}
-                order = VARIANTS if pair % 2 == 0 else tuple(reversed(VARIANTS))
-                for name, body in order:
-                    with psycopg.connect(url, autocommit=True) as conn:
-                        conn.execute(body)
-                    tag = f"notify-{key.split()[0].lower()}-{pair}-{'in' if body is IN_COMMIT else 'after'}"
-                    r = throughput(ctx, AttuneFleet(args, workers, slots), attune_target,
-                                   make_jobs(rows, tag, n, "uniform", seed=1), tag)
-                    rates[name] = r["rate"]
-                    log(f"{key}, pair {pair + 1}, notification {name}: {fmt(r['rate'], '.0f')} jobs/s")
-                results.append((key, pair, rates))
+
+            def drain(body, pair, key=key, url=url):
+                with psycopg.connect(url, autocommit=True) as conn:
+                    conn.execute(body)
+                tag = f"notify-{key.split()[0].lower()}-{pair}-{'in' if body is IN_COMMIT else 'after'}"
+                return throughput(ctx, AttuneFleet(args, workers, slots), attune_target,
+                                  make_jobs(rows, tag, n, "uniform", seed=1), tag)["rate"]
+
+            results.append((key, alternating_pairs(VARIANTS, pairs, drain, label=f"{key}, notification: ")))
     finally:
         for _, url in databases:
             with psycopg.connect(url, autocommit=True) as conn:
@@ -86,16 +81,7 @@ def render(args, n, workers, slots, databases, results):
              f"{workers} workers x {slots} slots, the two variants alternating first; jobs/s between the 10% and 90% "
              "marks.", "",
              "| database | pair | in the commit | after the commit | after / in |", "| --- | --- | --- | --- | --- |"]
-    for key, _ in databases:
-        ratios = []
-        for db, pair, rates in results:
-            if db != key:
-                continue
-            r = ratio(rates.get("after the commit"), rates.get("in the commit"))
-            if r:
-                ratios.append(r)
-            lines.append(f"| {key} | {pair + 1} | {fmt(rates.get('in the commit'), '.0f')} | "
-                         f"{fmt(rates.get('after the commit'), '.0f')} | {fmt(r, '.2f')} |")
-        if ratios:
-            lines.append(f"| {key} | median | | | **{statistics.median(ratios):.2f}** |")
+    for key, pairs in results:
+        lines += pair_rows(pairs, ("in the commit", "after the commit"), ("after the commit", "in the commit"),
+                           cells=f"{key} | ")
     return lines

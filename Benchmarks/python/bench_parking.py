@@ -7,11 +7,10 @@ cost the broker one more copy. Pairs of drains on Attune 1 worker x 2 slots, the
 """
 import statistics
 
-from bench_common import fmt, log
 from bench_fleets import AttuneFleet
 from bench_jobs import make_jobs
-from bench_measure import attune_target, throughput
-from bench_report import print_report, ratio
+from bench_measure import alternating_pairs, attune_target, throughput
+from bench_report import pair_rows, print_report
 
 VARIANTS = (("parking (default)", []), ("--no-hot-user-parking", ["--no-hot-user-parking"]))
 
@@ -19,28 +18,17 @@ VARIANTS = (("parking (default)", []), ("--no-hot-user-parking", ["--no-hot-user
 def parking_only(ctx, rows):
     args = ctx.args
     n = args.jobs if args.jobs_given else 30000
-    pairs = 2
-    results = []
-    for pair in range(pairs):
-        rates = {}
-        for name, extra in (VARIANTS if pair % 2 == 0 else tuple(reversed(VARIANTS))):
-            fleet = AttuneFleet(args, 1, 2)
-            fleet.extra_args = list(extra)
-            tag = f"parking-{pair}-{'off' if extra else 'on'}"
-            r = throughput(ctx, fleet, attune_target, make_jobs(rows, tag, n, "uniform", seed=1), tag)
-            rates[name] = r["rate"]
-            log(f"pair {pair + 1}, {name}: {fmt(r['rate'], '.0f')} jobs/s")
-        results.append(rates)
+
+    def drain(extra, pair):
+        fleet = AttuneFleet(args, 1, 2)
+        fleet.extra_args = list(extra)
+        tag = f"parking-{pair}-{'off' if extra else 'on'}"
+        return throughput(ctx, fleet, attune_target, make_jobs(rows, tag, n, "uniform", seed=1), tag)["rate"]
+
+    results = alternating_pairs(VARIANTS, 2, drain)
     lines = [f"Parking with nobody waiting (--only parking): {n} uniform jobs over 50 users queued, then drained by "
              "Attune 1 worker x 2 slots; jobs/s between the 10% and 90% marks.", "",
              "| pair | parking (default) | --no-hot-user-parking | parking / FIFO |", "| --- | --- | --- | --- |"]
-    ratios = []
-    for i, rates in enumerate(results):
-        r = ratio(rates.get("parking (default)"), rates.get("--no-hot-user-parking"))
-        if r:
-            ratios.append(r)
-        lines.append(f"| {i + 1} | {fmt(rates.get('parking (default)'), '.0f')} | "
-                     f"{fmt(rates.get('--no-hot-user-parking'), '.0f')} | {fmt(r, '.2f')} |")
-    if ratios:
-        lines.append(f"| mean | | | **{statistics.mean(ratios):.2f}** |")
+    names = ("parking (default)", "--no-hot-user-parking")
+    lines += pair_rows(results, names, names, summary=("mean", statistics.mean))
     print_report(args, lines)

@@ -1,5 +1,6 @@
 """The fleet bench's report: ratios, the full run's markdown report, and printing a mode's table."""
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -10,6 +11,24 @@ from bench_measure import format_stages
 
 def ratio(a, b):
     return a / b if a and b else None
+
+
+def pair_rows(results, columns, over, cells="", summary=("median", None)):
+    """Table rows for `alternating_pairs`' results: each pair's rates of the two variants named in `columns`, in that
+    order, and the ratio of variant `over[0]` to `over[1]`; then the summary of the ratios (`summary`: its label and
+    function, the median by default). `cells`: what each row starts with (a group's column)."""
+    label, summarize = summary
+    summarize = summarize or statistics.median
+    rows, ratios = [], []
+    for i, rates in enumerate(results):
+        r = ratio(rates.get(over[0]), rates.get(over[1]))
+        if r:
+            ratios.append(r)
+        rows.append(f"| {cells}{i + 1} | {fmt(rates.get(columns[0]), '.0f')} | {fmt(rates.get(columns[1]), '.0f')} | "
+                    f"{fmt(r, '.2f')} |")
+    if ratios:
+        rows.append(f"| {cells}{label} | | | **{summarize(ratios):.2f}** |")
+    return rows
 
 
 def render(args, r, best_key, sweep, best_peer, pgbench):
