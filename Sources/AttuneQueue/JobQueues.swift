@@ -200,15 +200,19 @@ public struct JobQueues {
         ]
     }
 
-    /// The parked copy of a job delivered from `partition`: to its parked queue, with the user id as routing key
-    /// (a retried job came back under its partition queue's name, and carries the user's in a header), and the
-    /// headers it had.
+    /// The user a job delivery belongs to: its routing key, or for a retried job (which came back under its
+    /// partition queue's name) the one it carries in a header.
+    public static func user(of delivery: Delivery) -> String {
+        delivery.headers[Topology.routingKeyHeader] ?? delivery.routingKey
+    }
+
+    /// The parked copy of a job delivered from `partition`: to its parked queue, with its user (`user(of:)`) as
+    /// routing key, and the headers it had.
     public static func parkedCopy(of delivery: Delivery, from partition: JobPartition) -> Copy {
         var headers = delivery.headers
         headers[Topology.drainBarrierHeader] = nil
         headers[Topology.parkedQueueHeader] = partition.parkedQueue
-        let user = delivery.headers[Topology.routingKeyHeader] ?? delivery.routingKey
-        return Copy(exchange: Topology.parkedExchange, routingKey: user, headers: headers)
+        return Copy(exchange: Topology.parkedExchange, routingKey: user(of: delivery), headers: headers)
     }
 
     /// A queue of this connection's own on `cancelledExchange` (server-named, gone with the connection).

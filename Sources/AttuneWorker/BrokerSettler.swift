@@ -126,7 +126,7 @@ final class BrokerSettler {
     /// Publishes the parked copy of each delivery (`HotUserParking`); its original is acked on the copy's confirm.
     func park(_ deliveries: [(delivery: Delivery, partition: JobPartition)], on connection: any SettlementChannel) throws {
         for (delivery, partition) in deliveries {
-            let messageId = delivery.messageId ?? "attune-copy-\(open.generation)-\(delivery.deliveryTag)"
+            let messageId = copyMessageId(of: delivery)
             guard let sequence = try connection.sendParkedCopy(of: delivery, from: partition, messageId: messageId) else {
                 // Without confirms (never on a worker's connection) the copy is taken as placed.
                 try ack([delivery.deliveryTag], on: connection)
@@ -147,8 +147,7 @@ final class BrokerSettler {
 
     /// Publishes a dead-letter or retry copy (`publish`, given its message id) and notes what its confirm settles.
     private func sendCopy(of delivery: Delivery, _ job: SettledJob, publish: (String) throws -> UInt64?) throws {
-        // The copy's message id lets a broker return (no queue bound) be matched to it.
-        let messageId = delivery.messageId ?? "attune-copy-\(open.generation)-\(delivery.deliveryTag)"
+        let messageId = copyMessageId(of: delivery)
         let sequence = try publish(messageId)
         let name = JobNames.name(job.decision.event.jobID, delivery: delivery.deliveryTag)
         switch job.decision.action {
@@ -161,6 +160,11 @@ final class BrokerSettler {
         }
         guard let sequence else { return }
         onConfirm[sequence] = CopyConfirmed(receipt: job.receipt, messageId: messageId, event: job.decision.event)
+    }
+
+    /// A copy's message id, which lets a broker return (no queue bound) be matched to it: the job's, or one made up.
+    private func copyMessageId(of delivery: Delivery) -> String {
+        delivery.messageId ?? "attune-copy-\(open.generation)-\(delivery.deliveryTag)"
     }
 
     /// Acks `tags`: one multiple-ack for the longest run of the oldest unsettled tags, single acks for the rest.

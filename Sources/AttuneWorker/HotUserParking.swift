@@ -61,12 +61,6 @@ final class HotUserParking {
         self.now = now
     }
 
-    /// The user a delivery belongs to: its routing key, or for a retried job (which came back under its
-    /// partition queue's name) the one it carries.
-    static func user(of delivery: Delivery) -> String {
-        delivery.headers[Topology.routingKeyHeader] ?? delivery.routingKey
-    }
-
     /// A partition taken: the users an earlier holder left parked (`FleetPartitioning.parkedUsers`).
     func took(_ partition: JobPartition, inheriting keys: Set<String>) {
         partitions[partition] = PartitionState(inheritedKeys: keys)
@@ -88,7 +82,7 @@ final class HotUserParking {
     func route(_ delivery: Delivery, from partition: JobPartition, waiting: (JobPartition) -> Int? = { _ in nil }) -> Route {
         var state = partitions[partition] ?? PartitionState()
         defer { partitions[partition] = state }
-        let user = Self.user(of: delivery)
+        let user = JobQueues.user(of: delivery)
         let time = now()
         if let rule { remember(user, at: time, in: &state, rule: rule) }
         if state.users[user] != nil {
@@ -110,7 +104,7 @@ final class HotUserParking {
 
     /// The user's parking could not be recorded (PostgreSQL away): its job is trained instead, as before parking.
     func unpark(_ delivery: Delivery, from partition: JobPartition) {
-        let user = Self.user(of: delivery)
+        let user = JobQueues.user(of: delivery)
         partitions[partition]?.users[user] = nil
         partitions[partition]?.direct[user, default: []].insert(delivery.deliveryTag)
     }
@@ -129,7 +123,7 @@ final class HotUserParking {
     func tookBack(_ delivery: Delivery, from partition: JobPartition) {
         var state = partitions[partition] ?? PartitionState()
         defer { partitions[partition] = state }
-        let user = Self.user(of: delivery)
+        let user = JobQueues.user(of: delivery)
         if state.users[user] == nil {
             // A job an earlier holder parked, before this holder saw a new one of the user's.
             let key = FleetPartitioning.parkedUserKey(routingKey: user)

@@ -148,7 +148,7 @@ final class PartitionKeeper {
         var waiting: [(delivery: Delivery, partition: JobPartition)] = []
         var blocked = Set<String>()
         for item in toPark {
-            let user = HotUserParking.user(of: item.delivery)
+            let user = JobQueues.user(of: item.delivery)
             let key = "\(item.partition.queue)\u{0}\(user)"
             if !blocked.contains(key), parking.copiesMayBegin(for: user, in: item.partition, isOpen: open.isOpen) {
                 ready.append(item)
@@ -180,7 +180,7 @@ final class PartitionKeeper {
             case .train:
                 train.append(delivery)
             case .park(let newUser):
-                if newUser, try !beginParking(HotUserParking.user(of: delivery), of: partition, consumers, connection) {
+                if newUser, try !beginParking(JobQueues.user(of: delivery), of: partition, consumers, connection) {
                     parking.unpark(delivery, from: partition)
                     train.append(delivery)
                 } else {
@@ -227,7 +227,7 @@ final class PartitionKeeper {
                            _ connection: any PartitionChannel) throws {
         guard let rule = configuration.hotUsers, moving != movingPartitions.contains(partition),
               consumers.consuming.contains(partition), !consumers.isPaused(partition) else { return }
-        let share = consumerPrefetch ?? configuration.consumerPrefetch(consuming: consumers.consuming.count)
+        let share = share(of: consumers)
         guard rule.moving > share else { return }
         guard try connection.queueDepth(partition.queue).consumers <= 1 else {
             logger.warning("\(partition.queue) has another consumer; its parked jobs move \(share) at a time")
@@ -241,12 +241,17 @@ final class PartitionKeeper {
     /// of what the partition does now.
     private func resumePaused(_ consumers: PartitionConsumers, _ connection: any PartitionChannel) throws {
         for (partition, tag) in consumers.paused where !open.holds(consumer: tag) {
-            let share = consumerPrefetch ?? configuration.consumerPrefetch(consuming: consumers.consuming.count)
+            let share = share(of: consumers)
             let moving = movingPartitions.contains(partition) ? configuration.hotUsers?.moving : nil
             try connection.setPrefetch(UInt16(clamping: moving ?? share))
             try consumers.resume(partition)
             try connection.setPrefetch(UInt16(clamping: share))
         }
+    }
+
+    /// What a partition consumer gets of the delivery budget now: the prefetch the connection gives new consumers.
+    private func share(of consumers: PartitionConsumers) -> Int {
+        consumerPrefetch ?? configuration.consumerPrefetch(consuming: consumers.consuming.count)
     }
 
     private func takeBackParked(_ partition: JobPartition, _ consumers: PartitionConsumers,

@@ -80,7 +80,13 @@ final class HotUserParkingTests: XCTestCase {
     func testARetriedJobCountsAsItsUsersNotAsItsPartitionQueues() {
         let parking = HotUserParking(rule: rule, now: clock.read)
         let retried = Deliveries.job(99, consumer: "main", user: partition.queue, headers: [Topology.routingKeyHeader: "mate"])
-        XCTAssertEqual(HotUserParking.user(of: retried), "mate")
+        XCTAssertEqual(JobQueues.user(of: retried), "mate")
+        _ = parking.route(job("other"), from: partition)
+        let routes = (0..<7).map { tag in
+            parking.route(Deliveries.job(UInt64(200 + tag), consumer: "main", user: partition.queue,
+                                         headers: [Topology.routingKeyHeader: "hot"]), from: partition)
+        }
+        XCTAssertEqual(routes.last, .park(newUser: true), "the retried jobs count as the user's, 7 of the window's 8")
         XCTAssertEqual(JobQueues.parkedCopy(of: retried, from: partition).routingKey, "mate",
                        "the copy comes back under the user's key, so to the user's slot")
     }
