@@ -1,38 +1,52 @@
 #!/usr/bin/env bash
 # Validates the deployment files: deploy/kubernetes/ against Kubernetes' own schemas (kubernetes-validate,
-# strict: unknown fields fail), the KEDA objects (CRDs, which it has no schema for) by cross-checks, the
+# strict: unknown fields fail), the KEDA objects (CRDs, which it has no schema for) by cross-checks, what the docs
+# promise across the files (deploy/kubernetes/check_deployment.py, each check also run on a broken copy), the
 # RabbitmqCluster against the operator's schema and Attune's needs, every Attune image's tag against the release, and
 # docker-compose.yml (alone and with docker-compose.ha.yml) with Debian's docker-compose: no default secret,
 # loopback-only admin ports, storage keys required. Installs what it needs; called by scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${ATTUNE_VENV:-$PWD/.venv}
-"$venv/bin/python" -c "import kubernetes_validate, yaml" 2>/dev/null ||
+# On a fresh clone there is no venv yet (scripts/install-deps.sh --python makes the tests' one): make a bare one.
+[[ -x $venv/bin/pip ]] || python3 -m venv "$venv" >&2 ||
+  { echo "cannot make $venv: install python3-venv (scripts/install-deps.sh does)" >&2; exit 1; }
+"$venv/bin/python" -c "import kubernetes_validate, yaml, jsonschema" 2>/dev/null ||
   "$venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate pyyaml >&2
 command -v docker-compose >/dev/null || {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null 2>&1 ||
     { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >&2; }
 }
-# kubernetes-validate only warns about kinds it has no schema for; those are KEDA's, CloudNativePG's and the
-# RabbitMQ Cluster Operator's, checked below.
+# kubernetes-validate only warns about kinds it has no schema for; those are KEDA's, CloudNativePG's, the
+# RabbitMQ Cluster Operator's and the Prometheus Operator's, checked below.
 out=$("$venv/bin/kubernetes-validate" --strict deploy/kubernetes/*.yaml 2>&1) || { echo "$out"; exit 1; }
 echo "$out" | grep -v "^INFO" |
-  grep -v "Couldn't find schema for kind \(ScaledObject\|TriggerAuthentication\|Cluster\|RabbitmqCluster\) " && exit 1
+  grep -v "Couldn't find schema for kind \(ScaledObject\|TriggerAuthentication\|Cluster\|ScheduledBackup\|RabbitmqCluster\|PodMonitor\) " && exit 1
 echo "kubernetes-validate: $(echo "$out" | grep -c '^INFO.*passed') resources passed (strict)"
 "$venv/bin/python" deploy/kubernetes/check_keda.py
+# What the docs promise across files (docs/kubernetes.md lists it): one namespace, every secret, mount and key
+# declared, PostgreSQL's CA the same in the Cluster, the mounts and sslrootcert, probes, resources, the migrate
+# Job's order, serve's --producers, the PodMonitors, the backups. Then each of those checks on a broken copy:
+# a check that cannot fail proves nothing.
+"$venv/bin/python" deploy/kubernetes/check_deployment.py
+out=$(cd deploy/kubernetes && "$venv/bin/python" -m unittest test_checks.py 2>&1) || { echo "$out" >&2; exit 1; }
+echo "deploy/kubernetes/test_checks.py: $(grep -o 'Ran [0-9]*' <<<"$out" | cut -d' ' -f2) tests passed (the manifests as they are, and broken copies each refused naming what broke)"
 # The RabbitmqCluster: its fields against the operator's schema (jsonschema comes with kubernetes-validate), and
 # what Attune needs of the broker (the consistent-hash plugin, consumer_timeout, an odd number of nodes, at least 3).
 "$venv/bin/python" deploy/kubernetes/check_rabbitmq_cluster.py
 # Every Attune image (attune, attune-postgres-ha, under any registry) in deploy/ and the compose files is tagged
-# with this release, the version in Sources/AttuneSpec/Release.swift (`attune --version`): no `latest`, no stale tag.
+# with this release line, the version in Sources/AttuneSpec/Release.swift (`0.40.0-dev` between releases, `0.40.0`
+# at a cut), or with one build of it, the identity `attune --version` prints with `_` for the `+` a tag cannot hold
+# (`0.40.0-dev_4d711af`): no `latest`, no stale tag. Compose's `${ATTUNE_IMAGE:-attune:X}` is checked by its default.
 "$venv/bin/python" - <<'PY'
 import re, sys
 from pathlib import Path
 release_file = Path("Sources/AttuneSpec/Release.swift")
-found = re.search(r'\bversion\s*=\s*"(\d+\.\d+\.\d+)"', release_file.read_text())
+found = re.search(r'\bversion\s*=\s*"(\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?)"', release_file.read_text())
 if not found:
-    sys.exit(f"{release_file}: no `version = \"X.Y.Z\"` to compare the image tags with")
+    sys.exit(f"{release_file}: no `version = \"X.Y.Z[-pre]\"` to compare the image tags with")
 release = found.group(1)
+build_tag = re.compile(re.escape(release) + r"_[0-9a-f]{7,40}")
 files = sorted(p for pattern in ("deploy/**/*.yaml", "deploy/**/*.yml", "docker-compose*.yml") for p in Path().glob(pattern))
 bad, seen = [], 0
 for path in files:
@@ -41,19 +55,27 @@ for path in files:
         if not image:
             continue
         reference = image.group(1)
+        # Compose's ${VARIABLE:-default} (or ${VARIABLE-default}): what runs when nobody sets it is the default.
+        variable = re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*:?-([^}]*)\}", reference)
+        if variable:
+            reference = variable.group(1)
+        elif reference.startswith("$"):
+            if "attune" in line:
+                bad.append(f"{path}:{number}: {image.group(1)} (no default image to compare; write ${{VARIABLE:-attune:{release}}})")
+            continue
         # registry/path/name:tag, and maybe @sha256:… after it (a digest pins the image; the tag still says which).
         name, _, tag = reference.split("@")[0].rpartition("/")[2].partition(":")
         if name != "attune" and not name.startswith("attune-"):
             continue
         seen += 1
-        if tag != release:
-            bad.append(f"{path}:{number}: {reference}")
+        if tag != release and not build_tag.fullmatch(tag):
+            bad.append(f"{path}:{number}: {image.group(1)}")
 if bad:
-    sys.exit("Attune images not tagged " + release + " (Sources/AttuneSpec/Release.swift):\n  " + "\n  ".join(bad)
-             + "\nThe image tags and Release.swift's version go together: bump both in the same change.")
+    sys.exit("Attune images not tagged " + release + " or " + release + "_<commit> (Sources/AttuneSpec/Release.swift):\n  "
+             + "\n  ".join(bad) + "\nThe image tags and Release.swift's version go together: bump both in the same change.")
 if not seen:
     sys.exit("no Attune image found in deploy/ or docker-compose*.yml; update this check with the files")
-print(f"Attune images: {seen} references in deploy/ and docker-compose*.yml, all tagged {release} (Release.swift)")
+print(f"Attune images: {seen} references in deploy/ and docker-compose*.yml, all tagged {release} or a build of it (Release.swift)")
 PY
 # Compose reads the project's .env and the caller's environment; these checks see neither, so a password
 # exported in this shell cannot make "no default secret" pass by accident.

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import yaml
 
-here = Path(__file__).parent
+# DIR: the manifests (deploy/kubernetes by default; the negative tests pass a broken copy).
+here = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
+root = Path(__file__).resolve().parents[2]
 docs = [d for f in sorted(here.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
 by_kind = {}
 for d in docs:
@@ -20,11 +22,15 @@ def check(condition, message):
     if not condition:
         errors.append(message)
 
-# The fleet's partition count: what the migrate Job declares (`attune topology declare --partitions N`).
+# The fleet's partition count: what the migrate Job declares. Without --partitions (as shipped, so that a
+# repartitioned fleet's stored count is kept) a new fleet gets the CLI's default, Topology.defaultPartitionCount.
 declare = [c["args"] for job in by_kind.get("Job", {}).values() for c in job["spec"]["template"]["spec"]["containers"]
            if c["args"][:2] == ["topology", "declare"]]
-check(len(declare) == 1 and "--partitions" in declare[0], "no Job runs `attune topology declare --partitions N`")
-count = int(declare[0][declare[0].index("--partitions") + 1]) if declare and "--partitions" in declare[0] else 64
+check(len(declare) == 1, "no Job runs `attune topology declare`")
+default = re.search(r"defaultPartitionCount\s*=\s*(\d+)", (root / "Sources/AttuneQueue/Topology.swift").read_text())
+check(default, "Sources/AttuneQueue/Topology.swift: no defaultPartitionCount to compare maxReplicaCount with")
+count = int(declare[0][declare[0].index("--partitions") + 1]) if declare and "--partitions" in declare[0] \
+    else int(default.group(1)) if default else 64
 # The queues Attune declares (Sources/AttuneQueue/Topology.swift): the partitions and the others.
 partitions = [f"attune.jobs.p{i:02d}" for i in range(count)]
 # A repartition's later generations (attune.jobs.g1.p00, ...), whose queues hold the new jobs during a drain.
@@ -91,13 +97,7 @@ for kind in ("Deployment", "Job"):
                     secret = by_kind.get("Secret", {}).get(ref["name"])
                     check(secret is not None and ref["key"] in secret.get("stringData", {}),
                           f"{kind} {name}: secret {ref['name']}/{ref['key']} is not declared")
-# Every secret a pod mounts is declared.
-for kind in ("Deployment", "Job"):
-    for name, obj in by_kind.get(kind, {}).items():
-        for volume in obj["spec"]["template"]["spec"].get("volumes", []):
-            if "secret" in volume:
-                check(volume["secret"]["secretName"] in by_kind.get("Secret", {}),
-                      f"{kind} {name}: volume secret {volume['secret']['secretName']} is not declared")
+# The secrets pods mount (some made by the operators, not declared here) are checked by check_deployment.py.
 # The worker's grace period outlasts its shutdown deadline.
 for name, dep in by_kind.get("Deployment", {}).items():
     pod = dep["spec"]["template"]["spec"]
