@@ -144,6 +144,8 @@ def main():
     if len(sys.argv) != 2:
         raise SystemExit(f"usage: {sys.argv[0]} PATH-TO-ATTUNE-BINARY   (run from the repository's root)")
     binary = sys.argv[1]
+    if not pathlib.Path(binary).is_file():
+        raise SystemExit(f"{sys.argv[0]}: no {binary}; run swift build first")
     if not DOC.is_file() or not SOURCES.is_dir():
         raise SystemExit(f"{DOC} or {SOURCES}/ not found: run this from the repository's root")
     doc = DOC.read_text(encoding="utf-8")

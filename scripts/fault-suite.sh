@@ -102,6 +102,15 @@ done
 export ATTUNE_PG_CRASH_SAFE=${ATTUNE_PG_CRASH_SAFE:-1}
 [ -n "$repartition" ] && partitions=${partitions:-16}
 
+# The outcome check at the end reads the events queue with pika, from the tests' venv; on a fresh clone that
+# venv does not exist yet, so make it now (idempotent) rather than fail after the whole run. ATTUNE_PYTHON
+# (scripts/test.sh sets it) names another Python, which must have pika already.
+python=${ATTUNE_PYTHON:-${ATTUNE_VENV:-$PWD/.venv}/bin/python}
+if ! "$python" -c "import pika" 2>/dev/null; then
+  [ -z "${ATTUNE_PYTHON:-}" ] || { echo "fault-suite.sh: $python cannot import pika (scripts/install-deps.sh --python makes a venv that can)" >&2; exit 1; }
+  scripts/install-deps.sh --python
+fi
+
 if [ "$build" = release ]; then
   swift build -c release --product attune 2>&1 | tail -n 1
 fi
@@ -606,7 +615,7 @@ echo "== outcomes and terminal events"
 # Every job has one outcome in PostgreSQL (completed, or failed for the bad ones) and at least one terminal
 # event in the durable queue; a second one for a job must say so (a duplicate, or republished from the outbox).
 psql "$ATTUNE_DATABASE_URL" -XAtq -F ' ' -c "SELECT job_id, state FROM attune_job_outcomes" >"$work/outcomes.txt" || status=1
-"${ATTUNE_PYTHON:-.venv/bin/python}" - "$work/jobs.jsonl" "$work/outcomes.txt" "$ATTUNE_AMQP_URL" <<'PY' || status=1
+"$python" - "$work/jobs.jsonl" "$work/outcomes.txt" "$ATTUNE_AMQP_URL" <<'PY' || status=1
 import json, sys
 import pika
 jobs, outcomes_file, url = sys.argv[1:4]

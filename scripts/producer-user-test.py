@@ -17,8 +17,12 @@ import sys
 import urllib.parse
 import uuid
 
-import pika
-from pika.exceptions import ChannelClosedByBroker
+try:
+    import pika
+    from pika.exceptions import ChannelClosedByBroker
+except ImportError:
+    # The system Python has no pika; the tests' venv has (made on a fresh clone by install-deps.sh --python).
+    raise SystemExit(f"{sys.argv[0]}: no pika in {sys.executable}; run scripts/install-deps.sh --python, then use .venv/bin/python")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PASSWORD = "producer-test-password"
