@@ -102,6 +102,11 @@ done
 export ATTUNE_PG_CRASH_SAFE=${ATTUNE_PG_CRASH_SAFE:-1}
 [ -n "$repartition" ] && partitions=${partitions:-16}
 
+if [ "$build" = release ]; then
+  swift build -c release --product attune 2>&1 | tail -n 1
+fi
+attune=$PWD/.build/$build/attune
+[ -x "$attune" ] || { echo "fault-suite.sh: no $attune; run swift build first" >&2; exit 1; }
 # The outcome check at the end reads the events queue with pika, from the tests' venv; on a fresh clone that
 # venv does not exist yet, so make it now (idempotent) rather than fail after the whole run. ATTUNE_PYTHON
 # (scripts/test.sh sets it) names another Python, which must have pika already.
@@ -110,12 +115,6 @@ if ! "$python" -c "import pika" 2>/dev/null; then
   [ -z "${ATTUNE_PYTHON:-}" ] || { echo "fault-suite.sh: $python cannot import pika (scripts/install-deps.sh --python makes a venv that can)" >&2; exit 1; }
   scripts/install-deps.sh --python
 fi
-
-if [ "$build" = release ]; then
-  swift build -c release --product attune 2>&1 | tail -n 1
-fi
-attune=$PWD/.build/$build/attune
-[ -x "$attune" ] || { echo "fault-suite.sh: no $attune; run swift build first" >&2; exit 1; }
 # Storage encrypted at rest, as in production: a throwaway key unless ATTUNE_KEYS or ATTUNE_KEYS_FILE is
 # set. Every process below inherits it, and the end checks that every large object is under it.
 if [ -z "${ATTUNE_KEYS:-}${ATTUNE_KEYS_FILE:-}" ]; then
