@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# The deployment drill: Attune deployed as users deploy it, with containers, by the docs' own shell blocks.
+#   1. The base images no registry here serves are made once (scripts/container-images.sh); every other image
+#      is built from deploy/Dockerfile unchanged, as "Building and pushing the image" says.
+#   2. In a copy of this checkout, the shell blocks of docs/operations.md, docs/backup.md and docs/upgrades.md
+#      marked <!-- drill: NAME --> run as written (scripts/doc-blocks.py extracts them), with podman behind a
+#      `docker` command and Debian's docker-compose behind `docker compose` on podman's Docker API socket:
+#      settings in .env, compose up (a real PostgreSQL and RabbitMQ in containers), a model imported, an
+#      operator added, the workers scaled to 3, jobs from this host with the Python client and their outcomes
+#      read from serve, a device fetching its model, a worker SIGKILLed mid-job, `down` then `up`, backup and
+#      restore, and an upgrade by image tag from the previous release's image.
+#   3. After each block, the drill checks what the block should have done, and fails naming the step.
+# Prints its figures: image build times, the time to the first completed job, and the jobs lost (0).
+# Usage: scripts/deploy-drill.sh   (root; about 5 minutes once the images are built, about 20 before)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+work=$(mktemp -d /tmp/attune-deploy.XXXXXX)
+chmod 755 "$work"
+export CONTAINERS_CONF=$repo/scripts/containers/containers.conf
+export DOCKER_HOST=unix://$work/podman.sock
+project_dirs=()
+say() { echo "[$(date +%T)] deploy drill: $*"; }
+current=setup
+fail() { echo "FAIL: deploy drill step $current: $*" >&2; exit 1; }
+trap 'echo "FAIL: deploy drill step $current: line $LINENO: \"$BASH_COMMAND\" exited $?" >&2' ERR
+cleanup() {
+  set +e
+  for dir in "${project_dirs[@]}"; do (cd "$dir" && docker-compose down -v --remove-orphans >/dev/null 2>&1); done
+  [ -n "${ticker:-}" ] && kill "$ticker" 2>/dev/null
+  [ -n "${service:-}" ] && kill "$service" 2>/dev/null
+  [ "${ATTUNE_KEEP_DRILL:-0}" = 1 ] || rm -rf "$work"
+}
+trap cleanup EXIT
+
+# What the drill needs on this machine: podman and the stand-in images, Debian's docker-compose, a venv for
+# the Python client (python3-venv), openssl.
+eval "$(scripts/container-images.sh)"
+if ! command -v docker-compose >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >&2 ||
+    { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >&2; }
+fi
+# podman's Docker-compatible API, for docker-compose, on a socket of the drill's own.
+podman system service --time=0 "$DOCKER_HOST" >"$work/podman-service.log" 2>&1 &
+service=$!
+for _ in $(seq 50); do [ -S "$work/podman.sock" ] && break; sleep 0.1; done
+# podman runs health checks from systemd timers, and this machine has no systemd: run them every 2 s, as the
+# timers would, so that compose's `condition: service_healthy` can be met.
+( while true; do
+    for id in $(podman ps -q 2>/dev/null); do podman healthcheck run "$id" >/dev/null 2>&1 || true; done
+    sleep 2
+  done ) &
+ticker=$!
+# `docker` as the docs use it: `docker compose …` is Debian's docker-compose on podman's socket, and every
+# other `docker …` is podman's command of the same name.
+mkdir -p "$work/bin"
+cat >"$work/bin/docker" <<'SHIM'
+#!/usr/bin/env bash
+if [ "${1:-}" = compose ]; then shift; exec docker-compose "$@"; fi
+exec podman "$@"
+SHIM
+chmod +x "$work/bin/docker"
+export PATH=$work/bin:$PATH
+
+# A user's checkout: this one's files as they are now, with its git history (the build block reads the commit).
+checkout() { # DIR
+  git clone --quiet --no-checkout --shared "$repo" "$1"
+  git ls-files -z | tar --null -T - -cf - | tar -C "$1" -xf -
+  project_dirs+=("$1")
+}
+# block FILE NAME: the docs' block, as written.
+block() { python3 "$repo/scripts/doc-blocks.py" show "$repo/$1" "$2"; }
+# step NAME FILE: runs block NAME of FILE in the checkout, with bash -e; its output goes to the log.
+ran=()
+step() {
+  current=$1
+  say "step $1 ($2)"
+  block "$2" "$1" >"$work/step-$1.sh"
+  if ! (cd "$here" && bash -euo pipefail "$work/step-$1.sh") >"$work/step-$1.log" 2>&1; then
+    tail -n 30 "$work/step-$1.log" >&2
+    fail "the block <!-- drill: $1 --> of $2 exited non-zero (output above)"
+  fi
+  ran+=("$2:$1")
+}
+compose() { (cd "$here" && docker-compose "$@"); }
+psql_stack() { compose exec -T postgres psql -XAtq -U attune -d attune -c "$1"; }
+env_of() { sed -n "s/^$1=//p" "$here/.env"; }
+wait_for() { # SECONDS DESCRIPTION COMMAND...
+  local limit=$1 what=$2; shift 2
+  local until=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < until)) || fail "waited ${limit} s for $what"
+    sleep 1
+  done
+}
+
+here=$work/attune
+checkout "$here"
+revision=$(git -C "$repo" rev-parse HEAD)
+
+# 1. The image, as "Building and pushing the image" builds it.
+start=$SECONDS
+step build-image docs/operations.md
+build_seconds=$((SECONDS - start))
+image=$(sed -n 's/^docker build .* -t \([^ ]*\) .*/\1/p' "$work/step-build-image.sh" | head -n 1)
+start=$SECONDS
+(cd "$here" && bash -euo pipefail "$work/step-build-image.sh") >"$work/rebuild.log" 2>&1 || fail "the same build again failed"
+rebuild_seconds=$((SECONDS - start))
+# An uncached build happens once per change of the sources: record its time, and print the last one measured.
+if grep -q "Compiling" "$work/step-build-image.log"; then echo "$build_seconds $revision $(date -u +%F)" >"$HOME/.cache/attune/images/uncached-build"; fi
+read -r uncached_seconds uncached_commit uncached_day <"$HOME/.cache/attune/images/uncached-build" || true
+
+# 2. A first start, as "Running in production" says.
+step settings docs/operations.md
+[ "$(stat -c %a "$here/.env")" = 600 ] || fail ".env is not readable by its owner alone"
+for v in ATTUNE_DB_PASSWORD ATTUNE_AMQP_PASSWORD ATTUNE_KEYS; do [ -n "$(env_of $v)" ] || fail ".env has no $v"; done
+up_started=$SECONDS
+step first-start docs/operations.md
+[ "$(psql_stack "SELECT count(*) FROM attune_base_models WHERE name = 'digits'")" -ge 1 ] ||
+  fail "no base model digits after the import"
+compose logs migrate | grep -q "the schema serves" || fail "the migrate service did not report the schema"
+
+step operator docs/operations.md
+wait_for 60 "serve's admin listener to take the operator" \
+  curl -fsS -u ops:A-LONG-OPERATOR-PASSWORD http://127.0.0.1:8081/api/jobs/none
+code=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8081/api/jobs/none)
+[ "$code" = 401 ] || fail "the admin listener answered $code without the operator's password"
+
+step scale docs/operations.md
+running_workers() { compose ps -q worker | xargs -r podman inspect --format '{{.State.Running}}' | grep -c true; }
+wait_for 60 "3 workers running" test "$(running_workers)" = 3
+
+# The time from `up` to the first completed job: the first version seen while the block runs.
+( until [ "$(psql_stack "SELECT count(*) FROM attune_personal_versions" 2>/dev/null)" -gt 0 ] 2>/dev/null; do sleep 0.2; done
+  echo $((SECONDS - up_started)) >"$work/first-completed" ) &
+step try-jobs docs/operations.md
+first_completed=$(cat "$work/first-completed" 2>/dev/null || echo "?")
+grep -q "completed 48 of 48 jobs" "$work/step-try-jobs.log" || fail "not every job completed: $(tail -n 2 "$work/step-try-jobs.log")"
+
+step device docs/operations.md
+[ -s "$here/check-1.mlmodel" ] || fail "the device got no model"
+grep -q '"status": 200' "$work/step-device.log" || fail "the device's fetch did not answer 200: $(cat "$work/step-device.log")"
+
+# A worker SIGKILLed while jobs train: nothing lost, each job applied once.
+current=kill-worker
+python="$here/.venv-attune/bin/python"
+amqp="amqp://attune:$(env_of ATTUNE_AMQP_PASSWORD)@127.0.0.1:5672/%2f"
+(cd "$here" && "$python" examples/python/check_stack.py publish --amqp-url "$amqp" --users 6 --jobs 60 --epochs 20 \
+  --samples 400 --ids "$work/killed.txt") >/dev/null
+wait_for 60 "the first of the long jobs to commit" test "$(psql_stack "SELECT count(*) FROM attune_personal_versions")" -gt 48
+step kill-worker docs/operations.md
+at_kill=$(psql_stack "SELECT count(*) FROM attune_personal_versions")
+((at_kill < 108)) || fail "every job had ended before the kill: make the drill's jobs longer"
+(cd "$here" && "$python" examples/python/check_stack.py wait --operator ops --password A-LONG-OPERATOR-PASSWORD \
+  --ids "$work/killed.txt" --timeout 300) >"$work/killed.log" || fail "after the kill: $(head -n 1 "$work/killed.log")"
+restarts=$(compose ps -q worker | xargs -r podman inspect --format '{{.RestartCount}}' | awk '{ n += $1 } END { print n }')
+versions=$(psql_stack "SELECT count(*) FROM attune_personal_versions")
+[ "$versions" = 108 ] || fail "108 jobs made $versions versions: a job was lost or applied twice"
+
+step down-up docs/operations.md
+wait_for 120 "the stack to answer again" curl -fsS -u ops:A-LONG-OPERATOR-PASSWORD http://127.0.0.1:8081/api/jobs/none
+[ "$(psql_stack "SELECT count(*) FROM attune_personal_versions")" = 108 ] || fail "versions lost across down and up"
+(cd "$here" && "$python" examples/python/check_stack.py wait --operator ops --password A-LONG-OPERATOR-PASSWORD \
+  --ids "$work/killed.txt" --timeout 30) >/dev/null || fail "outcomes lost across down and up"
+
+# 3. Backup and restore, as backup.md's "With Docker Compose" says.
+cp "$here/check-1.mlmodel" "$work/check-1-before.mlmodel"
+step backup docs/backup.md
+compose down -v >/dev/null 2>&1   # the volumes go, as on a new host
+step restore docs/backup.md
+[ "$(psql_stack "SELECT count(*) FROM attune_personal_versions")" = 108 ] || fail "the restore did not bring back 108 versions"
+step device docs/operations.md
+cmp -s "$here/check-1.mlmodel" "$work/check-1-before.mlmodel" || fail "check-1's model after the restore differs from before"
+
+
+# 4. An upgrade by image tag: a second stack started from the previous release's image (built from that
+# release's commit with its own deploy/Dockerfile, once per machine), then upgrades.md's block while jobs flow.
+current=previous-image
+previous_version=$(sed -n 's/^version=//p' scripts/previous-release.sh)
+previous_commit=$(sed -n 's/^commit=//p' scripts/previous-release.sh)
+previous_image=attune:$previous_version
+if [ "$(podman image inspect --format '{{index .Labels "org.opencontainers.image.revision"}}' "$previous_image" 2>/dev/null)" != "$previous_commit" ]; then
+  say "building the previous release's image $previous_image from $previous_commit (once per machine)"
+  git -C "$repo" cat-file -e "$previous_commit^{commit}" || fail "commit $previous_commit is not in this clone's history"
+  mkdir -p "$work/previous" && git -C "$repo" archive "$previous_commit" | tar -x -C "$work/previous"
+  start=$SECONDS
+  podman build -f "$work/previous/deploy/Dockerfile" -t "$previous_image" --build-arg ATTUNE_VERSION="$previous_version" \
+    --build-arg ATTUNE_REVISION="$previous_commit" "$work/previous" >"$work/previous-build.log" 2>&1 ||
+    { tail -n 30 "$work/previous-build.log" >&2; fail "the previous release's image did not build"; }
+  say "previous release's image built in $((SECONDS - start)) s"
+fi
+compose stop >/dev/null 2>&1   # the first stack's ports are needed
+here=$work/upgrade
+checkout "$here"
+step settings docs/operations.md
+echo "ATTUNE_IMAGE=$previous_image" >>"$here/.env"
+step first-start docs/operations.md
+compose logs worker | grep -q "attune $previous_version" || fail "the workers do not run $previous_version"
+python=$work/attune/.venv-attune/bin/python
+amqp="amqp://attune:$(env_of ATTUNE_AMQP_PASSWORD)@127.0.0.1:5672/%2f"
+(cd "$here" && "$python" examples/python/check_stack.py publish --amqp-url "$amqp" --users 8 --jobs 80 --epochs 20 \
+  --samples 200 --ids "$work/upgrade-1.txt") >/dev/null
+(cd "$here" && "$python" examples/python/check_stack.py publish --amqp-url "$amqp" --users 8 --jobs 80 --epochs 20 \
+  --samples 200 --ids "$work/upgrade-2.txt") >/dev/null &
+publisher=$!
+step upgrade docs/upgrades.md
+wait "$publisher" || fail "publishing during the upgrade failed"
+wait_for 300 "160 versions after the upgrade" test "$(psql_stack "SELECT count(*) FROM attune_personal_versions")" -ge 160
+sleep 3
+[ "$(psql_stack "SELECT count(*) FROM attune_personal_versions")" = 160 ] || fail "160 jobs made $(psql_stack "SELECT count(*) FROM attune_personal_versions") versions"
+new_release=$(tail -n 1 "$work/step-upgrade.log")
+workers_after=$(running_workers)
+[ "$workers_after" = 2 ] || fail "the upgrade left $workers_after workers running, not ATTUNE_WORKERS=2"
+echo "$new_release" | grep -q "$previous_version" && fail "an old worker still runs after the upgrade: $new_release"
+say "upgrade: $previous_version to $(podman run --rm "$(env_of ATTUNE_IMAGE)" --version) under 160 jobs, none lost; $new_release"
+
+# Every block the drill is meant to run did run.
+for named in $(python3 scripts/doc-blocks.py names docs/operations.md docs/upgrades.md docs/backup.md); do
+  [[ " ${ran[*]} " == *" $named "* ]] || fail "the block $named is marked for the drill but did not run"
+done
+say "figures: image build $build_seconds s this run, $rebuild_seconds s cached; uncached ${uncached_seconds:-?} s (commit ${uncached_commit:0:7}, ${uncached_day:-}); first completed job ${first_completed} s after up; jobs lost 0 of 268 (108 with a worker SIGKILLed mid-job, restarted ${restarts}x; 160 across the upgrade)"
+echo "deploy drill: passed"
