@@ -54,8 +54,13 @@ let package = Package(
         .systemLibrary(name: "CPNG", pkgConfig: "libpng16", providers: [.apt(["libpng-dev"])]),
         .systemLibrary(name: "CTurboJPEG", pkgConfig: "libturbojpeg", providers: [.apt(["libturbojpeg0-dev"])]),
 
+        // The commit this build is made from, for AttuneRelease (`attune --version`): written at every build by
+        // the prebuild plugin AttuneBuildCommit (its file says why not here, from Context.gitInformation). Under
+        // Sources/ because the image build copies that folder.
+        .plugin(name: "AttuneBuildCommit", capability: .buildTool(), path: "Sources/AttuneBuildCommit"),
+        .target(name: "AttuneBuildInfo", plugins: ["AttuneBuildCommit"]),
         .target(name: "AttuneSpec",
-                dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf")]),
+                dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneBuildInfo"]),
         .target(name: "AttuneImage", dependencies: ["AttuneSpec", "CPNG", "CTurboJPEG"]),
         // The small layers' products (SmallProducts), built for x86-64-v3 (AVX2 and FMA) on x86-64 and run
         // only where CPUFeatures says the processor has them. CPUFeatures also asks BLIS, in a child process,
@@ -154,6 +159,6 @@ let package = Package(
     swiftLanguageModes: [.v6]
 )
 
-for target in package.targets where target.type != .system && !looseTargets.contains(target.name) {
+for target in package.targets where target.type != .system && target.type != .plugin && !looseTargets.contains(target.name) {
     target.swiftSettings = (target.swiftSettings ?? []) + strictSettings
 }

@@ -14,7 +14,8 @@ public import Logging
 /// use; its file says from which release on the schema serves (`-- attune:oldest-release 0.41.0`), and it
 /// waits until no live worker of an older release holds a lease. The schema records the oldest release it
 /// serves and the newest that migrated it (`attune_schema_release`), and a release older than the oldest
-/// served refuses to start.
+/// served refuses to start. Every record names the build that wrote it (`0.40.0-dev+4d711af`), and a build never
+/// replaces a function definition another build of its own release number wrote (docs/upgrades.md).
 public struct Migrator: Sendable {
     public struct Migration: Sendable, Equatable {
         /// The file name without `.sql`, e.g. `0001_initial`; what the table records.
@@ -32,6 +33,9 @@ public struct Migrator: Sendable {
         case contractWaiting(migration: String, oldestRelease: String, olderWorkers: [LeaseHolder])
         /// A migration file names a release this one is not, or not a release at all.
         case badDirective(migration: String, String)
+        /// Another build of this release number wrote the function with other text. Numbers order releases, and
+        /// two builds of one number cannot be ordered, so neither may replace the other's definition.
+        case functionOfAnotherBuild(function: String, writtenBy: String, thisBuild: String)
 
         public var description: String {
             switch self {
@@ -53,6 +57,13 @@ public struct Migrator: Sendable {
                     + "attune migrate again (docs/upgrades.md)"
             case let .badDirective(migration, reason):
                 return "migration \(migration): \(reason)"
+            case let .functionOfAnotherBuild(function, writtenBy, thisBuild):
+                let number = ReleaseNumber(thisBuild)?.release ?? thisBuild
+                return "function \(function) was written by build \(writtenBy), and this build \(thisBuild) has other text for it; "
+                    + "two builds of release \(number) cannot tell which is newer, so this one leaves it and starts nothing. "
+                    + "Run the build that wrote it, or give this one a newer version (Sources/AttuneSpec/Release.swift); on a "
+                    + "database of your own, DELETE FROM attune_schema_functions WHERE name = '\(function)' and migrate again "
+                    + "(docs/upgrades.md)"
             }
         }
 
@@ -71,11 +82,12 @@ public struct Migrator: Sendable {
     public static let baselineRelease = "0.38.0"
 
     public let directory: URL
-    /// The release applying the migrations, recorded beside each one.
+    /// The build applying the migrations, its release number with the commit (`AttuneRelease.identity`):
+    /// the number and the build are recorded beside each migration and function definition.
     public let release: String
     private let logger: Logger
 
-    public init(directory: URL, release: String = AttuneRelease.version,
+    public init(directory: URL, release: String = AttuneRelease.identity,
                 logger: Logger = Logger(label: "attune.store.migrator")) {
         self.directory = directory
         self.release = release
@@ -144,9 +156,11 @@ public struct Migrator: Sendable {
 
         try createBookkeeping(conn)
         let own = try ownRelease()
-        if let served = try Self.servedReleases(on: conn), let oldest = ReleaseNumber(served.oldest), own < oldest {
+        if let served = try Self.servedReleases(on: conn), let oldest = ReleaseNumber(served.oldest), own.finalRelease < oldest {
             throw MigratorError.releaseTooOld(release: release, served: served)
         }
+        // Before any migration applies: a start refused for a function leaves the schema as it found it.
+        _ = try functionsToApply(conn)
         let applied = Set(try conn.query("SELECT name FROM attune_schema_migrations").rows.map { try $0.string(0) })
 
         var appliedNow = [String]()
@@ -159,9 +173,9 @@ public struct Migrator: Sendable {
             }
             let contract = try Self.oldestRelease(declaredIn: sql, migration: migration.name)
             if let contract {
-                guard contract <= own else {
+                guard contract <= own.finalRelease else {
                     throw MigratorError.badDirective(migration: migration.name, "it declares oldest release \(contract), "
-                        + "newer than this release \(own): a release's own migrations can only require it or older")
+                        + "newer than this release \(own.finalRelease): a release's own migrations can only require it or older")
                 }
                 let older = try Self.workers(olderThan: contract, on: conn)
                 if !older.isEmpty {
@@ -171,7 +185,8 @@ public struct Migrator: Sendable {
             do {
                 try conn.transaction {
                     try conn.executeScript(sql, operation: "migration \(migration.name)")
-                    try conn.query("INSERT INTO attune_schema_migrations (name, release) VALUES ($1, $2)", [migration.name, release])
+                    try conn.query("INSERT INTO attune_schema_migrations (name, release, build) VALUES ($1, $2, $3)",
+                                   [migration.name, own.release, release])
                     if let contract { try raiseOldest(to: contract, conn) }
                 }
             } catch let error as DatabaseError {
@@ -180,28 +195,40 @@ public struct Migrator: Sendable {
             logger.info("applied migration", metadata: ["migration": "\(migration.name)"])
             appliedNow.append(migration.name)
         }
-        if let newest = try Self.servedReleases(on: conn).flatMap({ ReleaseNumber($0.newest) }), newest < own {
-            try conn.query("UPDATE attune_schema_release SET newest_release = $1, updated_at = now()", [release])
+        // The newest release that migrated, and which build of it did last: a build of the same number counts.
+        if let newest = try Self.servedReleases(on: conn).flatMap({ ReleaseNumber($0.newest) }), newest <= own {
+            try conn.query("""
+                UPDATE attune_schema_release SET newest_release = $1, newest_build = $2, updated_at = now()
+                WHERE newest_build IS DISTINCT FROM $2
+                """, [own.release, release])
         }
         return appliedNow + (try applyFunctions(conn))
     }
 
-    /// The releases a schema serves: from `oldest` on, as last migrated by `newest`.
+    /// The releases a schema serves: from `oldest` on, as last migrated by `newest` (its build `newestBuild`).
     public struct SchemaReleases: Sendable, Equatable {
         public let oldest: String
         public let newest: String
+        /// The build of `newest` that migrated last, e.g. `0.40.0-dev+4d711af`; nil where only releases before
+        /// 0.40.0 migrated (they recorded no build).
+        public let newestBuild: String?
 
-        public init(oldest: String, newest: String) {
+        public init(oldest: String, newest: String, newestBuild: String? = nil) {
             self.oldest = oldest
             self.newest = newest
+            self.newestBuild = newestBuild
         }
     }
 
     /// What the schema records; nil for a schema no release from 0.39.0 on has migrated.
     public static func servedReleases(on conn: PostgresConnection) throws -> SchemaReleases? {
         guard try conn.query("SELECT to_regclass('attune_schema_release') IS NOT NULL").bool(0, 0) else { return nil }
-        return try conn.query("SELECT oldest_release, newest_release FROM attune_schema_release").rows.first.map {
-            SchemaReleases(oldest: try $0.string("oldest_release"), newest: try $0.string("newest_release"))
+        // to_jsonb: a schema that 0.39.0 alone migrated has no newest_build column yet.
+        return try conn.query("""
+            SELECT oldest_release, newest_release, to_jsonb(r) ->> 'newest_build' AS newest_build FROM attune_schema_release r
+            """).rows.first.map {
+            SchemaReleases(oldest: try $0.string("oldest_release"), newest: try $0.string("newest_release"),
+                           newestBuild: try $0.optionalString("newest_build"))
         }
     }
 
@@ -210,7 +237,7 @@ public struct Migrator: Sendable {
     /// waits for them). Contract migrations are not waited for: this release runs with or without them.
     public func missingForThisRelease(_ conn: PostgresConnection) throws -> [String] {
         let own = try ownRelease()
-        if let served = try Self.servedReleases(on: conn), let oldest = ReleaseNumber(served.oldest), own < oldest {
+        if let served = try Self.servedReleases(on: conn), let oldest = ReleaseNumber(served.oldest), own.finalRelease < oldest {
             throw MigratorError.releaseTooOld(release: release, served: served)
         }
         let waiting = try pending(conn)
@@ -218,7 +245,10 @@ public struct Migrator: Sendable {
             guard let sql = try? String(contentsOf: migration.url, encoding: .utf8) else { return false }
             return try Self.oldestRelease(declaredIn: sql, migration: migration.name) != nil
         }.map(\.name))
-        return waiting.migrations.filter { !contracts.contains($0) } + waiting.functions
+        // Only the definitions this build's migrate would apply: one a newer release wrote stays (0.39.0 waited
+        // for it forever), and one another build of this number wrote refuses the start here too.
+        let functions = waiting.functions.isEmpty ? [] : try functionsToApply(conn).map { "functions/\($0.definition.name)" }
+        return waiting.migrations.filter { !contracts.contains($0) } + functions
     }
 
     /// The release a contract migration declares in a line `-- attune:oldest-release X.Y.Z`; nil for an expand one.
@@ -226,23 +256,25 @@ public struct Migrator: Sendable {
         let marker = "-- attune:oldest-release"
         guard let line = sql.split(separator: "\n").first(where: { $0.hasPrefix(marker) }) else { return nil }
         let value = line.dropFirst(marker.count).trimmingCharacters(in: .whitespaces)
-        guard let number = ReleaseNumber(value) else {
+        // A release, not a build of one: a build of the line leading to X.Y.Z ships X.Y.Z's migrations.
+        guard let number = ReleaseNumber(value), number.preRelease.isEmpty, number.buildMetadata.isEmpty else {
             throw MigratorError.badDirective(migration: migration, "\"\(line)\" names no release (write X.Y.Z)")
         }
         return number
     }
 
     /// Live workers (lease sessions) of releases before `release`; a worker from before 0.39.0 names none and counts.
+    /// A build of the line leading to `release` (0.41.0-dev+… for 0.41.0) ships its migrations and does not count.
     static func workers(olderThan release: ReleaseNumber, on conn: PostgresConnection) throws -> [LeaseHolder] {
         try PartitionLeases.holders(on: conn).filter { holder in
             guard let theirs = holder.release.flatMap(ReleaseNumber.init) else { return true }
-            return theirs < release
+            return theirs.finalRelease < release
         }
     }
 
     private func ownRelease() throws -> ReleaseNumber {
         guard let own = ReleaseNumber(release) else {
-            throw MigratorError.badDirective(migration: "(none)", "this process's release \"\(release)\" is not X.Y.Z")
+            throw MigratorError.badDirective(migration: "(none)", "this process's release \"\(release)\" is not a SemVer version (X.Y.Z[-pre][+build])")
         }
         return own
     }
@@ -264,6 +296,9 @@ public struct Migrator: Sendable {
             );
             -- Which release applied each migration; NULL for those applied by a release before 0.39.0.
             ALTER TABLE attune_schema_migrations ADD COLUMN IF NOT EXISTS release text;
+            -- Which build applied it (0.40.0-dev+4d711af); NULL for those applied by a release before 0.40.0.
+            -- release keeps the number alone, as 0.39.0 reads it.
+            ALTER TABLE attune_schema_migrations ADD COLUMN IF NOT EXISTS build text;
             -- One row: the oldest release whose workers run on this schema, and the newest that migrated it.
             CREATE TABLE IF NOT EXISTS attune_schema_release (
                 only_row       boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -271,10 +306,19 @@ public struct Migrator: Sendable {
                 newest_release text NOT NULL,
                 updated_at     timestamptz NOT NULL DEFAULT now()
             );
+            ALTER TABLE attune_schema_release ADD COLUMN IF NOT EXISTS newest_build text;
+            -- Each function definition's text (its SHA-256), and the release and build that applied it.
+            CREATE TABLE IF NOT EXISTS attune_schema_functions (
+                name       text PRIMARY KEY,
+                sha256     text NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now()
+            );
+            ALTER TABLE attune_schema_functions ADD COLUMN IF NOT EXISTS release text;
+            ALTER TABLE attune_schema_functions ADD COLUMN IF NOT EXISTS build text;
             """, operation: "the migrator's bookkeeping")
         try conn.query("""
-            INSERT INTO attune_schema_release (oldest_release, newest_release) VALUES ($1, $2) ON CONFLICT DO NOTHING
-            """, [Self.baselineRelease, release])
+            INSERT INTO attune_schema_release (oldest_release, newest_release, newest_build) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING
+            """, [Self.baselineRelease, try ownRelease().release, release])
     }
 
     /// What `migrate` would apply now, applying nothing: the migrations not recorded, and the function
@@ -300,18 +344,24 @@ public struct Migrator: Sendable {
         SHA256.hash(data: Data(sql.utf8)).map { String(format: "%02x", $0) }.joined()
     }
 
-    /// Runs each function definition whose text is not the one last applied; returns their names.
-    private func applyFunctions(_ conn: PostgresConnection) throws -> [String] {
-        try conn.query("""
-            CREATE TABLE IF NOT EXISTS attune_schema_functions (
-                name       text PRIMARY KEY,
-                sha256     text NOT NULL,
-                applied_at timestamptz NOT NULL DEFAULT now()
-            )
-            """)
-        try conn.query("ALTER TABLE attune_schema_functions ADD COLUMN IF NOT EXISTS release text")
+    /// The function definitions this build would apply now: those whose text is not the one last applied, less
+    /// those a newer release wrote (it runs beside this one during a rollout, and releases change a function only
+    /// in ways the release before still works with). Throws `functionOfAnotherBuild` for one another build of this
+    /// release number wrote: the two cannot be ordered, so neither replaces the other's text.
+    private func functionsToApply(_ conn: PostgresConnection) throws -> [(definition: Migration, sql: String, digest: String)] {
         let own = try ownRelease()
-        var appliedNow = [String]()
+        // to_jsonb: a worker with --no-migrate reads this before any migrate of this release added the columns
+        // (0.38.0's table has neither release nor build), or the table at all.
+        var records = [String: (sha256: String, release: String?, build: String?)]()
+        if try conn.query("SELECT to_regclass('attune_schema_functions') IS NOT NULL").bool(0, 0) {
+            for row in try conn.query("""
+                SELECT name, sha256, to_jsonb(f) ->> 'release' AS release, to_jsonb(f) ->> 'build' AS build
+                FROM attune_schema_functions f
+                """).rows {
+                records[try row.string("name")] = (try row.string("sha256"), try row.optionalString("release"), try row.optionalString("build"))
+            }
+        }
+        var apply = [(definition: Migration, sql: String, digest: String)]()
         for definition in try functionDefinitions() {
             let sql: String
             do {
@@ -320,22 +370,39 @@ public struct Migrator: Sendable {
                 throw MigratorError.unreadableDirectory(definition.url, "\(error)")
             }
             let digest = Self.digest(sql)
-            let recorded = try conn.query("SELECT sha256, release FROM attune_schema_functions WHERE name = $1",
-                                          [definition.name]).rows.first
-            if try recorded?.string("sha256") == digest { continue }
-            // A newer release's definition stays while this one runs beside it during a rollout: releases may
-            // only change a function in ways the release before still works with.
-            if let theirs = try recorded?.optionalString("release").flatMap(ReleaseNumber.init), own < theirs {
-                logger.info("function definition left as release \(theirs) wrote it", metadata: ["function": "\(definition.name)"])
-                continue
+            let recorded = records[definition.name]
+            if recorded?.sha256 == digest { continue }
+            if let recorded, let theirs = recorded.release.flatMap(ReleaseNumber.init) {
+                if own < theirs {
+                    logger.info("function definition left as release \(theirs) wrote it", metadata: ["function": "\(definition.name)"])
+                    continue
+                }
+                // Same number: the same build may rewrite its own text (a developer's edits); another may not.
+                // A record with no build (0.39.0 wrote none) is another build as far as anyone can tell.
+                let theirBuild = recorded.build
+                if own == theirs, theirBuild.flatMap(ReleaseNumber.init).map({ !$0.isSameBuild(as: own) }) ?? true {
+                    throw MigratorError.functionOfAnotherBuild(function: definition.name, writtenBy: theirBuild ?? "\(theirs) (no build recorded)",
+                                                               thisBuild: release)
+                }
             }
+            apply.append((definition, sql, digest))
+        }
+        return apply
+    }
+
+    /// Runs each function definition `functionsToApply` names; returns their names.
+    private func applyFunctions(_ conn: PostgresConnection) throws -> [String] {
+        let own = try ownRelease()
+        var appliedNow = [String]()
+        for (definition, sql, digest) in try functionsToApply(conn) {
             do {
                 try conn.transaction {
                     try conn.executeScript(sql, operation: "function \(definition.name)")
                     try conn.query("""
-                        INSERT INTO attune_schema_functions (name, sha256, release) VALUES ($1, $2, $3)
-                        ON CONFLICT (name) DO UPDATE SET sha256 = excluded.sha256, release = excluded.release, applied_at = now()
-                        """, [definition.name, digest, release])
+                        INSERT INTO attune_schema_functions (name, sha256, release, build) VALUES ($1, $2, $3, $4)
+                        ON CONFLICT (name) DO UPDATE
+                        SET sha256 = excluded.sha256, release = excluded.release, build = excluded.build, applied_at = now()
+                        """, [definition.name, digest, own.release, release])
                 }
             } catch let error as DatabaseError {
                 throw MigratorError.failed(migration: "functions/\(definition.name)", error)

@@ -32,7 +32,7 @@ public final class PartitionLeases {
     /// The release comes first so that PostgreSQL's cut at 63 bytes can only shorten the worker's name.
     static let applicationPrefix = "attune-lease"
 
-    static func applicationName(_ workerName: String, release: String = AttuneRelease.version) -> String {
+    static func applicationName(_ workerName: String, release: String = AttuneRelease.identity) -> String {
         // PostgreSQL keeps 63 bytes of an application_name; a worker's name is an identifier (ASCII).
         String((applicationPrefix + "@" + release + ":" + workerName).prefix(63))
     }

@@ -43,7 +43,7 @@ final class WorkerMetrics: Sendable {
         // Prometheus' info pattern: the labels carry the value. Dashboards and `attune doctor` read which
         // kernels this worker trains on without its logs.
         Gauge(label: "attune_training_kernels_info", dimensions: TrainingRuntime.kernelLabels).record(1)
-        Gauge(label: "attune_build_info", dimensions: [("version", AttuneRelease.version)]).record(1)
+        Gauge(label: "attune_build_info", dimensions: [("version", AttuneRelease.identity)]).record(1)
     }
 
     func settled(_ result: JobResult) {

@@ -12,7 +12,7 @@ struct Attune: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "attune",
         abstract: "Personalizes Core ML updatable models per user on a fleet of workers.",
-        version: AttuneRelease.version,
+        version: AttuneRelease.identity,
         subcommands: [Migrate.self, TopologyCommand.self, Model.self, Enqueue.self, Cancel.self, Job.self, WorkerCommand.self, Watch.self, Dlq.self, Audit.self,
                       ImageTensorCommand.self, Serve.self, Token.self, App.self, Operator.self, Deployment.self, Collection.self, Keys.self,
                       User.self, DoctorCommand.self])

@@ -26,7 +26,7 @@ struct Migrate: ParsableCommand {
         let connection = try PostgresConnection(url: database.resolved())
         defer { connection.close() }
         if let served = try Migrator.servedReleases(on: connection) {
-            print("the schema serves Attune \(served.oldest) and later; last migrated by \(served.newest)")
+            print("the schema serves Attune \(served.oldest) and later; last migrated by \(served.newestBuild ?? served.newest)")
         }
     }
 

@@ -75,7 +75,7 @@ struct WorkerCommand: AsyncParsableCommand {
     func run() async throws {
         try Attune.bootstrapLogging()
         let logger = Logger(label: "attune.worker")
-        logger.info("attune \(AttuneRelease.version); training: \(TrainingRuntime.summary)")
+        logger.info("attune \(AttuneRelease.identity); training: \(TrainingRuntime.summary)")
         if let warning = TrainingRuntime.warning { logger.warning("training: \(warning)") }
         // A malformed key list stops the worker here, before it takes a job.
         let storageKeys = try StorageKeys.load(environment: ProcessInfo.processInfo.environment)

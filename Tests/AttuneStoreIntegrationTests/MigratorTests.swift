@@ -68,13 +68,22 @@ final class MigratorTests: XCTestCase {
         let conn = try schema.connect()
         try Migrator(directory: try XCTUnwrap(Migrator.defaultDirectory())).migrate(conn)
         XCTAssertEqual(try Migrator.servedReleases(on: conn),
-                       Migrator.SchemaReleases(oldest: Migrator.baselineRelease, newest: AttuneRelease.version))
-        XCTAssertEqual(try conn.query("SELECT DISTINCT release FROM attune_schema_migrations").rows.map { try $0.string(0) },
-                       [AttuneRelease.version])
+                       Migrator.SchemaReleases(oldest: Migrator.baselineRelease, newest: AttuneRelease.version,
+                                               newestBuild: AttuneRelease.identity))
+        // Each record names the release (the number 0.39.0 reads) and the build (with its commit).
+        for table in ["attune_schema_migrations", "attune_schema_functions"] {
+            XCTAssertEqual(try conn.query("SELECT DISTINCT release, build FROM \(table)").rows.map { [try $0.string(0), try $0.string(1)] },
+                           [[AttuneRelease.version, AttuneRelease.identity]], table)
+        }
+        XCTAssertTrue(AttuneRelease.identity.hasPrefix(AttuneRelease.version + "+"), AttuneRelease.identity)
         // A later release migrating raises the newest; an older one running its (already applied) set does not lower it.
         try Migrator(directory: try XCTUnwrap(Migrator.defaultDirectory()), release: "9.0.0").migrate(conn)
         try Migrator(directory: try XCTUnwrap(Migrator.defaultDirectory()), release: AttuneRelease.version).migrate(conn)
-        XCTAssertEqual(try Migrator.servedReleases(on: conn)?.newest, "9.0.0")
+        XCTAssertEqual(try Migrator.servedReleases(on: conn), Migrator.SchemaReleases(oldest: Migrator.baselineRelease, newest: "9.0.0",
+                                                                                      newestBuild: "9.0.0"))
+        // Another build of the newest number migrating is the last to have migrated it.
+        try Migrator(directory: try XCTUnwrap(Migrator.defaultDirectory()), release: "9.0.0+1234567").migrate(conn)
+        XCTAssertEqual(try Migrator.servedReleases(on: conn)?.newestBuild, "9.0.0+1234567")
     }
 
     /// A contract migration waits while a worker of an older release holds a lease (one from before 0.39.0 names
@@ -101,7 +110,7 @@ final class MigratorTests: XCTestCase {
             let names = Set(workers.map(\.worker))
             XCTAssertTrue(names.isSuperset(of: ["old-one", "mid-one"]), "\(names)")
             XCTAssertTrue("\(error)".contains("old-one (before 0.39.0"), "\(error)")
-            XCTAssertTrue("\(error)".contains("mid-one (\(AttuneRelease.version)"), "\(error)")
+            XCTAssertTrue("\(error)".contains("mid-one (\(AttuneRelease.identity)"), "\(error)")
         }
         XCTAssertEqual(try conn.query("SELECT name FROM attune_schema_migrations").rows.map { try $0.string(0) }, ["0001_expand"])
         XCTAssertEqual(try Migrator.servedReleases(on: conn)?.oldest, Migrator.baselineRelease)
@@ -109,7 +118,7 @@ final class MigratorTests: XCTestCase {
         oldWorker.close()
         midWorker.close()
         XCTAssertEqual(try Migrator(directory: directory, release: "0.41.0").migrate(conn), ["0002_contract"])
-        XCTAssertEqual(try Migrator.servedReleases(on: conn), Migrator.SchemaReleases(oldest: "0.41.0", newest: "0.41.0"))
+        XCTAssertEqual(try Migrator.servedReleases(on: conn), Migrator.SchemaReleases(oldest: "0.41.0", newest: "0.41.0", newestBuild: "0.41.0"))
 
         // Releases before 0.41.0 are refused now, by a migrate and by a worker that waits for migrations alike.
         for release in ["0.40.9", AttuneRelease.version] where ReleaseNumber(release)! < ReleaseNumber("0.41.0")! {
@@ -124,6 +133,9 @@ final class MigratorTests: XCTestCase {
             }
         }
         XCTAssertEqual(try Migrator(directory: directory, release: "0.42.0").missingForThisRelease(conn), [])
+        // A build of the 0.41.0 line ships that contract migration: it counts as 0.41.0, for the schema as for leases.
+        XCTAssertEqual(try Migrator(directory: directory, release: "0.41.0-dev+1234567").missingForThisRelease(conn), [])
+        XCTAssertThrowsError(try Migrator(directory: directory, release: "0.40.9-dev+1234567").migrate(conn))
     }
 
     /// A migration cannot ask for a release newer than the one shipping it, nor name something that is no release.
@@ -158,6 +170,71 @@ final class MigratorTests: XCTestCase {
         XCTAssertTrue(try liveBody(conn).contains("-- newer"))
         // The same release (or a newer one) does apply its own text.
         XCTAssertEqual(try Migrator(directory: source, release: "9.0.0").migrate(conn), ["functions/attune_commit_versions"])
+    }
+
+    /// Two builds of one release number cannot be ordered, so neither replaces the function definition the other
+    /// wrote: the second one's migrate and its `--no-migrate` start refuse, name the build that wrote it and say
+    /// what to do, and apply nothing, not even a migration before it. The same build, and any newer release,
+    /// does apply its text; an older one leaves the newer text, and does not wait for it either.
+    func testTwoBuildsOfOneNumberNeverReplaceEachOthersFunctions() throws {
+        let schema = try makeSchema()
+        let conn = try schema.connect()
+        let source = try XCTUnwrap(Migrator.defaultDirectory())
+        let text = try String(contentsOf: source.appendingPathComponent("functions/attune_commit_versions.sql"), encoding: .utf8)
+        /// A copy of the migrations whose function body ends with `mark`, and maybe one more migration.
+        func variant(_ mark: String, extra: String? = nil) throws -> URL {
+            let copy = FileManager.default.temporaryDirectory.appendingPathComponent("attune-migrations-\(UUID())")
+            try FileManager.default.copyItem(at: source, to: copy)
+            addTeardownBlock { try? FileManager.default.removeItem(at: copy) }
+            let edited = text.replacingOccurrences(of: "\nEND\n$$;", with: "\n    -- \(mark)\nEND\n$$;")
+            XCTAssertNotEqual(edited, text)
+            try edited.write(to: copy.appendingPathComponent("functions/attune_commit_versions.sql"), atomically: true, encoding: .utf8)
+            if let extra { try "CREATE TABLE \(extra) (v integer);".write(to: copy.appendingPathComponent("9999_\(extra).sql"), atomically: true, encoding: .utf8) }
+            return copy
+        }
+        let recorded = { () throws -> [String] in
+            try conn.query("SELECT release, build FROM attune_schema_functions WHERE name = 'attune_commit_versions'").rows
+                .map { [try $0.string(0), try $0.string(1)] }.first ?? []
+        }
+
+        XCTAssertEqual(try Migrator(directory: try variant("by a"), release: "0.41.0-dev+aaaaaaa").migrate(conn).last,
+                       "functions/attune_commit_versions")
+        XCTAssertEqual(try recorded(), ["0.41.0-dev", "0.41.0-dev+aaaaaaa"])
+
+        let b = Migrator(directory: try variant("by b", extra: "from_b"), release: "0.41.0-dev+bbbbbbb")
+        let refusals: [() throws -> Void] = [{ _ = try b.migrate(conn) }, { _ = try b.missingForThisRelease(conn) }]
+        for refusal in refusals {
+            XCTAssertThrowsError(try refusal()) { error in
+                guard case let .functionOfAnotherBuild(function, writtenBy, thisBuild)? = error as? Migrator.MigratorError else {
+                    return XCTFail("unexpected \(error)")
+                }
+                XCTAssertEqual([function, writtenBy, thisBuild], ["attune_commit_versions", "0.41.0-dev+aaaaaaa", "0.41.0-dev+bbbbbbb"])
+                XCTAssertTrue("\(error)".contains("two builds of release 0.41.0-dev cannot tell which is newer"), "\(error)")
+                XCTAssertTrue("\(error)".contains("DELETE FROM attune_schema_functions WHERE name = 'attune_commit_versions'"), "\(error)")
+            }
+        }
+        XCTAssertTrue(try liveBody(conn).contains("-- by a"), "build a's text stays")
+        XCTAssertEqual(try conn.query("SELECT count(*) FROM attune_schema_migrations WHERE name = '9999_from_b'").int(0, 0), 0,
+                       "nothing of build b applied")
+        XCTAssertEqual(try conn.query("SELECT to_regclass('from_b') IS NULL").bool(0, 0), true)
+        XCTAssertEqual(try Migrator.servedReleases(on: conn)?.newestBuild, "0.41.0-dev+aaaaaaa")
+
+        // The build that wrote it may change its own text (a developer's edits between two runs).
+        XCTAssertEqual(try Migrator(directory: try variant("by a, again"), release: "0.41.0-dev+aaaaaaa").migrate(conn),
+                       ["functions/attune_commit_versions"])
+        // The release that line leads to is newer: it applies its text, and the older build leaves it without waiting.
+        XCTAssertEqual(try Migrator(directory: try variant("by the cut"), release: "0.41.0+ccccccc").migrate(conn),
+                       ["functions/attune_commit_versions"])
+        XCTAssertEqual(try recorded(), ["0.41.0", "0.41.0+ccccccc"])
+        XCTAssertEqual(try Migrator(directory: try variant("by a"), release: "0.41.0-dev+aaaaaaa").missingForThisRelease(conn), [])
+        XCTAssertEqual(try Migrator(directory: try variant("by a"), release: "0.41.0-dev+aaaaaaa").migrate(conn), [])
+        XCTAssertTrue(try liveBody(conn).contains("-- by the cut"))
+
+        // A record without a build (0.39.0 wrote none) is another build of its number as far as anyone can tell.
+        try conn.query("UPDATE attune_schema_functions SET build = NULL")
+        XCTAssertThrowsError(try Migrator(directory: try variant("by d"), release: "0.41.0+ddddddd").migrate(conn)) { error in
+            XCTAssertTrue("\(error)".contains("written by build 0.41.0 (no build recorded)"), "\(error)")
+        }
     }
 
     private func migrationsFolder(_ files: [String: String]) throws -> URL {

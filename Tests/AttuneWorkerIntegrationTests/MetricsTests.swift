@@ -92,7 +92,7 @@ final class MetricsTests: XCTestCase {
         XCTAssertTrue(kernels.first?.contains(#"kernel_set="\#(TrainingKernels.active.set)""#) == true, during.body)
         XCTAssertTrue(kernels.first?.contains(#"source="auto""#) == true, during.body)
         XCTAssertEqual(kernels.first.flatMap { Double($0.split(separator: " ").last ?? "") }, 1, during.body)
-        XCTAssertEqual(value(during.body, #"attune_build_info{version="\#(AttuneRelease.version)"}"#), 1, "the release it runs")
+        XCTAssertEqual(value(during.body, #"attune_build_info{version="\#(AttuneRelease.identity)"}"#), 1, "the release it runs")
         let ready = try get(port, "/readyz")
         XCTAssertEqual(ready.status, 200, ready.body)
 

@@ -55,11 +55,11 @@ final class WorkerStartTests: XCTestCase {
         }
         let (forced, said) = try start(["ATTUNE_TRAINING_KERNELS": "portable"], waitFor: 3)
         XCTAssertEqual(forced.terminationStatus, 0, said)
-        XCTAssertTrue(said.contains("attune \(AttuneRelease.version); training: kernel set portable (set by ATTUNE_TRAINING_KERNELS)"), said)
+        XCTAssertTrue(said.contains("attune \(AttuneRelease.identity); training: kernel set portable (set by ATTUNE_TRAINING_KERNELS)"), said)
         // The release a worker runs is on its first line, and `attune --version` prints it alone.
         let version = try ChildProcess.run(Paths.attuneExecutable, ["--version"])
         XCTAssertEqual(version.status, 0)
-        XCTAssertEqual(version.output.trimmingCharacters(in: .whitespacesAndNewlines), AttuneRelease.version)
+        XCTAssertEqual(version.output.trimmingCharacters(in: .whitespacesAndNewlines), AttuneRelease.identity)
         XCTAssertTrue(said.contains("(generic kernels)"), said)
 
         for (environment, expected) in [
