@@ -165,6 +165,39 @@ class DeploymentChecks(unittest.TestCase):
     def test_backup_credentials_key_not_declared(self):
         self.fails("has no key SECRET_KEY", {"postgres-ha.yaml": ("key: ACCESS_SECRET_KEY}", "key: SECRET_KEY}")})
 
+    def test_generated_ca_without_that_key(self):
+        self.fails("(made by CloudNativePG) has no key ca.pem",
+                   {"worker.yaml": ("items: [{key: ca.crt, path: ca.crt}]", "items: [{key: ca.pem, path: ca.crt}]")})
+
+    def test_no_cpu_request(self):
+        self.fails("resources.requests needs cpu and memory",
+                   {"serve.yaml": ("requests: {cpu: 250m, memory: 128Mi}", "requests: {memory: 128Mi}")})
+
+    def test_volume_mounted_nowhere(self):
+        self.fails("volume producers is mounted by no container",
+                   {"serve.yaml": ("            - {name: producers, mountPath: /etc/attune/producers, readOnly: true}\n", "")})
+
+    def test_database_url_names_another_service(self):
+        self.fails("does not name attune-db-rw.attune.svc",
+                   {"secrets.yaml": ("@attune-db-rw.attune.svc:5432", "@attune-db-rw.default.svc:5432")})
+
+    def test_archiving_without_base_backups(self):
+        self.fails("archives WAL but no ScheduledBackup", {"postgres-ha.yaml": ("kind: ScheduledBackup", "kind: ScheduledBackupX")})
+
+    def test_undescribed_scheduled_backup_field(self):
+        self.fails("not described here", {"postgres-ha.yaml": ("  immediate: true\n", "  immediate: true\n  suspended: false\n")})
+
+    def test_pod_monitor_selecting_nothing(self):
+        self.fails("matches no pod template here",
+                   {"monitoring.yaml": ("matchLabels: {app.kubernetes.io/name: rabbitmq}", "matchLabels: {app.kubernetes.io/name: rabbit}")})
+
+    def test_rabbitmq_scraped_in_clear(self):
+        self.fails("listens with TLS only", {"monitoring.yaml": ("- port: prometheus-tls", "- port: prometheus")})
+
+    def test_serve_without_operators(self):
+        self.fails("attune-serve: no --operators",
+                   {"serve.yaml": ('"--operators", "/etc/attune/operators/htpasswd", ', "")})
+
     def test_keda_beyond_the_default_partition_count(self):
         self.fails("maxReplicaCount must follow the partition count",
                    {"keda-scaledobject.yaml": ("maxReplicaCount: 64", "maxReplicaCount: 32")}, checker="check_keda.py")
