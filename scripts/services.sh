@@ -31,6 +31,9 @@ case "$cmd" in
     db_url=${pg#*=}; amqp_url=${amqp#*=}
     echo "export ATTUNE_DATABASE_URL=$db_url ATTUNE_AMQP_URL=$amqp_url"
     echo "export ATTUNE_TEST_DATABASE_URL=$db_url ATTUNE_TEST_AMQP_URL=$amqp_url"
+    # For tests that make broker users and permissions with scripts/rabbitmqctl.sh, and that log in over
+    # PostgreSQL's socket, which it trusts (there the server names a role that does not exist).
+    echo "export ATTUNE_TEST_RABBITMQ_DIR=$(cd "$dir/rabbitmq" && pwd) ATTUNE_TEST_POSTGRES_SOCKET=$(cd "$dir/postgres/socket" && pwd)"
     if [ -n "${ATTUNE_TLS_DIR:-}" ]; then
       tls=$ATTUNE_TLS_DIR
       client="sslcert=$tls/client.pem&sslkey=$tls/client.key"

@@ -1,3 +1,5 @@
+import Foundation
+
 /// Everything that can go wrong talking to RabbitMQ. The broker's reply code and text are kept as the
 /// broker sent them; `isTransient` tells the caller whether reconnecting and trying again can help.
 /// Passwords never appear in the text: URLs are shown redacted.
@@ -82,6 +84,20 @@ public struct AMQPError: Error, CustomStringConvertible, Sendable {
         }
     }
 
+    /// Which deployment mistake this is, when the broker's reply names one: a login refused, a vhost that does
+    /// not exist or is not the user's, a permission the user lacks. Nil for outages and for other refusals.
+    public var mistake: BrokerMistake? {
+        guard let replyCode, kind == .loginFailed || kind == .channelClosed || kind == .connectionClosed else { return nil }
+        let url = try? AMQPURL(endpoint)
+        return BrokerMistake(replyCode: replyCode, replyText: replyText ?? "", operation: operation, duringLogin: kind == .loginFailed,
+                             user: url?.user ?? "", vhost: url?.vhost ?? "")
+    }
+
+    /// For a deployment mistake, what an operator must change (naming the broker, user, vhost and permission).
+    public var fix: String? {
+        mistake?.advice(server: (try? AMQPURL(endpoint)).map { "\($0.host):\($0.port)" } ?? endpoint)
+    }
+
     public var description: String {
         var text = "AMQP \(operation) failed"
         if let replyCode {
@@ -101,6 +117,7 @@ public struct AMQPError: Error, CustomStringConvertible, Sendable {
 
     /// What to do about it, in a few words.
     var advice: String? {
+        if let fix { return "a deployment mistake, not an outage, so it is not retried: " + fix }
         switch kind {
         case .invalidURL:
             return "write it as amqp://user:password@host:port/vhost (percent-encode '/' in the vhost as %2f)"
@@ -142,6 +159,86 @@ public struct AMQPError: Error, CustomStringConvertible, Sendable {
             case 530: return "the virtual host is not allowed for this user"
             default: return nil
             }
+        }
+    }
+}
+
+/// A refusal RabbitMQ sends because of how the deployment is set up; it repeats on every node and every
+/// attempt until someone changes the user, the vhost or the permissions. Read from the reply code and the
+/// broker's reply text (RabbitMQ's wording since 3.x), with the user and vhost of the URL.
+public enum BrokerMistake: Equatable, Sendable {
+    /// 403 ACCESS_REFUSED on login: no such user, or a wrong password (RabbitMQ does not say which).
+    case loginRefused(user: String)
+    /// 530 NOT_ALLOWED on connection.open: "vhost X not found".
+    case missingVhost(vhost: String)
+    /// 530 NOT_ALLOWED on connection.open: the user has no permissions at all on the vhost.
+    case vhostRefused(vhost: String, user: String)
+    /// 403 ACCESS_REFUSED on a declare, bind, publish or consume: `permission` is configure, write or read (nil
+    /// when neither the broker's text nor the operation tells), `resource` what RabbitMQ names ("exchange
+    /// 'attune.jobs'", "queue 'attune.jobs.p00'").
+    case permissionRefused(permission: String?, resource: String, vhost: String, user: String)
+
+    /// `operation`: what was refused, as `AMQPConnection` names it ("declare exchange attune.jobs", "consume queue
+    /// q", ...), which tells the permission where the broker's text does not (RabbitMQ before 3.11 does not).
+    public init?(replyCode: Int, replyText: String, operation: String = "", duringLogin: Bool, user: String, vhost: String) {
+        switch replyCode {
+        case 403 where duringLogin && replyText.contains("Login was refused"):
+            self = .loginRefused(user: user)
+        case 530 where replyText.contains(" not found") && replyText.contains("vhost"):
+            self = .missingVhost(vhost: vhost)
+        case 530 where replyText.contains("access to vhost"):
+            self = .vhostRefused(vhost: vhost, user: user)
+        case 403:
+            // "ACCESS_REFUSED - access to exchange 'x' in vhost 'v' refused for user 'u'"; 3.11 and later put the
+            // permission first ("configure access to ...").
+            guard let access = replyText.range(of: "access to "), let end = replyText.range(of: " in vhost '"),
+                  access.upperBound <= end.lowerBound, replyText.contains("refused for user") else { return nil }
+            let resource = String(replyText[access.upperBound..<end.lowerBound])
+            let said = replyText[..<access.lowerBound].split(separator: " ").last.map(String.init)
+            let permission = said.flatMap { ["configure", "write", "read"].contains($0) ? $0 : nil }
+                ?? Self.permission(needing: operation, on: resource)
+            self = .permissionRefused(permission: permission, resource: resource, vhost: vhost, user: user)
+        default:
+            return nil
+        }
+    }
+
+    /// The permission RabbitMQ checks for `operation` on `resource`: declaring and deleting need configure,
+    /// publishing write, consuming and purging read; a binding needs write on its destination and read on its
+    /// source (`bind queue Q to E ...`, `bind exchange D to S ...`).
+    static func permission(needing operation: String, on resource: String) -> String? {
+        let name = resource.split(separator: "'", omittingEmptySubsequences: false).dropFirst().first.map(String.init) ?? ""
+        let words = operation.split(separator: " ").map(String.init)
+        switch words.first {
+        case "declare", "delete": return "configure"
+        case "publish": return "write"
+        case "consume", "purge", "get": return "read"
+        case "bind":
+            guard words.count >= 5, words[3] == "to" else { return nil }
+            return name == words[2] ? "write" : name == words[4] ? "read" : nil
+        default: return nil
+        }
+    }
+
+    /// What to fix, naming the broker, the user, the vhost and the permission; the password is never known here.
+    func advice(server: String) -> String {
+        switch self {
+        case .loginRefused(let user):
+            return "the broker at \(server) refused the login of user '\(user)' (no such user, or a wrong password: "
+                + "RabbitMQ does not say which); fix the user or password in the broker URL (--amqp-url or ATTUNE_AMQP_URL), "
+                + "or create the user (rabbitmqctl add_user \(user) …) or set its password (rabbitmqctl change_password \(user) …)"
+        case .missingVhost(let vhost):
+            return "virtual host '\(vhost)' does not exist on the broker at \(server); create it (rabbitmqctl add_vhost \(vhost)) "
+                + "or fix the vhost in the broker URL (--amqp-url or ATTUNE_AMQP_URL; '/' is written %2f)"
+        case .vhostRefused(let vhost, let user):
+            return "user '\(user)' has no permissions on virtual host '\(vhost)' of the broker at \(server); grant them "
+                + "(rabbitmqctl set_permissions -p \(vhost) \(user) '.*' '.*' '.*') "
+                + "or fix the user or vhost in the broker URL"
+        case .permissionRefused(let permission, let resource, let vhost, let user):
+            let which = permission.map { "the \($0) permission" } ?? "a permission (configure, write or read)"
+            return "user '\(user)' lacks \(which) on \(resource) in virtual host '\(vhost)' of the broker at "
+                + "\(server); grant it (rabbitmqctl set_permissions -p \(vhost) \(user) CONF WRITE READ, whose "
+                + "\(permission ?? "matching") pattern must match that name) or run as a user that has it"
         }
     }
 }

@@ -34,8 +34,15 @@ public final class PostgresConnection {
         }
         guard PQstatus(conn) == CONNECTION_OK else {
             let message = Self.trimmed(String(cString: PQerrorMessage(conn)))
+            let server = Self.server(of: conn)
             PQfinish(conn)
-            throw DatabaseError(kind: .connection, operation: "connect to \(redactedURL)", message: message)
+            // A refusal that names a missing database or role or a wrong password repeats until someone fixes
+            // the deployment: it is a mistake to report, not an outage to wait out.
+            if let mistake = ConnectionMistake(serverMessage: message) {
+                throw DatabaseError(kind: .configuration, operation: "connect to \(redactedURL)", sqlState: mistake.sqlState,
+                                    message: message, server: server)
+            }
+            throw DatabaseError(kind: .connection, operation: "connect to \(redactedURL)", message: message, server: server)
         }
         // libpq prints NOTICEs ("... already exists, skipping") to stderr by default; they are
         // expected chatter from idempotent DDL, not something an operator should act on.
@@ -44,6 +51,13 @@ public final class PostgresConnection {
     }
 
     deinit { close() }
+
+    /// `host:port` of the server libpq tried last (of a multi-host URL, the one that refused).
+    private static func server(of conn: OpaquePointer) -> String? {
+        guard let host = PQhost(conn).map({ String(cString: $0) }), !host.isEmpty else { return nil }
+        let port = PQport(conn).map { String(cString: $0) } ?? ""
+        return port.isEmpty ? host : "\(host):\(port)"
+    }
 
     /// Frees the connection. Safe to call twice; later calls on this object throw.
     public func close() {
