@@ -60,7 +60,7 @@ for path in files:
         if variable:
             reference = variable.group(1)
         elif reference.startswith("$"):
-            if "attune" in line:
+            if "attune" in line.lower():
                 bad.append(f"{path}:{number}: {image.group(1)} (no default image to compare; write ${{VARIABLE:-attune:{release}}})")
             continue
         # registry/path/name:tag, and maybe @sha256:… after it (a digest pins the image; the tag still says which).
