@@ -30,6 +30,10 @@ public struct Doctor {
         let database: PostgresConnection
         do {
             database = try PostgresConnection(url: databaseURL)
+        } catch let error as DatabaseError where error.fix != nil {
+            results.append(CheckResult("database", .problem, "the server refuses the URL's settings: \(Self.withoutFix(error, error.fix))", fix: error.fix))
+            results.append(kernels())
+            return results
         } catch {
             results.append(CheckResult("database", .problem, "cannot connect: \(error)", fix: "check the URL and that PostgreSQL runs"))
             results.append(kernels())
@@ -47,6 +51,8 @@ public struct Doctor {
         var broker: AMQPConnection?
         do {
             broker = try BrokerAddresses.connect(amqpURL, connectionName: "attune-doctor")
+        } catch let error as AMQPError where error.fix != nil {
+            results.append(CheckResult("broker", .problem, "the broker refuses the URL's settings: \(Self.withoutFix(error, error.fix))", fix: error.fix))
         } catch {
             results.append(CheckResult("broker", .problem, "cannot connect: \(error)", fix: "check the URL and that RabbitMQ runs"))
         }
@@ -70,6 +76,20 @@ public struct Doctor {
             }
             results.append(attempt("dead letters") {
                 DeploymentChecks.deadLetters(depth: try broker.queueDepth(Topology.deadQueue).messages)
+            })
+            results.append(attempt("broker permissions") {
+                // Its own connection: a refused consume closes the connection it was tried on.
+                let probe = try BrokerAddresses.connect(amqpURL, connectionName: "attune-doctor-permissions")
+                defer { probe.close() }
+                do {
+                    guard try probe.checkWorkerPermissions() else {
+                        return CheckResult("broker permissions", .skipped, "the topology is not declared, so there is nothing to try them on",
+                                           fix: "run `attune topology declare`")
+                    }
+                } catch let error as AMQPError where error.fix != nil {
+                    return CheckResult("broker permissions", .problem, "a worker would be refused: \(Self.withoutFix(error, error.fix))", fix: error.fix)
+                }
+                return CheckResult("broker permissions", .ok, "configure, write and read on Attune's exchanges and queues")
             })
         }
         results.append(attempt("storage keys") {
@@ -117,8 +137,17 @@ public struct Doctor {
     /// A check whose facts could not be gathered is a problem, with the error.
     private func attempt(_ check: String, _ body: () throws -> CheckResult) -> CheckResult {
         do { return try body() } catch {
-            return CheckResult(check, .problem, "could not check: \(error)")
+            // A permission the broker or PostgreSQL refuses is named with its fix; other failures speak for themselves.
+            let fix = (error as? AMQPError)?.fix ?? (error as? DatabaseError)?.fix
+            return CheckResult(check, .problem, "could not check: \(error)", fix: fix)
         }
+    }
+
+    /// The error's text without its advice, which the finding's fix carries (a mistake's message ends with it).
+    static func withoutFix(_ error: any Error, _ fix: String?) -> String {
+        let text = "\(error)"
+        guard let fix, let range = text.range(of: "a deployment mistake, not an outage, so it is not retried: " + fix) else { return text }
+        return text[..<range.lowerBound].trimmingCharacters(in: CharacterSet(charactersIn: " —;")) + " (a deployment mistake, not an outage)"
     }
 
     /// How many servers a libpq URL names (`postgresql://h1:5432,h2:5432/db`), or a keyword string's `host=`.

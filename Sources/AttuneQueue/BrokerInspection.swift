@@ -39,3 +39,26 @@ extension JobQueues {
         return nil
     }
 }
+
+extension AMQPConnection {
+    /// Tries each permission a worker needs on Attune's names without touching a job or an event, and throws the
+    /// broker's refusal (a `BrokerMistake`): configure (an exchange of its own, `attune.doctor.probe.*`, and a
+    /// server-named queue, as a worker's private queues are), write on the exchanges a worker publishes to (a
+    /// binding into each from that probe exchange, which no message ever crosses), read (a private queue bound to
+    /// `attune.events`, consumed). Run it on a connection of its own: a refused consume closes the connection.
+    /// Returns false when the topology is not declared yet (an exchange is missing), so nothing could be tried.
+    public func checkWorkerPermissions() throws -> Bool {
+        let probe = "attune.doctor.probe.\(UUID().uuidString.prefix(8).lowercased())"
+        try declareExchange(probe, type: "topic")
+        defer { try? deleteExchange(probe) }
+        do {
+            for exchange in [Topology.jobsExchange, Topology.eventsExchange, Topology.deadExchange, Topology.retryExchange] {
+                try bindExchange(exchange, to: probe, key: "attune.doctor.none")
+            }
+            _ = try consume(queue: try declareEventQueue(bindingKeys: ["attune.doctor.none"]))
+        } catch let error as AMQPError where error.replyCode == 404 {
+            return false
+        }
+        return true
+    }
+}

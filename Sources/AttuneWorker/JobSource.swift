@@ -70,6 +70,12 @@ protocol DrivenJobSource: JobSource {
     func stop()
     func abandon()
     var isConnected: Bool { get }
+    /// Why `run()` returned without being asked to stop: a mistake in the deployment met at start.
+    var startFailure: (any Error)? { get }
+}
+
+extension DrivenJobSource {
+    var startFailure: (any Error)? { nil }
 }
 
 extension JobSource {

@@ -33,6 +33,10 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
     private let mailbox: SlotMailbox
     private let cancels = HeardCancels()
     private let connected = Atomic<Bool>(false)
+    private let refusal = Mutex<AMQPError?>(nil)
+    /// Whether the connection once got through its first round of the loop: a deployment mistake before that
+    /// stops the worker, one after it (permissions revoked, a vhost deleted) is reported and retried.
+    private var servedOnce = false
 
     // The broker thread's own.
     /// The broker URLs, one or a cluster's nodes; a reconnect starts at the node after the one lost.
@@ -76,6 +80,9 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
 
     func pause(_ seconds: TimeInterval) { mailbox.pause(seconds) }
 
+    /// The broker's refusal that stopped the worker at start (a login, vhost or permission mistake).
+    var startFailure: (any Error)? { refusal.withLock { $0 } }
+
     // MARK: Stopping, called by the worker
 
     /// No new deliveries; the jobs in hand are finished and settled, then `run()` returns.
@@ -99,6 +106,20 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
                 backoff.reset()
                 try serve()
                 break
+            } catch let error as AMQPError where error.mistake != nil {
+                disconnect()
+                // As Celery and Sidekiq do with a refused login, a worker that never got going stops and says
+                // why, rather than retrying in the background what only an operator can fix.
+                if !servedOnce {
+                    logger.error("the broker refuses this worker's configuration, stopping: \(error)")
+                    refusal.withLock { $0 = error }
+                    mailbox.stop()
+                    break
+                }
+                // Once it has served, other nodes or a quick fix may bring it back: it keeps trying, loudly.
+                logger.error("configuration error, not an outage: retrying until an operator fixes it: \(error)")
+                if mailbox.isStopping && !slotsHoldWork() { break }
+                pause(backoff.next())
             } catch {
                 logger.warning("lost the broker connection, reconnecting: \(error)")
                 disconnect()
@@ -175,6 +196,7 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
                 partitions.releaseDrainedPartitions()
                 if open.isEmpty && !settler.awaitsConfirms && !slotsHoldWork() { return }
             }
+            servedOnce = true
             sleepUntilNews(connection)
         }
     }

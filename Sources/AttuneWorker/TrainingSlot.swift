@@ -143,7 +143,7 @@ final class TrainingSlot {
         do {
             try connectedSteps().recordOutcomes(updates.map(\.1))
             return decided
-        } catch let error as DatabaseError where !error.isTransient {
+        } catch let error as DatabaseError where !error.isTransient && error.kind != .configuration {
             // Something of these jobs PostgreSQL refuses to store: retrying would refuse it again, forever.
             metrics.outcomeWriteFailures.increment()
             failures.error("could not record how \(updates.count) job(s) ended (\(error)); settled without it")

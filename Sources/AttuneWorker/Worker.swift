@@ -41,6 +41,10 @@ public final class Worker: Sendable {
     /// Whether the worker's broker connection is open (its database connections are the slots' own).
     public var isBrokerConnected: Bool { source.isConnected }
 
+    /// After `run()`: the deployment mistake that stopped the worker at start (the broker refused its login,
+    /// its vhost or a permission), or nil when it stopped because it was asked to.
+    public var startFailure: (any Error)? { source.startFailure }
+
     /// Blocks until `requestStop()` and until every job in hand is settled.
     public func run() {
         let deliveries = configuration.prefetch.map { "\($0) deliveries in hand per partition (--prefetch)" }

@@ -194,5 +194,7 @@ struct WorkerService: Service, CustomStringConvertible {
             Logger(label: "attune.worker").warning("shutdown deadline passed: requeueing the jobs still in hand")
             worker.abandonJobsInHand()
         }
+        // Thrown, the group stops and the command exits non-zero with it.
+        if let failure = worker.startFailure { throw failure }
     }
 }
