@@ -3,14 +3,17 @@
 # one without stopping, as an operator would roll it, and nothing lost.
 #   1. The previous release (scripts/previous-release.sh) migrates the database, imports the model, and one of
 #      its workers trains while jobs are published.
-#   2. This release's `attune migrate` runs under it; a worker of this release starts beside the old one, and
-#      `attune topology status` shows both releases; more jobs are published.
+#   2. This release's `attune migrate` runs under it, recording this build (`0.40.0-dev+<commit>`) beside what it
+#      applied; a worker of this release starts beside the old one, and `attune topology status` shows both
+#      releases; more jobs are published. A contract migration (one that declares `-- attune:oldest-release`) is
+#      refused while the previous release's worker runs, naming it.
 #   3. The old worker is stopped (SIGTERM, as a rolling update does) and a second new one takes its place.
 #   4. Every job ended once and every user's model is a replay of its jobs in order (`attune audit check`);
 #      both releases committed, the old one also after the new migrations.
-#   5. A contract migration (one that declares `-- attune:oldest-release`) is refused while a worker of the
-#      previous release runs, naming it, and applied once it stops; then a worker of a release older than the
-#      schema serves refuses to start, saying what to run, with and without --no-migrate.
+#   5. The contract migration applies now that the previous release's worker is gone; then a worker of a release
+#      older than the schema serves refuses to start, saying what to run, with and without --no-migrate.
+# The previous release's worker is not restarted after this release's migrations: 0.39.0's start with
+# --no-migrate waits for the newer commit function forever (docs/upgrades.md, "Rolling to a new release").
 # Usage: scripts/upgrade-drill.sh [--debug|--release]   (the build of this release to use; default debug)
 set -euo pipefail
 trap 'echo "FAIL: upgrade-drill.sh line $LINENO: \"$BASH_COMMAND\" exited $?" >&2' ERR
@@ -23,6 +26,12 @@ previous=$(scripts/previous-release.sh)
 old=$previous/attune
 old_version=$("$old" --version) new_version=$("$new" --version)
 [ "$old_version" != "$new_version" ] || { echo "upgrade-drill.sh: the previous release is this one ($new_version)" >&2; exit 1; }
+# This build names itself: Release.swift's version and the commit it was built from (the AttuneBuildCommit plugin).
+line=$(sed -n 's/^ *public static let version = "\(.*\)"$/\1/p' Sources/AttuneSpec/Release.swift)
+[[ $new_version =~ ^${line//./\\.}\+[0-9a-f]{7}(\.dirty)?$ ]] \
+  || { echo "upgrade-drill.sh: $new --version says $new_version, not $line+<commit>; rebuild it" >&2; exit 1; }
+# The release a contract migration of this code would name: the line's number without its pre-release.
+new_release=${line%%-*}
 
 work=$(mktemp -d /tmp/attune-upgrade.XXXXXX)
 chmod 755 "$work"
@@ -72,15 +81,31 @@ wait_versions 40
 # 2. This release migrates under the running fleet and joins it.
 "$new" migrate >"$work/migrate.log" 2>&1 || { cat "$work/migrate.log" >&2; fail "this release's migrate failed"; }
 switched=$(sql "SELECT clock_timestamp()")
-grep -q "serves Attune" "$work/migrate.log" || fail "attune migrate did not say which releases the schema serves"
+grep -qF "last migrated by $new_version" "$work/migrate.log" || { cat "$work/migrate.log" >&2; fail "attune migrate did not say which build migrated the schema"; }
+# The bookkeeping names this build beside what it applied: the migrations the old release lacks, and the function.
+[ "$(sql "SELECT string_agg(DISTINCT release || ' ' || build, ',') FROM attune_schema_migrations WHERE build IS NOT NULL")" = "$line $new_version" ] \
+  && [ "$(sql "SELECT release || ' ' || build FROM attune_schema_functions WHERE name = 'attune_commit_versions'")" = "$line $new_version" ] \
+  || fail "the schema does not record $new_version as the build that migrated it: $(sql "SELECT name, release, build FROM attune_schema_migrations WHERE build IS NOT NULL UNION ALL SELECT name, release, build FROM attune_schema_functions")"
+migrated_by_new=$(sql "SELECT count(*) FROM attune_schema_migrations WHERE build = '$new_version'")
 start_worker "$new" new-1 "$PWD/migrations"
 record 200 --append
+releases_line() { "$new" topology status --no-broker 2>&1 | grep '^releases: ' || true; }
 for _ in $(seq 1 100); do
-  status=$("$new" topology status --no-broker 2>&1 || true)
-  grep -q "releases: $new_version (1), before 0.39.0 (1)" <<<"$status" && break
+  status=$(releases_line)
+  [ "$status" = "releases: $old_version (1), $new_version (1)" ] && break
   sleep 0.2
 done
-grep -q "releases: $new_version (1), before 0.39.0 (1)" <<<"$status" || fail "topology status does not show both releases: $status"
+[ "$status" = "releases: $old_version (1), $new_version (1)" ] || fail "topology status does not show both releases: $status"
+
+# A contract migration waits for the previous release's worker, and names it.
+contract=$work/migrations-contract
+cp -R migrations "$contract"
+printf -- '-- attune:oldest-release %s\n-- The drill'"'"'s stand-in for a migration that removes what older releases use.\nCOMMENT ON TABLE attune_schema_release IS %s;\n' \
+  "$new_release" "'drill'" >"$contract/9000_drill_contract.sql"
+if "$new" migrate --migrations "$contract" >"$work/contract.log" 2>&1; then fail "the contract migration ran beside a $old_version worker"; fi
+grep -q "9000_drill_contract removes what releases before $new_release use" "$work/contract.log" \
+  && grep -qF "old-1 ($old_version, pid " "$work/contract.log" && ! grep -q "new-1" "$work/contract.log" \
+  || { cat "$work/contract.log" >&2; fail "the refusal does not name the migration and the old worker alone"; }
 wait_versions 120
 
 # 3. The rolling update: the old worker stops as Kubernetes stops it, a new one takes its place.
@@ -101,25 +126,11 @@ read -r old_total old_after new_total < <(sql "
   FROM attune_personal_versions" | tr '|' ' ')
 ((old_total > 0 && new_total > 0)) || fail "both releases should have committed (old $old_total, new $new_total)"
 ((old_after > 0)) || fail "the old worker committed nothing after this release's migrations"
-say "every job ended once ($(grep -E "^(published|versions |dead-lettered|lost|users replayed)" "$work/check.txt" | tr -s ' ' | paste -sd ';' -)); versions: $old_total by $old_version ($old_after after the migration), $new_total by $new_version"
+say "every job ended once ($(grep -E "^(published|versions |dead-lettered|lost|users replayed)" "$work/check.txt" | tr -s ' ' | paste -sd ';' -)); versions: $old_total by $old_version ($old_after after the migration), $new_total by $new_version; $migrated_by_new migrations and the commit function recorded as $new_version's"
 
-# 5. A contract migration waits for the old release; then an older release than the schema serves refuses.
-contract=$work/migrations-contract
-cp -R migrations "$contract"
-printf -- '-- attune:oldest-release %s\n-- The drill'"'"'s stand-in for a migration that removes what older releases use.\nCOMMENT ON TABLE attune_schema_release IS %s;\n' \
-  "$new_version" "'drill'" >"$contract/9000_drill_contract.sql"
-start_worker "$old" old-2 "$previous/migrations"
-old_pid=$started
-for _ in $(seq 1 100); do
-  [ "$(sql "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'attune-lease:old-2'")" = 1 ] && break
-  sleep 0.2
-done
-if "$new" migrate --migrations "$contract" >"$work/contract.log" 2>&1; then fail "the contract migration ran beside a $old_version worker"; fi
-grep -q "9000_drill_contract removes what releases before $new_version use" "$work/contract.log" \
-  && grep -q "old-2 (before 0.39.0" "$work/contract.log" || { cat "$work/contract.log" >&2; fail "the refusal does not name the migration and the old worker"; }
-kill -TERM "$old_pid"; wait "$old_pid" || true
+# 5. The contract migration applies once the old release is gone; then an older release than the schema serves refuses.
 "$new" migrate --migrations "$contract" >"$work/contract.log" 2>&1 || { cat "$work/contract.log" >&2; fail "the contract migration failed once the old worker stopped"; }
-grep -q "serves Attune $new_version and later" "$work/contract.log" || { cat "$work/contract.log" >&2; fail "the schema should serve $new_version on"; }
+grep -q "serves Attune $new_release and later" "$work/contract.log" || { cat "$work/contract.log" >&2; fail "the schema should serve $new_release on"; }
 # A release older than the oldest served: this binary, against a schema that says it serves 99.0.0 on.
 sql "UPDATE attune_schema_release SET oldest_release = '99.0.0', newest_release = '99.1.0'"
 for flags in "" "--no-migrate"; do
