@@ -92,7 +92,7 @@ compose() {
 with_files() { file_args=(); for file in $1; do file_args+=(-f "$file"); done; }
 # No default secret: each password missing stops `config` (hence `up`) with a message naming it.
 for missing in "ATTUNE_DB_PASSWORD ATTUNE_AMQP_PASSWORD" ATTUNE_DB_PASSWORD ATTUNE_AMQP_PASSWORD; do
-  given=()
+  given=(ATTUNE_KEYS=)
   for name in ATTUNE_DB_PASSWORD ATTUNE_AMQP_PASSWORD; do
     [[ " $missing " == *" $name "* ]] || given+=("$name=validate-only")
   done
@@ -113,10 +113,21 @@ for missing in "ATTUNE_DB_PASSWORD ATTUNE_AMQP_PASSWORD" ATTUNE_DB_PASSWORD ATTU
       { echo "docker-compose ${file_args[*]} config without $missing does not say it is required: $out" >&2; exit 1; }
   done
 done
-echo "docker-compose.yml (and with docker-compose.ha.yml): config refuses to run without ATTUNE_DB_PASSWORD or ATTUNE_AMQP_PASSWORD, naming each"
+# ATTUNE_KEYS unset (a shell without .env) stops compose too, before it recreates any worker without a key;
+# set but empty, it is the processes' own check (ATTUNE_REQUIRE_KEYS) that refuses, unless ATTUNE_ALLOW_CLEARTEXT=1.
 for files in docker-compose.yml "docker-compose.yml docker-compose.ha.yml"; do
   with_files "$files"
-  compose ATTUNE_DB_PASSWORD=validate-only ATTUNE_AMQP_PASSWORD=validate-only "${file_args[@]}" config >"$scratch/rendered.yml"
+  if out=$(compose ATTUNE_DB_PASSWORD=validate-only ATTUNE_AMQP_PASSWORD=validate-only "${file_args[@]}" config -q 2>&1); then
+    echo "docker-compose ${file_args[*]} config passed without ATTUNE_KEYS: a shell without .env would start keyless workers" >&2
+    exit 1
+  fi
+  grep -q "ATTUNE_KEYS is required" <<<"$out" ||
+    { echo "docker-compose ${file_args[*]} config without ATTUNE_KEYS does not say it is required: $out" >&2; exit 1; }
+done
+echo "docker-compose.yml (and with docker-compose.ha.yml): config refuses to run without ATTUNE_DB_PASSWORD, ATTUNE_AMQP_PASSWORD or ATTUNE_KEYS, naming each"
+for files in docker-compose.yml "docker-compose.yml docker-compose.ha.yml"; do
+  with_files "$files"
+  compose ATTUNE_DB_PASSWORD=validate-only ATTUNE_AMQP_PASSWORD=validate-only ATTUNE_KEYS= "${file_args[@]}" config >"$scratch/rendered.yml"
   # RabbitMQ's management UI and the dashboard on the host's loopback only; every Attune process told to
   # refuse clear-text storage (StorageKeys: ATTUNE_REQUIRE_KEYS) unless ATTUNE_ALLOW_CLEARTEXT=1.
   "$venv/bin/python" - "${file_args[*]}" "$scratch/rendered.yml" <<'PY'

@@ -21,6 +21,8 @@ export ATTUNE_TEST_FIXTURES="$work/fixtures"
 "$ATTUNE_PYTHON" Tests/python/coreml_fixtures.py "$ATTUNE_TEST_FIXTURES" 2>&1 | grep -v "Failed to load" >&2
 # The Kubernetes manifests against Kubernetes' schemas, and docker-compose.yml.
 scripts/check-manifests.sh
+# Every shell block of the operator's pages that drives containers is run by the deployment drill or says why not.
+python3 scripts/doc-blocks.py check docs/operations.md docs/upgrades.md docs/backup.md
 start=$(date +%s)
 # Where the run's time goes, phase by phase (CI has a budget; see CONTRIBUTING.md).
 phase_start=$start
@@ -91,6 +93,11 @@ if [ $# -eq 0 ]; then
   took "the backup drill"
   scripts/upgrade-drill.sh
   took "the upgrade drill"
+  # Deployed as users deploy it: deploy/Dockerfile built with podman, docker-compose.yml brought up with real
+  # PostgreSQL and RabbitMQ containers, and the docs' Compose blocks run as written (docs/operations.md, "The
+  # deployment drill"). About 5 minutes with the images cached; a source change rebuilds the image (about 8).
+  scripts/deploy-drill.sh
+  took "the deployment drill"
 fi
 # The fault suite, bounded (about a minute and a half): workers SIGKILLed and SIGTERMed; the workers' PostgreSQL
 # backends terminated 8 times (most while a commit runs); PostgreSQL restarted, crashed (immediate stop) and its
