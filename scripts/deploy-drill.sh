@@ -26,7 +26,7 @@ fail() { echo "FAIL: deploy drill step $current: $*" >&2; exit 1; }
 trap 'echo "FAIL: deploy drill step $current: line $LINENO: \"$BASH_COMMAND\" exited $?" >&2' ERR
 cleanup() {
   set +e
-  for dir in "${project_dirs[@]}"; do (cd "$dir" && docker-compose down -v --remove-orphans >/dev/null 2>&1); done
+  for dir in "${project_dirs[@]}"; do forget_project "$dir"; done
   [ -n "${ticker:-}" ] && kill "$ticker" 2>/dev/null
   [ -n "${service:-}" ] && kill "$service" 2>/dev/null
   [ "${ATTUNE_KEEP_DRILL:-0}" = 1 ] || rm -rf "$work"
@@ -62,9 +62,20 @@ SHIM
 chmod +x "$work/bin/docker"
 export PATH=$work/bin:$PATH
 
+# forget_project DIR: the compose project of DIR gone, containers, volumes and network, even those a crashed
+# earlier run left (a container that restarts itself can outlive `down`).
+forget_project() {
+  local name; name=$(basename "$1")
+  (cd "$1" 2>/dev/null && ATTUNE_DB_PASSWORD=x ATTUNE_AMQP_PASSWORD=x ATTUNE_KEYS= docker-compose down -v --remove-orphans) >/dev/null 2>&1
+  podman ps -aq --filter "label=com.docker.compose.project=$name" | xargs -r podman rm -f >/dev/null 2>&1
+  podman volume ls -q --filter "label=com.docker.compose.project=$name" | xargs -r podman volume rm -f >/dev/null 2>&1
+  podman network rm -f "${name}_default" >/dev/null 2>&1
+  return 0
+}
 # A user's checkout: this one's files as they are now (new ones too, but not what git ignores), with its git
 # history (the build block reads the commit).
 checkout() { # DIR
+  forget_project "$1"
   git clone --quiet --no-checkout --shared "$repo" "$1"
   git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$1" -xf -
   project_dirs+=("$1")
