@@ -103,10 +103,10 @@ compose() { (cd "$here" && docker-compose "$@"); }
 psql_stack() { podman exec "$(compose ps -q postgres)" psql -XAtq -U attune -d attune -c "$1"; }
 versions() { psql_stack "SELECT count(*) FROM attune_personal_versions" 2>/dev/null || echo 0; }
 env_of() { sed -n "s/^$1=//p" "$here/.env"; }
-wait_for() { # SECONDS DESCRIPTION COMMAND...
-  local limit=$1 what=$2; shift 2
+wait_for() { # SECONDS DESCRIPTION 'SHELL CONDITION': the condition evaluated anew each second
+  local limit=$1 what=$2 condition=$3
   local until=$((SECONDS + limit))
-  until "$@" >/dev/null 2>&1; do
+  until eval "$condition" >/dev/null 2>&1; do
     ((SECONDS < until)) || fail "waited ${limit} s for $what"
     sleep 1
   done
@@ -146,18 +146,18 @@ compose logs migrate | grep "the schema serves" >/dev/null || fail "the migrate 
 # The time to the first completed job: from `up` on a host with the image built to a first job's version.
 amqp="amqp://attune:$(env_of ATTUNE_AMQP_PASSWORD)@127.0.0.1:5672/%2f"
 (cd "$here" && host_python examples/python/check_stack.py publish --amqp-url "$amqp" --users 1 --jobs 1 --ids "$work/first.txt") >/dev/null
-wait_for 60 "the first job's version" test "$(versions)" -ge 1
+wait_for 60 "the first job's version" '[ "$(versions)" -ge 1 ]'
 first_completed=$((SECONDS - up_started))
 
 step operator docs/operations.md
 wait_for 60 "serve's admin listener to take the operator" \
-  curl -fsS -u ops:A-LONG-OPERATOR-PASSWORD http://127.0.0.1:8081/api/jobs/none
+  'curl -fsS -u ops:A-LONG-OPERATOR-PASSWORD http://127.0.0.1:8081/api/jobs/none'
 code=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8081/api/jobs/none)
 [ "$code" = 401 ] || fail "the admin listener answered $code without the operator's password"
 
 step scale docs/operations.md
 running_workers() { compose ps -q worker | xargs -r podman inspect --format '{{.State.Running}}' | grep -c true || true; }
-wait_for 60 "3 workers running" test "$(running_workers)" = 3
+wait_for 60 "3 workers running" '[ "$(running_workers)" = 3 ]'
 
 step try-jobs docs/operations.md
 grep -q "completed 48 of 48 jobs" "$work/step-try-jobs.log" || fail "not every job completed: $(tail -n 2 "$work/step-try-jobs.log")"
@@ -175,7 +175,7 @@ amqp="amqp://attune:$(env_of ATTUNE_AMQP_PASSWORD)@127.0.0.1:5672/%2f"
 (cd "$here" && "$python" examples/python/check_stack.py publish --amqp-url "$amqp" --users 6 --jobs 1500 --epochs 20 \
   --samples 100 --ids "$work/killed.txt") >"$work/killed-publish.log" 2>&1 &
 publisher=$!
-until [ "$(versions)" -gt 149 ]; do sleep 0.2; done
+for _ in $(seq 600); do [ "$(versions)" -gt 149 ] && break; sleep 0.2; done
 step kill-worker docs/operations.md
 at_kill=$(versions)
 ((at_kill < 1549)) || fail "every job had ended before the kill: make the drill's jobs longer"
@@ -187,7 +187,7 @@ versions=$(versions)
 [ "$versions" = 1549 ] || fail "1549 jobs made $versions versions: a job was lost or applied twice"
 
 step down-up docs/operations.md
-wait_for 120 "the stack to answer again" curl -fsS -u ops:A-LONG-OPERATOR-PASSWORD http://127.0.0.1:8081/api/jobs/none
+wait_for 120 "the stack to answer again" 'curl -fsS -u ops:A-LONG-OPERATOR-PASSWORD http://127.0.0.1:8081/api/jobs/none'
 [ "$(versions)" = 1549 ] || fail "versions lost across down and up"
 (cd "$here" && "$python" examples/python/check_stack.py wait --operator ops --password A-LONG-OPERATOR-PASSWORD \
   --ids "$work/killed.txt" --timeout 30) >/dev/null || fail "outcomes lost across down and up"
@@ -237,7 +237,7 @@ amqp="amqp://attune:$(env_of ATTUNE_AMQP_PASSWORD)@127.0.0.1:5672/%2f"
 publisher=$!
 step upgrade docs/upgrades.md
 wait "$publisher" || fail "publishing during the upgrade failed"
-wait_for 300 "160 versions after the upgrade" test "$(psql_stack "SELECT count(*) FROM attune_personal_versions")" -ge 160
+wait_for 300 "160 versions after the upgrade" '[ "$(versions)" -ge 160 ]'
 sleep 3
 [ "$(psql_stack "SELECT count(*) FROM attune_personal_versions")" = 160 ] || fail "160 jobs made $(psql_stack "SELECT count(*) FROM attune_personal_versions") versions"
 new_release=$(grep "^releases:" "$work/step-upgrade.log" | tail -n 1 || true)
