@@ -252,4 +252,7 @@ for named in $(python3 scripts/doc-blocks.py names docs/operations.md docs/upgra
   [[ " ${ran[*]} " == *" $named "* ]] || fail "the block $named is marked for the drill but did not run"
 done
 say "figures: image build $build_seconds s this run ($kind, $compiled files compiled), $rebuild_seconds s again with every layer cached; the last full build on this machine $full_seconds s (${full_commit}, ${full_day}); first completed job ${first_completed} s after up; jobs lost 0 of 1709 (1549 with a worker SIGKILLed mid-job, ${after_kill} of 3 workers running after it; 160 across the upgrade)"
+# Each build leaves its build stage behind as an untagged image; those over a day old go, so the machine's
+# store does not grow run after run (SwiftPM's cache mount and the tagged images stay).
+podman image prune -f --filter until=24h >/dev/null 2>&1 || true
 echo "deploy drill: passed"
