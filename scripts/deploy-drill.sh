@@ -103,6 +103,12 @@ compose() { (cd "$here" && docker-compose "$@"); }
 psql_stack() { podman exec "$(compose ps -q postgres)" psql -XAtq -U attune -d attune -c "$1"; }
 versions() { psql_stack "SELECT count(*) FROM attune_personal_versions" 2>/dev/null || echo 0; }
 env_of() { sed -n "s/^$1=//p" "$here/.env"; }
+# check_stack COMMAND ARGS…: examples/python/check_stack.py against the current project's broker and serve.
+check_stack() {
+  local command=$1; shift
+  if [ "$command" = publish ]; then set -- --amqp-url "amqp://attune:$(env_of ATTUNE_AMQP_PASSWORD)@127.0.0.1:5672/%2f" "$@"; fi
+  (cd "$here" && host_python examples/python/check_stack.py "$command" "$@")
+}
 wait_for() { # SECONDS DESCRIPTION 'SHELL CONDITION': the condition evaluated anew each second
   local limit=$1 what=$2 condition=$3
   local until=$((SECONDS + limit))
@@ -120,7 +126,6 @@ revision=$(git -C "$repo" rev-parse HEAD)
 start=$SECONDS
 step build-image docs/operations.md
 build_seconds=$((SECONDS - start))
-image=$(sed -n 's/^docker build .* -t \([^ ]*\) .*/\1/p' "$work/step-build-image.sh" | head -n 1)
 start=$SECONDS
 (cd "$here" && bash -euo pipefail "$work/step-build-image.sh") >"$work/rebuild.log" 2>&1 || fail "the same build again failed"
 rebuild_seconds=$((SECONDS - start))
@@ -144,8 +149,7 @@ step first-start docs/operations.md
   fail "no base model digits after the import"
 compose logs migrate | grep "the schema serves" >/dev/null || fail "the migrate service did not report the schema"
 # The time to the first completed job: from `up` on a host with the image built to a first job's version.
-amqp="amqp://attune:$(env_of ATTUNE_AMQP_PASSWORD)@127.0.0.1:5672/%2f"
-(cd "$here" && host_python examples/python/check_stack.py publish --amqp-url "$amqp" --users 1 --jobs 1 --ids "$work/first.txt") >/dev/null
+check_stack publish --users 1 --jobs 1 --ids "$work/first.txt" >/dev/null
 wait_for 60 "the first job's version" '[ "$(versions)" -ge 1 ]'
 first_completed=$((SECONDS - up_started))
 
@@ -168,29 +172,26 @@ grep -q '"status": 200' "$work/step-device.log" || fail "the device's fetch did 
 
 # A worker SIGKILLed while jobs train: nothing lost, each job applied once.
 current=kill-worker
-python="$here/.venv-attune/bin/python"
-amqp="amqp://attune:$(env_of ATTUNE_AMQP_PASSWORD)@127.0.0.1:5672/%2f"
 # The kill comes while jobs flow: a publisher sends 1,500 jobs in the background (the broker's confirms pace it
 # for several seconds), and the worker is killed once the first hundred of them are committed.
-(cd "$here" && "$python" examples/python/check_stack.py publish --amqp-url "$amqp" --users 6 --jobs 1500 --epochs 20 \
-  --samples 100 --ids "$work/killed.txt") >"$work/killed-publish.log" 2>&1 &
+check_stack publish --users 6 --jobs 1500 --epochs 20 --samples 100 --ids "$work/killed.txt" >"$work/killed-publish.log" 2>&1 &
 publisher=$!
 for _ in $(seq 600); do [ "$(versions)" -gt 149 ] && break; sleep 0.2; done
 step kill-worker docs/operations.md
 at_kill=$(versions)
 ((at_kill < 1549)) || fail "every job had ended before the kill: make the drill's jobs longer"
 wait "$publisher" || fail "the publisher failed: $(tail -n 3 "$work/killed-publish.log")"
-(cd "$here" && "$python" examples/python/check_stack.py wait --operator ops --password A-LONG-OPERATOR-PASSWORD \
-  --ids "$work/killed.txt" --timeout 300) >"$work/killed.log" || fail "after the kill: $(head -n 1 "$work/killed.log")"
+check_stack wait --operator ops --password A-LONG-OPERATOR-PASSWORD --ids "$work/killed.txt" --timeout 300 \
+  >"$work/killed.log" || fail "after the kill: $(head -n 1 "$work/killed.log")"
 after_kill=$(running_workers)
-versions=$(versions)
-[ "$versions" = 1549 ] || fail "1549 jobs made $versions versions: a job was lost or applied twice"
+made=$(versions)
+[ "$made" = 1549 ] || fail "1549 jobs made $made versions: a job was lost or applied twice"
 
 step down-up docs/operations.md
 wait_for 120 "the stack to answer again" 'curl -fsS -u ops:A-LONG-OPERATOR-PASSWORD http://127.0.0.1:8081/api/jobs/none'
 [ "$(versions)" = 1549 ] || fail "versions lost across down and up"
-(cd "$here" && "$python" examples/python/check_stack.py wait --operator ops --password A-LONG-OPERATOR-PASSWORD \
-  --ids "$work/killed.txt" --timeout 30) >/dev/null || fail "outcomes lost across down and up"
+check_stack wait --operator ops --password A-LONG-OPERATOR-PASSWORD --ids "$work/killed.txt" --timeout 30 \
+  >/dev/null || fail "outcomes lost across down and up"
 
 # 3. Backup and restore, as backup.md's "With Docker Compose" says.
 # The model a device gets now, to compare with what it gets after the restore.
@@ -228,12 +229,8 @@ step settings docs/operations.md
 echo "ATTUNE_IMAGE=$previous_image" >>"$here/.env"
 step first-start docs/operations.md
 compose logs worker | grep "attune $previous_version" >/dev/null || fail "the workers do not run $previous_version"
-python=$work/attune/.venv-attune/bin/python
-amqp="amqp://attune:$(env_of ATTUNE_AMQP_PASSWORD)@127.0.0.1:5672/%2f"
-(cd "$here" && "$python" examples/python/check_stack.py publish --amqp-url "$amqp" --users 8 --jobs 80 --epochs 20 \
-  --samples 200 --ids "$work/upgrade-1.txt") >/dev/null
-(cd "$here" && "$python" examples/python/check_stack.py publish --amqp-url "$amqp" --users 8 --jobs 80 --epochs 20 \
-  --samples 200 --ids "$work/upgrade-2.txt") >/dev/null &
+check_stack publish --users 8 --jobs 80 --epochs 20 --samples 200 --ids "$work/upgrade-1.txt" >/dev/null
+check_stack publish --users 8 --jobs 80 --epochs 20 --samples 200 --ids "$work/upgrade-2.txt" >/dev/null &
 publisher=$!
 step upgrade docs/upgrades.md
 wait "$publisher" || fail "publishing during the upgrade failed"
