@@ -69,6 +69,10 @@ final class OutboxRelay: Sendable {
                         metrics.eventsRepublished.increment(by: Int64(republished))
                         logger.warning("published again the terminal events of \(republished) job(s) whose worker stopped before the broker confirmed them")
                     }
+                    // The backlog left after the sweep, for alerts: rows piling up mean events that reach no one.
+                    let backlog = try store!.outboxBacklog()
+                    metrics.outboxBacklogRows.record(backlog.rows)
+                    metrics.outboxOldestSeconds.record(backlog.oldestSeconds)
                 }
                 backoff.reset()
             } catch {

@@ -62,6 +62,8 @@ final class PartitionKeeper {
     /// Stray partition queues and the jobs stranded in them, for alerts (0 and 0 on a sound broker).
     private let strayQueues = Gauge(label: "attune_stray_partition_queues")
     private let strayJobs = Gauge(label: "attune_stray_partition_jobs")
+    /// The partitions no live worker holds, and this worker's, for alerts (`attune_partitions_unheld`).
+    private let census = PartitionCensus()
 
     /// - Parameter leaseStore: PostgreSQL at `configuration.databaseURL` unless given.
     init(configuration: WorkerConfiguration, logger: Logger, mailbox: SlotMailbox, open: OpenDeliveries,
@@ -348,10 +350,12 @@ final class PartitionKeeper {
             }
             try endFinishedParking(leases, consumers, connection)
             try lookForDrainedPartitions(leases, consumers, connection)
+            try census.looked(at: leases, layout: layout, now: now())
         } catch let error as DatabaseError {
             logger.warning("cannot look at partition leases (PostgreSQL): \(error); keeping the partitions consumed")
             leases?.close()
             leases = nil
+            census.lostSession()
         }
     }
 

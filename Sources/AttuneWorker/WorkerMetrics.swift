@@ -21,6 +21,10 @@ final class WorkerMetrics: Sendable {
     let eventsRepublished = Counter(label: "attune_events_republished_total")
     /// Outcomes a slot could not write (PostgreSQL away): their jobs were retried instead of settled.
     let outcomeWriteFailures = Counter(label: "attune_outcome_write_failures_total")
+    /// Terminal events whose outcome is committed but whose publishing no broker confirmed yet (the outbox,
+    /// fleet-wide: the same figure from every worker), and the age of the oldest; read at each outbox sweep.
+    let outboxBacklogRows = Gauge(label: "attune_outbox_backlog_rows")
+    let outboxOldestSeconds = Gauge(label: "attune_outbox_oldest_seconds")
     /// One update task, as the task measured it.
     let trainingDuration = Timer(label: "attune_training_duration_seconds", preferredDisplayUnit: .seconds)
     /// A job in its slot: from taken to settled (its batch's lookup, training and commit).

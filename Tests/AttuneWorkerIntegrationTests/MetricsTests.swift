@@ -158,6 +158,41 @@ final class MetricsTests: XCTestCase {
         print("most deliveries in hand draining 1,200 jobs over 64 partitions: \(Int(budgeted)) with the budget, \(Int(perPartition)) with --prefetch 32")
     }
 
+    /// `attune_partitions_unheld` counts the partitions no live worker holds, fleet-wide, and follows a change: a
+    /// partition whose lock another session keeps (a stuck holder, as PostgreSQL sees it) is unheld while the
+    /// worker holds the rest; once that session lets go, the worker takes it and the count falls to 0.
+    func testUnheldPartitionsAreCounted() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let stuck = try PostgresConnection(url: fleet.databaseURL)
+        defer { stuck.close() }
+        let partition = JobPartition(generation: 0, index: 7)
+        // The partitions' advisory lock class (PartitionLeases.partitionClass), without a member lock: no live
+        // worker's session holds it.
+        try stuck.query("SELECT pg_advisory_lock($1, $2)", [417_002, partition.leaseKey])
+        let (worker, port) = try startWorker(fleet, databaseURL: fleet.databaseURL)
+        defer { if worker.isRunning { worker.terminate(); worker.waitUntilExit() } }
+        func waitFor(unheld: Double, held: Double) throws -> String {
+            var metrics = ""
+            let deadline = Date().addingTimeInterval(30)
+            while Date() < deadline {
+                metrics = try get(port, "/metrics").body
+                if value(metrics, "attune_partitions_unheld") == unheld, value(metrics, "attune_partitions_held") == held {
+                    return metrics
+                }
+                Thread.sleep(forTimeInterval: 0.25)
+            }
+            XCTFail("attune_partitions_unheld \(unheld) and attune_partitions_held \(held) never seen: \(metrics)")
+            return metrics
+        }
+        let count = Double(Topology.defaultPartitionCount)
+        _ = try waitFor(unheld: 1, held: count - 1)
+        try stuck.query("SELECT pg_advisory_unlock($1, $2)", [417_002, partition.leaseKey])
+        let after = try waitFor(unheld: 0, held: count)
+        // The outbox's backlog is read at its sweeps: nothing owed here.
+        XCTAssertEqual(value(after, "attune_outbox_backlog_rows"), 0, after)
+    }
+
     func testReadinessSaysWhichServerIsMissing() throws {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
