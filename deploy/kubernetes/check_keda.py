@@ -1,7 +1,7 @@
 """Cross-checks the KEDA objects, for which kubernetes-validate has no schema (they are CRDs): the
 ScaledObject scales the worker Deployment of worker.yaml, between 1 and the partition count; its RabbitMQ
 trigger is a queue-length trigger over the management API whose queue pattern matches every job partition
-queue and nothing else Attune declares; its authentication names a TriggerAuthentication in these files,
+queue and its parked queue, and nothing else Attune declares; its authentication names a TriggerAuthentication in these files,
 whose secret is declared in secrets.yaml."""
 import re
 import sys
@@ -35,7 +35,11 @@ count = int(declare[0][declare[0].index("--partitions") + 1]) if declare and "--
 partitions = [f"attune.jobs.p{i:02d}" for i in range(count)]
 # A repartition's later generations (attune.jobs.g1.p00, ...), whose queues hold the new jobs during a drain.
 later_generations = [f"attune.jobs.g{g}.p{i:02d}" for g in (1, 12) for i in (0, 7, 63, 998)]
-others = ["attune.jobs.dead", "attune.cancel.requests"] + [f"attune.retry.{ms}" for ms in (1000, 10000, 60000)]
+# Each partition's parked queue (JobPartition.parkedQueue): a hot user's later jobs, waiting like the others.
+parked = [q + ".parked" for q in partitions + later_generations]
+# Topology.swift's other queues: the dead letters, the cancel requests, the retry queues (Topology.retryQueue).
+others = ["attune.jobs.dead", "attune.cancel.requests", "attune.jobs.p07.parkedx", "attune.jobs.p07.parked.dead"] + \
+    [f"attune.jobs.retry.{ms}" for ms in (1000, 10000, 60000)]
 
 for name, scaled in by_kind.get("ScaledObject", {}).items():
     check(scaled["apiVersion"] == "keda.sh/v1alpha1", f"{name}: apiVersion")
@@ -55,6 +59,7 @@ for name, scaled in by_kind.get("ScaledObject", {}).items():
         pattern = re.compile(meta["queueName"])
         check(all(pattern.search(q) for q in partitions), f"{name}: queueName misses a partition")
         check(all(pattern.search(q) for q in later_generations), f"{name}: queueName misses a later generation's partition")
+        check(all(pattern.search(q) for q in parked), f"{name}: queueName misses a parked queue (attune.jobs.pNN.parked)")
         check(not any(pattern.search(q) for q in others), f"{name}: queueName matches a queue that is not a partition")
         check(float(meta["value"]) > 0, f"{name}: value")
         auth = trigger["authenticationRef"]["name"]

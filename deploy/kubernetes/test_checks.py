@@ -202,6 +202,15 @@ class DeploymentChecks(unittest.TestCase):
         self.fails("maxReplicaCount must follow the partition count",
                    {"keda-scaledobject.yaml": ("maxReplicaCount: 64", "maxReplicaCount: 32")}, checker="check_keda.py")
 
+    def test_keda_without_the_parked_queues(self):
+        self.fails("queueName misses a parked queue",
+                   {"keda-scaledobject.yaml": ("p[0-9]{2,3}(\\.parked)?$", "p[0-9]{2,3}$")}, checker="check_keda.py")
+
+    def test_keda_counting_the_retry_queues(self):
+        self.fails("queueName matches a queue that is not a partition",
+                   {"keda-scaledobject.yaml": ("p[0-9]{2,3}(\\.parked)?$", "(p[0-9]{2,3}|retry\\.[0-9]+)(\\.parked)?$")},
+                   checker="check_keda.py")
+
 
 if __name__ == "__main__":
     unittest.main()
