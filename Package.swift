@@ -40,6 +40,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird-auth", from: "2.5.0"),
         .package(url: "https://github.com/vapor/jwt-kit", from: "5.7.1"),
         .package(url: "https://github.com/apple/swift-http-types", from: "1.8.0"),
@@ -74,7 +75,9 @@ let package = Package(
                                                        "CPUFeatures"]),
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
                                                     .product(name: "Crypto", package: "swift-crypto"),
-                                                    .product(name: "Logging", package: "swift-log")]),
+                                                    .product(name: "Logging", package: "swift-log"),
+                                                   .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                                                   .product(name: "NIOHTTP1", package: "swift-nio")]),
         // What travels on the broker, encoded and decoded, without the AMQP client: the fuzzer links this alone.
         .target(name: "AttuneCodecs", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneSpec", .product(name: "Crypto", package: "swift-crypto")]),
         .target(name: "AttuneQueue", dependencies: ["AttuneSpec", "AttuneCodecs", "CRabbitMQ",

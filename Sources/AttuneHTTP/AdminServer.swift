@@ -13,14 +13,18 @@ public enum AdminServer {
     public static func application(host: String, port: Int, operators: OperatorCredentials,
                                    producers: OperatorCredentials? = nil, delivery: ModelDelivery,
                                    amqpURL: String, chartJS: String, metrics: PrometheusCollectorRegistry,
-                                   logger: Logger) -> some ApplicationProtocol {
+                                   workerMetricsPorts: [Int] = [9464], logger: Logger) -> some ApplicationProtocol {
         let router = Router()
         router.add(middleware: HardeningMiddleware(headers: HTTPHardening.adminHeaders, logger: logger,
-                                                   bodies: [JobOutcomesAPI.lookupPath: JobOutcomesAPI.lookupBodyLimit]))
+                                                   bodies: [JobOutcomesAPI.lookupPath: JobOutcomesAPI.lookupBodyLimit]
+                                                    .merging(DashboardActions.bodyLimits) { $1 }))
         router.add(middleware: OperatorMiddleware(operators: operators, producers: producers))
         let hub = EventHub(amqpURL: amqpURL, logger: logger)
         hub.start()
-        Dashboard.add(to: router, hub: hub, delivery: delivery, amqpURL: amqpURL, chartJS: chartJS)
+        let fleet = FleetWatch(delivery: delivery, amqpURL: amqpURL,
+                               configuration: .init(workerMetricsPorts: workerMetricsPorts), logger: logger)
+        Dashboard.add(to: router, hub: hub, delivery: delivery, amqpURL: amqpURL, chartJS: chartJS, fleet: fleet, logger: logger)
+        DashboardActions.add(to: router, delivery: delivery, amqpURL: amqpURL, logger: logger)
         JobOutcomesAPI.add(to: router, delivery: delivery)
         router.get("metrics") { _, _ -> Response in
             var buffer = [UInt8]()

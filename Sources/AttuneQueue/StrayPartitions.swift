@@ -47,7 +47,7 @@ extension JobQueues {
     }
 
     /// The queue's counts, or nil when the broker has no such queue.
-    func existingQueueDepth(_ queue: String) throws -> (messages: Int, consumers: Int)? {
+    public func existingQueueDepth(_ queue: String) throws -> (messages: Int, consumers: Int)? {
         do {
             return try connection.queueDepth(queue)
         } catch let error as AMQPError where error.replyCode == 404 {

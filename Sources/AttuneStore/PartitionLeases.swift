@@ -53,6 +53,8 @@ public final class PartitionLeases {
         try connection.query("""
             SELECT a.pid, coalesce(a.application_name, '') AS name,
                    extract(epoch FROM a.backend_start)::float8 AS since,
+                   extract(epoch FROM coalesce(a.state_change, a.backend_start))::float8 AS last_look,
+                   coalesce(host(a.client_addr), '') AS address,
                    coalesce(array_to_string(array_agg(p.objid::int ORDER BY p.objid::int)
                                             FILTER (WHERE p.objid IS NOT NULL), ','), '') AS partitions
             FROM pg_locks m
@@ -61,11 +63,14 @@ public final class PartitionLeases {
                                 AND p.classid = $2::bigint::oid AND p.database = m.database
             WHERE m.locktype = 'advisory' AND m.granted AND m.objsubid = 2 AND m.classid = $1::bigint::oid
               AND m.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-            GROUP BY a.pid, a.application_name, a.backend_start
+            GROUP BY a.pid, a.application_name, a.backend_start, a.state_change, a.client_addr
             ORDER BY a.application_name, a.pid
             """, [Int(memberClass), Int(partitionClass)]).rows.map { row in
                 let (worker, release) = parseApplicationName(try row.string("name"))
+                let address = try row.string("address")
                 return LeaseHolder(worker: worker, release: release, pid: try row.int("pid"), since: Date(timeIntervalSince1970: try row.double("since")),
+                                   lastLook: Date(timeIntervalSince1970: try row.double("last_look")),
+                                   address: address.isEmpty ? nil : address,
                                    partitions: try row.string("partitions").split(separator: ",").compactMap { Int($0) }
                                     .map { JobPartition(leaseKey: $0) })
             }
@@ -142,6 +147,11 @@ public struct LeaseHolder: Sendable, Equatable {
     /// The lease session's server process (several workers may share a name).
     public let pid: Int
     public let since: Date
+    /// When the session last went idle: the end of the worker's latest look at the leases (every half second
+    /// while it runs). A live worker's look stays recent; a stuck one's does not.
+    public let lastLook: Date
+    /// Where the worker connects from (its host's address, as PostgreSQL sees it); nil over a Unix socket.
+    public let address: String?
     /// Held partitions, ascending; empty for a worker standing by.
     public let partitions: [JobPartition]
 }

@@ -2,6 +2,7 @@ import Foundation
 public import Logging
 import AttuneSpec
 import AttuneStore
+import CoreMetrics
 
 /// A worker process: one broker thread consuming the partitions this worker holds, and `concurrency`
 /// training slots. Stateless: everything it knows lives in PostgreSQL and RabbitMQ, so operators add or
@@ -23,6 +24,8 @@ public final class Worker: Sendable {
         self.configuration = configuration
         self.logger = logger
         metrics = WorkerMetrics(slotCount: max(1, configuration.concurrency))
+        // The name its lease session carries: the operators' page matches a scraped /metrics to that session by it.
+        Gauge(label: "attune_worker_info", dimensions: [("worker", configuration.workerName)]).record(1)
         source = RabbitJobSource(configuration: configuration, logger: logger, metrics: metrics)
         connect = nil
         if configuration.timelinePath != nil { JobTimeline.open(path: configuration.timelinePath) }

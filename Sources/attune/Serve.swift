@@ -31,6 +31,8 @@ struct Serve: AsyncParsableCommand {
     var idleTimeout: Int = 15
     @OptionGroup var broker: BrokerOptions
     @Flag(help: "No admin listener at all.") var noDashboard = false
+    @Option(help: "Ports the workers serve /metrics on (their --metrics-port), comma-separated: the dashboard reads each worker's slots and rates there, at the address its PostgreSQL session comes from.")
+    var workerMetricsPorts: String = "9464"
     @Option(help: "Chart.js for the dashboard (Debian's libjs-chart.js).")
     var chartJS: String = "/usr/share/javascript/chart.js/chart.min.js"
 
@@ -46,12 +48,20 @@ struct Serve: AsyncParsableCommand {
         if !noDashboard, let credentials = operatorCredentials(logger: logger) {
             services.append(AdminServer.application(host: adminHost, port: adminPort, operators: credentials,
                                                     producers: try producerCredentials(logger: logger), delivery: delivery, amqpURL: broker.resolved(), chartJS: chartJS,
-                                                    metrics: metrics, logger: logger))
+                                                    metrics: metrics, workerMetricsPorts: try metricsPorts(), logger: logger))
         }
         await delivery.start(logger: logger)
         defer { delivery.stop() }
         try await ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint],
                                                     logger: logger)).run()
+    }
+
+    func metricsPorts() throws -> [Int] {
+        let ports = workerMetricsPorts.split(separator: ",").map { Int($0.trimmingCharacters(in: .whitespaces)) }
+        guard !ports.isEmpty, ports.allSatisfy({ $0.map { (1...65_535).contains($0) } ?? false }) else {
+            throw ValidationError("--worker-metrics-ports: ports in 1...65535, comma-separated (the workers' --metrics-port)")
+        }
+        return ports.compactMap { $0 }
     }
 
     /// The producers who may read job outcomes, or nil. Unlike the operators file, a bad one stops serve: the
