@@ -14,12 +14,24 @@ struct Dlq: ParsableCommand {
             abstract: "Show dead jobs from the head of the queue, with why each died. Nothing is removed or reordered.")
 
         @OptionGroup var broker: BrokerOptions
-        @Option(help: "Show at most this many.") var limit: Int?
+        @Option(help: "Show at most this many: a page of the head, read with at most this many in flight.") var limit: Int?
         @Flag(help: "Print one JSON object per line (job_id, user_id, model, reason, ...).") var json = false
 
         func run() throws {
             if let limit, limit < 1 { throw ValidationError("--limit must be at least 1") }
-            let letters = try DeadLetterQueue(url: broker.resolved()).list(limit: limit)
+            let queue = DeadLetterQueue(url: broker.resolved())
+            let letters: [DeadLetter]
+            if let limit {
+                let page = try queue.page(first: limit)
+                if page.busy {
+                    throw CommandFailure(description: "a `dlq replay` or `dlq purge` is running on \(Topology.deadQueue) "
+                        + "(\(page.depth) dead job(s) not taken yet); try again when it ends")
+                }
+                letters = page.letters
+                if !json { FileHandle.standardError.write(Data("\(page.depth) dead job(s) in \(Topology.deadQueue)\n".utf8)) }
+            } else {
+                letters = try queue.list()
+            }
             if json {
                 for letter in letters { print(try DeadLetterLine.json(letter)) }
             } else {
@@ -30,46 +42,111 @@ struct Dlq: ParsableCommand {
         }
     }
 
+    /// Which dead jobs a replay or purge takes: the options both commands share.
+    struct Selection: ParsableArguments {
+        @Option(name: [.customLong("job"), .customLong("job-id")],
+                help: "Only this job id (every copy of it); repeat for several.") var jobs: [String] = []
+        @Option(help: "Only this user's jobs.") var user: String?
+        @Option(help: "Only jobs of this model.") var model: String?
+        @Option(help: "Only jobs whose reason contains this text (ignoring case).") var reasonContains: String?
+
+        func validate() throws {
+            if jobs.contains(where: \.isEmpty) { throw ValidationError("--job needs a job id") }
+            if user?.isEmpty == true { throw ValidationError("--user needs a user id") }
+            if model?.isEmpty == true { throw ValidationError("--model needs a model name") }
+            if reasonContains?.isEmpty == true { throw ValidationError("--reason-contains needs some text") }
+        }
+
+        /// Every given option must hold; none given: every dead job.
+        var filter: DeadLetterFilter {
+            DeadLetterFilter(jobIds: jobs.isEmpty ? nil : Set(jobs), user: user, model: model, reasonContains: reasonContains)
+        }
+
+        /// In words, for the messages: "job a, b, user u".
+        var described: String {
+            var parts: [String] = []
+            if !jobs.isEmpty { parts.append("job \(jobs.joined(separator: ", "))") }
+            if let user { parts.append("user \(user)") }
+            if let model { parts.append("model \(model)") }
+            if let reasonContains { parts.append("reason containing \"\(reasonContains)\"") }
+            return parts.joined(separator: ", ")
+        }
+
+        /// The named job ids none of `letters` is (by job id or, for the tools' purposes, the same id shown).
+        func missing(from letters: [DeadLetter]) -> [String] {
+            let found = Set(letters.map(\.jobId))
+            return jobs.filter { !found.contains($0) }
+        }
+    }
+
     struct Replay: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Send dead jobs back to \(Topology.jobsExchange), each to its user's partition (with publisher confirms), without their failure headers.")
+            abstract: "Send dead jobs back to \(Topology.jobsExchange), each to its user's partition (with publisher confirms), without their failure headers.",
+            discussion: "Name the jobs with --job (repeatable), --user, --model and --reason-contains (all given must hold), "
+                + "or replay every dead job with --all. The other dead jobs stay where they are, in their order.")
 
         @OptionGroup var broker: BrokerOptions
-        @Option(help: "Replay only this job id; the others stay where they are.") var job: String?
+        @OptionGroup var selection: Selection
         @Flag(help: "Replay every dead job.") var all = false
 
         func validate() throws {
-            if (job == nil) == !all { throw ValidationError("name one job with --job ID, or replay everything with --all") }
+            if selection.filter.matchesEverything != all {
+                throw ValidationError(all ? "--all replays everything: leave out --job, --user, --model and --reason-contains"
+                    : "name the jobs with --job ID, --user, --model or --reason-contains, or replay everything with --all")
+            }
         }
 
         func run() throws {
-            let moved = try DeadLetterQueue(url: broker.resolved()).replay(jobId: job)
+            let filter = selection.filter
+            let moved = try DeadLetterQueue(url: broker.resolved()).replay(matching: filter)
+            Dlq.done(.replay, filter: filter, letters: moved)
             for letter in moved { print("replayed \(DeadLetterLine.who(letter)) (was: \(letter.reason))") }
             print("\(moved.count) job(s) moved to \(Topology.jobsExchange)")
-            if let job, moved.isEmpty {
-                throw CommandFailure(description: "no job \(job) in \(Topology.deadQueue); see `attune dlq list`")
+            let missing = selection.missing(from: moved)
+            if !missing.isEmpty {
+                throw CommandFailure(description: "no job \(missing.joined(separator: ", ")) in \(Topology.deadQueue); see `attune dlq list`")
+            }
+            if moved.isEmpty, !all {
+                FileHandle.standardError.write(Data("no dead job matches \(selection.described); see `attune dlq list`\n".utf8))
             }
         }
     }
 
     struct Purge: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Delete dead jobs for good: all of them, or one job with --job.")
+            abstract: "Delete dead jobs for good: all of them, or those --job, --user, --model and --reason-contains name.",
+            discussion: "Without --yes it only says what it would delete. The other dead jobs stay, in their order.")
 
         @OptionGroup var broker: BrokerOptions
-        @Option(help: "Delete only this job id.") var job: String?
+        @OptionGroup var selection: Selection
         @Flag(help: "Confirm the deletion; nothing is deleted without it.") var yes = false
 
         func run() throws {
             let queue = DeadLetterQueue(url: broker.resolved())
+            let filter = selection.filter
             guard yes else {
-                let what = try job.map { "job \($0)" } ?? "all \(queue.list().count) dead job(s)"
+                let what = filter.matchesEverything ? "all \(try queue.depth()) dead job(s)"
+                    : "\(try queue.list(matching: filter).count) dead job(s) of \(selection.described)"
                 throw CommandFailure(description: "this would delete \(what) for good; add --yes to do it "
                     + "(or `attune dlq replay` to try them again)")
             }
-            print("deleted \(try queue.purge(jobId: job)) job(s) from \(Topology.deadQueue)")
+            let deleted = try queue.purge(matching: filter)
+            Dlq.done(.purge, filter: filter, letters: deleted)
+            if !filter.matchesEverything {
+                for letter in deleted { print("deleted \(DeadLetterLine.who(letter)) (was: \(letter.reason))") }
+            }
+            print("deleted \(deleted.count) job(s) from \(Topology.deadQueue)")
+            if deleted.isEmpty, !filter.matchesEverything {
+                FileHandle.standardError.write(Data("no dead job matches \(selection.described); see `attune dlq list`\n".utf8))
+            }
         }
     }
+
+    enum Action: String { case replay, purge }
+
+    /// Every replay and purge passes here once it is done, with what it took: the one place for what should
+    /// follow an action on the dead letters (an audit record, say). It does nothing yet.
+    static func done(_ action: Action, filter: DeadLetterFilter, letters: [DeadLetter]) {}
 }
 
 /// How the commands print one dead job.
