@@ -26,6 +26,7 @@ struct Cancel: ParsableCommand {
     func run() throws {
         let registry = try database.registry()
         let outcome = try registry.cancelJob(jobId: jobId, reason: reason)
+        OperatorAudit.record(database, action: "cancel", target: "job \(jobId)", affected: outcome == .cancelled ? 1 : 0)
         switch outcome {
         case .tooLate(let user, let model, let version):
             throw CommandFailure(description: "job \(jobId) was committed as version \(version) of \(model) for \(user) before the cancel; nothing changed")

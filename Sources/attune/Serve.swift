@@ -104,7 +104,31 @@ struct Serve: AsyncParsableCommand {
 struct Operator: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Operators of the dashboard: an htpasswd file of bcrypt hashes that attune serve --operators reads.",
-        subcommands: [Add.self])
+        subcommands: [Add.self, Actions.self])
+
+    struct Actions: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "The audit log: what operators did to jobs (replay or purge dead letters, cancel), from the dashboard or the CLI, newest first.")
+        @OptionGroup var database: DatabaseOptions
+        @Option(help: "How many, newest first (at most 1000).") var limit = 50
+        @Flag(help: "One JSON object a line.") var json = false
+
+        func run() throws {
+            let connection = try PostgresConnection(url: database.resolved())
+            defer { connection.close() }
+            let format = ISO8601DateFormatter()
+            for action in try ModelRegistry(connection: connection).operatorActions(limit: limit) {
+                if json {
+                    let object: [String: Any] = ["id": action.id, "at": format.string(from: action.at), "operator": action.operatorName,
+                                                 "source": action.source.rawValue, "action": action.action,
+                                                 "target": action.target, "affected": action.affected]
+                    print(String(decoding: try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]), as: UTF8.self))
+                } else {
+                    print("\(format.string(from: action.at))  \(action.operatorName) (\(action.source.rawValue))  \(action.action) \(action.target): \(action.affected) job(s)")
+                }
+            }
+        }
+    }
 
     struct Add: ParsableCommand {
         static let configuration = CommandConfiguration(

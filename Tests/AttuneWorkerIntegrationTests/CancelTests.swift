@@ -52,9 +52,18 @@ final class CancelTests: XCTestCase {
         try fleet.publish(job)
         _ = try ShutdownTests.events(fleet, timeout: 60) { $0.kind == .epochEnd && $0.jobID == job.jobID }
 
+        setenv("ATTUNE_OPERATOR", "ops-alice", 1)
+        defer { unsetenv("ATTUNE_OPERATOR") }
         let (status, output) = try Self.attune(fleet, ["cancel", job.jobID, "--reason", "labels were wrong"])
         XCTAssertEqual(status, 0, output)
         XCTAssertTrue(output.contains("cancelled"), output)
+        // The audit log has it, under the operator's name, as the dashboard's cancels.
+        let (listed, log) = try Self.attune(fleet, ["operator", "actions", "--json"])
+        XCTAssertEqual(listed, 0, log)
+        let entry = try XCTUnwrap(log.split(separator: "\n").first { $0.contains("\"action\":\"cancel\"") }, log)
+        for field in ["\"operator\":\"ops-alice\"", "\"source\":\"cli\"", "\"target\":\"job \(job.jobID)\"", "\"affected\":1"] {
+            XCTAssertTrue(entry.contains(field), "\(field) in \(entry)")
+        }
         let events = try ShutdownTests.events(fleet, timeout: 60) { $0.kind == .cancelled }
         let cancelled = try XCTUnwrap(events.last)
         XCTAssertEqual(cancelled.jobID, job.jobID)
