@@ -24,7 +24,7 @@ public enum AdminServer {
         let fleet = FleetWatch(delivery: delivery, amqpURL: amqpURL,
                                configuration: .init(workerMetricsPorts: workerMetricsPorts), logger: logger)
         Dashboard.add(to: router, hub: hub, delivery: delivery, amqpURL: amqpURL, chartJS: chartJS, fleet: fleet, logger: logger)
-        DashboardActions.add(to: router, delivery: delivery, amqpURL: amqpURL, logger: logger)
+        DashboardActions.add(to: router, delivery: delivery, amqpURL: amqpURL, fleet: fleet, logger: logger)
         JobOutcomesAPI.add(to: router, delivery: delivery)
         router.get("metrics") { _, _ -> Response in
             var buffer = [UInt8]()

@@ -40,7 +40,8 @@ enum DashboardActions {
         }
     }
 
-    static func add(to router: Router<some RequestContext>, delivery: ModelDelivery, amqpURL: String, logger: Logger) {
+    static func add(to router: Router<some RequestContext>, delivery: ModelDelivery, amqpURL: String, fleet: FleetWatch,
+                    logger: Logger) {
         let tokens = Tokens()
         router.get("api/session") { request, _ -> Response in
             let name = request.headers.basic?.username ?? ""
@@ -50,6 +51,7 @@ enum DashboardActions {
             try await act(request, tokens: tokens, logger: logger) { body, operatorName in
                 let filter = try deadLetterFilter(body)
                 let moved = try await Dashboard.onThread { try DeadLetterQueue(url: amqpURL).replay(matching: filter.filter) }
+                fleet.deadLettersChanged()
                 try await audit(delivery, operatorName, "dlq-replay", filter.words, moved.count, logger)
                 return ["replayed": moved.map(\.jobId)]
             }
@@ -58,6 +60,7 @@ enum DashboardActions {
             try await act(request, tokens: tokens, logger: logger) { body, operatorName in
                 let filter = try deadLetterFilter(body)
                 let deleted = try await Dashboard.onThread { try DeadLetterQueue(url: amqpURL).purge(matching: filter.filter) }
+                fleet.deadLettersChanged()
                 try await audit(delivery, operatorName, "dlq-purge", filter.words, deleted.count, logger)
                 return ["purged": deleted.map(\.jobId)]
             }

@@ -26,6 +26,8 @@ final class FleetWatch: Sendable {
         /// A worker whose lease session ended stays on the page, marked gone, for this long.
         var goneKeptFor: TimeInterval = 600
         var deadLetterPage = 50
+        /// The longest a dead-letter page is shown without reading it again.
+        var deadLetterPageAge: TimeInterval = 60
         var throughputWindow: TimeInterval = 300
         var throughputInterval = 5
     }
@@ -41,6 +43,10 @@ final class FleetWatch: Sendable {
         var lastSeen: [String: FleetSnapshot.Worker] = [:]
         var intervals: [Date: Int] = [:]
         var intervalsReadUpTo: Date?
+        /// The dead letters' last page: reading one goes round the whole queue (a quorum queue puts what is
+        /// handed back at its end), so a page is read again only when the head may have changed.
+        var deadLetters: (page: DeadLetterView, at: Date)?
+        var deadLettersChanged = false
     }
 
     let delivery: ModelDelivery
@@ -131,10 +137,31 @@ final class FleetWatch: Sendable {
         let busy: Bool
     }
 
+    /// An action replayed or purged dead letters: the next snapshot reads their page again.
+    func deadLettersChanged() {
+        state.withLock { $0.deadLettersChanged = true }
+    }
+
+    /// Whether the cached page still shows the queue's head: the tools take dead letters only under their lock
+    /// and new ones join at the end, so a head changes only when the depth falls (or the page was not full),
+    /// when an action here says so, or after `deadLetterPageAge` (a tool elsewhere replaced as many as died).
+    static func pageStillShowsTheHead(_ cached: (page: DeadLetterView, at: Date)?, depth: Int, limit: Int,
+                                      changed: Bool, now: Date, maxAge: TimeInterval) -> Bool {
+        guard let cached, !changed, !cached.page.busy, now.timeIntervalSince(cached.at) < maxAge else { return false }
+        if depth < cached.page.depth { return false }
+        if depth > cached.page.depth && cached.page.letters.count < limit { return false }
+        return true
+    }
+
     private func readBroker(layout: PartitionLayout?) async throws -> ([String: QueueCount], DeadLetterView) {
         let url = amqpURL
         let limit = configuration.deadLetterPage
-        return try await Dashboard.onThread {
+        let maxAge = configuration.deadLetterPageAge
+        let (cached, changed) = state.withLock { state in
+            defer { state.deadLettersChanged = false }
+            return (state.deadLetters, state.deadLettersChanged)
+        }
+        let (depths, view, fresh) = try await Dashboard.onThread { () throws -> ([String: QueueCount], DeadLetterView, Bool) in
             let connection = try BrokerAddresses.connect(url, connectionName: "attune-serve-fleet")
             defer { connection.close() }
             let queues = JobQueues(connection)
@@ -147,10 +174,16 @@ final class FleetWatch: Sendable {
                     depths[name] = QueueCount(messages: depth.messages, consumers: depth.consumers)
                 }
             }
-            let depth = try connection.queueDepth(Topology.deadQueue).messages
-            let letters = try DeadLetterQueue(url: url).list(limit: limit)  // PAGE-SWAP
-            return (depths, DeadLetterView(letters: letters, depth: depth, busy: false))
+            let depth = try queues.existingQueueDepth(Topology.deadQueue)?.messages ?? 0
+            if Self.pageStillShowsTheHead(cached, depth: depth, limit: limit, changed: changed, now: Date(), maxAge: maxAge),
+               let cached {
+                return (depths, DeadLetterView(letters: cached.page.letters, depth: depth, busy: false), false)
+            }
+            let page = try DeadLetterQueue(url: url).page(first: limit)
+            return (depths, DeadLetterView(letters: page.letters, depth: page.depth, busy: page.busy), true)
         }
+        if fresh { state.withLock { $0.deadLetters = (view, Date()) } }
+        return (depths, view)
     }
 
     /// Each worker's `/metrics`, by worker name: every configured port at every address a lease session comes from.

@@ -86,6 +86,7 @@ struct Dlq: ParsableCommand {
                 + "or replay every dead job with --all. The other dead jobs stay where they are, in their order.")
 
         @OptionGroup var broker: BrokerOptions
+        @OptionGroup var database: DatabaseOptions
         @OptionGroup var selection: Selection
         @Flag(help: "Replay every dead job.") var all = false
 
@@ -99,7 +100,7 @@ struct Dlq: ParsableCommand {
         func run() throws {
             let filter = selection.filter
             let moved = try DeadLetterQueue(url: broker.resolved()).replay(matching: filter)
-            Dlq.done(.replay, filter: filter, letters: moved)
+            Dlq.done(.replay, selection: selection, letters: moved, database: database)
             for letter in moved { print("replayed \(DeadLetterLine.who(letter)) (was: \(letter.reason))") }
             print("\(moved.count) job(s) moved to \(Topology.jobsExchange)")
             let missing = selection.missing(from: moved)
@@ -118,6 +119,7 @@ struct Dlq: ParsableCommand {
             discussion: "Without --yes it only says what it would delete. The other dead jobs stay, in their order.")
 
         @OptionGroup var broker: BrokerOptions
+        @OptionGroup var database: DatabaseOptions
         @OptionGroup var selection: Selection
         @Flag(help: "Confirm the deletion; nothing is deleted without it.") var yes = false
 
@@ -131,7 +133,7 @@ struct Dlq: ParsableCommand {
                     + "(or `attune dlq replay` to try them again)")
             }
             let deleted = try queue.purge(matching: filter)
-            Dlq.done(.purge, filter: filter, letters: deleted)
+            Dlq.done(.purge, selection: selection, letters: deleted, database: database)
             if !filter.matchesEverything {
                 for letter in deleted { print("deleted \(DeadLetterLine.who(letter)) (was: \(letter.reason))") }
             }
@@ -144,9 +146,12 @@ struct Dlq: ParsableCommand {
 
     enum Action: String { case replay, purge }
 
-    /// Every replay and purge passes here once it is done, with what it took: the one place for what should
-    /// follow an action on the dead letters (an audit record, say). It does nothing yet.
-    static func done(_ action: Action, filter: DeadLetterFilter, letters: [DeadLetter]) {}
+    /// Every replay and purge passes here once it is done, with what it took: it goes to the operators' audit
+    /// log (`attune operator actions`), as the dashboard's do.
+    static func done(_ action: Action, selection: Selection, letters: [DeadLetter], database: DatabaseOptions) {
+        let target = selection.filter.matchesEverything ? "all" : selection.described
+        OperatorAudit.record(database, action: "dlq-\(action.rawValue)", target: target, affected: letters.count)
+    }
 }
 
 /// How the commands print one dead job.

@@ -14,6 +14,8 @@ final class DlqCommandTests: XCTestCase {
         process.arguments = arguments
         var environment = ProcessInfo.processInfo.environment
         environment["ATTUNE_AMQP_URL"] = fleet.amqpURL
+        environment["ATTUNE_DATABASE_URL"] = fleet.databaseURL
+        environment["ATTUNE_OPERATOR"] = "ops-dana"
         process.environment = environment
         let out = Pipe(), err = Pipe()
         process.standardOutput = out
@@ -79,5 +81,18 @@ final class DlqCommandTests: XCTestCase {
         XCTAssertEqual(purge.status, 0, purge.err)
         XCTAssertTrue(purge.out.contains("deleted 1 job(s)"), purge.out)
         XCTAssertEqual(try listed(fleet).count, 0)
+
+        // Both are in the operators' audit log, newest first, under the operator's name.
+        let log = try attune(fleet, ["operator", "actions", "--json"])
+        XCTAssertEqual(log.status, 0, log.err)
+        // The two newest: the log is the database's, which other tests share.
+        let actions = log.out.split(separator: "\n").compactMap {
+            try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
+        }.prefix(2)
+        XCTAssertEqual(actions.map { $0["action"] as? String }, ["dlq-purge", "dlq-replay"], log.out)
+        XCTAssertEqual(actions.map { $0["target"] as? String }, ["all", "job \(early.jobID)"])
+        XCTAssertEqual(actions.map { $0["affected"] as? Int }, [1, 1])
+        XCTAssertEqual(Set(actions.compactMap { $0["operator"] as? String }), ["ops-dana"])
+        XCTAssertEqual(Set(actions.compactMap { $0["source"] as? String }), ["cli"])
     }
 }
