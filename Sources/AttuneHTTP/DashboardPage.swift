@@ -181,7 +181,8 @@ enum DashboardPage {
       throughput.data.datasets[0].data = fleet.throughput.map(i => i.jobs / width);
       throughput.update();
       const dead = fleet.deadLetters;
-      $("dlq-depth").textContent = "(" + dead.depth + " in the queue" + (dead.busy ? "; a replay or purge is running" : dead.depth > dead.letters.length ? "; the first " + dead.letters.length + " shown" : "") + ")";
+      $("dlq-depth").textContent = "(" + dead.depth + " in the queue" + (dead.busy ? "; a replay or purge is running" : dead.depth > dead.letters.length ? "; the first " + dead.letters.length + " shown" : "") +
+        (dead.reading ? "; reading…" : "") + ")";
       if (dead.busy) return;
       const body = $("dlq"); body.replaceChildren();
       dead.letters.forEach(l => {

@@ -47,6 +47,7 @@ final class FleetWatch: Sendable {
         /// handed back at its end), so a page is read again only when the head may have changed.
         var deadLetters: (page: DeadLetterView, at: Date)?
         var deadLettersChanged = false
+        var deadLettersReading = false
     }
 
     let delivery: ModelDelivery
@@ -135,6 +136,8 @@ final class FleetWatch: Sendable {
         let depth: Int
         /// A replay or purge holds the queue: no letters this time.
         let busy: Bool
+        /// A new page is being read; these letters are the last one's.
+        var reading = false
     }
 
     /// An action replayed or purged dead letters: the next snapshot reads their page again.
@@ -155,13 +158,7 @@ final class FleetWatch: Sendable {
 
     private func readBroker(layout: PartitionLayout?) async throws -> ([String: QueueCount], DeadLetterView) {
         let url = amqpURL
-        let limit = configuration.deadLetterPage
-        let maxAge = configuration.deadLetterPageAge
-        let (cached, changed) = state.withLock { state in
-            defer { state.deadLettersChanged = false }
-            return (state.deadLetters, state.deadLettersChanged)
-        }
-        let (depths, view, fresh) = try await Dashboard.onThread { () throws -> ([String: QueueCount], DeadLetterView, Bool) in
+        let (depths, deadDepth) = try await Dashboard.onThread { () throws -> ([String: QueueCount], Int) in
             let connection = try BrokerAddresses.connect(url, connectionName: "attune-serve-fleet")
             defer { connection.close() }
             let queues = JobQueues(connection)
@@ -174,16 +171,45 @@ final class FleetWatch: Sendable {
                     depths[name] = QueueCount(messages: depth.messages, consumers: depth.consumers)
                 }
             }
-            let depth = try queues.existingQueueDepth(Topology.deadQueue)?.messages ?? 0
-            if Self.pageStillShowsTheHead(cached, depth: depth, limit: limit, changed: changed, now: Date(), maxAge: maxAge),
-               let cached {
-                return (depths, DeadLetterView(letters: cached.page.letters, depth: depth, busy: false), false)
-            }
-            let page = try DeadLetterQueue(url: url).page(first: limit)
-            return (depths, DeadLetterView(letters: page.letters, depth: page.depth, busy: page.busy), true)
+            return (depths, try queues.existingQueueDepth(Topology.deadQueue)?.messages ?? 0)
         }
-        if fresh { state.withLock { $0.deadLetters = (view, Date()) } }
-        return (depths, view)
+        return (depths, deadLetters(depth: deadDepth))
+    }
+
+    /// The dead letters' page to show with `depth`: the cached one while it still shows the head; otherwise the
+    /// cached one marked `reading` while a page is read in the background (a page goes round the whole queue,
+    /// seconds on a deep one, and the snapshot does not wait for it).
+    private func deadLetters(depth: Int) -> DeadLetterView {
+        let url = amqpURL
+        let limit = configuration.deadLetterPage
+        let (view, refresh): (DeadLetterView, Bool) = state.withLock { state in
+            let cached = state.deadLetters
+            if Self.pageStillShowsTheHead(cached, depth: depth, limit: limit, changed: state.deadLettersChanged,
+                                          now: Date(), maxAge: configuration.deadLetterPageAge), let cached {
+                return (DeadLetterView(letters: cached.page.letters, depth: depth, busy: false), false)
+            }
+            // An action while a page is being read leaves `changed` set: that page may predate it.
+            let start = !state.deadLettersReading
+            if start {
+                state.deadLettersReading = true
+                state.deadLettersChanged = false
+            }
+            return (DeadLetterView(letters: cached?.page.letters ?? [], depth: depth, busy: cached?.page.busy ?? false,
+                                   reading: true), start)
+        }
+        if refresh {
+            Task {
+                let page = try? await Dashboard.onThread { try DeadLetterQueue(url: url).page(first: limit) }
+                state.withLock { state in
+                    state.deadLettersReading = false
+                    if let page {
+                        state.deadLetters = (DeadLetterView(letters: page.letters, depth: page.depth, busy: page.busy), Date())
+                    }
+                }
+                if page == nil { logger.warning("the dashboard could not read the dead letters' page; it tries again at the next snapshot") }
+            }
+        }
+        return view
     }
 
     /// Each worker's `/metrics`, by worker name: every configured port at every address a lease session comes from.
@@ -310,7 +336,7 @@ final class FleetWatch: Sendable {
             at: now, workers: workers, queues: rows, unheldPartitions: rows.filter { $0.unheld == true }.count,
             throughput: throughput, throughputIntervalSeconds: configuration.throughputInterval,
             deadLetters: FleetSnapshot.DeadLetters(
-                depth: deadLetters.depth, busy: deadLetters.busy,
+                depth: deadLetters.depth, busy: deadLetters.busy, reading: deadLetters.reading,
                 letters: deadLetters.letters.map {
                     FleetSnapshot.DeadLetterRow(position: $0.position, jobId: $0.jobId, userId: $0.userId, model: $0.model,
                                                 reason: $0.reason, attempts: $0.attempts, deadLetteredAt: $0.deadLetteredAt)
@@ -377,6 +403,7 @@ struct FleetSnapshot: Encodable, Sendable {
     struct DeadLetters: Encodable, Sendable {
         let depth: Int
         let busy: Bool
+        let reading: Bool
         let letters: [DeadLetterRow]
     }
 
