@@ -106,45 +106,62 @@ enum DashboardPage {
       $("operator").textContent = "· " + session.operator;
     }
 
+    // Events only update the jobs' records (cheap at thousands a second); the tables and charts are drawn
+    // from them once a second, a chart for each of the few jobs updated last.
+    const chartsShown = 12, jobsKept = 5000;
     function chartFor(job) {
       if (charts.has(job.id)) return charts.get(job.id);
       const box = document.createElement("div"); box.className = "job"; box.dataset.job = job.id;
       const title = document.createElement("h3"); title.textContent = job.id + " · " + job.user; box.appendChild(title);
       const canvas = document.createElement("canvas"); canvas.width = 280; canvas.height = 140; box.appendChild(canvas);
-      const container = $("charts"); container.insertBefore(box, container.firstChild);
-      while (container.children.length > 24) { const last = container.lastChild; charts.delete(last.dataset.job); last.remove(); }
+      $("charts").insertBefore(box, $("charts").firstChild);
       const chart = new Chart(canvas, { type: "line", data: { labels: [], datasets: [
           { label: "loss", data: [], borderColor: "#c33", yAxisID: "y" },
           { label: "validation accuracy", data: [], borderColor: "#393", yAxisID: "y1", hidden: true } ] },
         options: { animation: false, responsive: false, scales: { y: { position: "left" }, y1: { position: "right", min: 0, max: 1 } } } });
-      charts.set(job.id, chart); return chart;
+      chart.box = box; charts.set(job.id, chart); return chart;
+    }
+    function renderCharts(newest) {
+      const wanted = newest.filter(job => job.losses && job.losses.length).slice(0, chartsShown);
+      const keep = new Set(wanted.map(job => job.id));
+      for (const [id, chart] of charts) if (!keep.has(id)) { chart.destroy(); chart.box.remove(); charts.delete(id); }
+      wanted.forEach(job => {
+        const chart = chartFor(job);
+        if (chart.data.datasets[0].data.length === job.losses.length) return;
+        chart.data.labels = job.losses.map((_, i) => i + 1); chart.data.datasets[0].data = job.losses.slice();
+        if (job.accuracies.some(a => a != null)) { chart.data.datasets[1].hidden = false; chart.data.datasets[1].data = job.accuracies.slice(); }
+        chart.update();
+      });
     }
     function renderJobs() {
+      const newest = [...jobs.values()].sort((a, b) => b.updated - a.updated);
+      newest.slice(jobsKept).forEach(job => jobs.delete(job.id));
       const body = $("jobs"); body.replaceChildren();
-      [...jobs.values()].sort((a, b) => b.updated - a.updated).slice(0, 50).forEach(job => {
+      newest.slice(0, 50).forEach(job => {
         const row = body.insertRow(); row.dataset.job = job.id;
         cell(row, job.id); cell(row, job.user); cell(row, job.model); cell(row, job.state, job.state); cell(row, job.reason, "reason");
         cell(row, job.epochs ? job.epoch + "/" + job.epochs : ""); cell(row, job.loss != null ? job.loss.toFixed(4) : "");
         cell(row, job.version ?? "");
       });
+      renderCharts(newest);
     }
     function fromOutcome(o) {
-      const job = jobs.get(o.jobId) ?? { id: o.jobId, epoch: 0 };
+      const job = jobs.get(o.jobId) ?? { id: o.jobId, epoch: 0, losses: [], accuracies: [] };
       Object.assign(job, { user: o.userId ?? "~", model: o.model ?? "~", state: o.state, reason: o.reason, version: o.version,
                            loss: o.loss, updated: o.updatedAt ? Date.parse(o.updatedAt) : 0 });
       jobs.set(o.jobId, job);
     }
     function onEvent(e) {
       if (!e.jobId) return;
-      const job = jobs.get(e.jobId) ?? { id: e.jobId, user: e.userId ?? "~", model: e.model ?? "~", state: "queued", epoch: 0 };
+      const job = jobs.get(e.jobId) ?? { id: e.jobId, user: e.userId ?? "~", model: e.model ?? "~", state: "queued", epoch: 0,
+                                         losses: [], accuracies: [] };
       jobs.set(e.jobId, job); job.updated = Date.now();
       switch (e.kind) {
         case "TRAINING_BEGIN": job.state = "training"; job.epochs = Number(e.epochs ?? 0); break;
-        case "EPOCH_END": {
+        case "EPOCH_END":
           job.state = "training"; job.epoch = Number(e.epoch); job.epochs = Number(e.epochs ?? job.epochs); job.loss = e.loss;
-          const chart = chartFor(job); chart.data.labels.push(job.epoch); chart.data.datasets[0].data.push(e.loss ?? null);
-          if (e.validationAccuracy != null) { chart.data.datasets[1].hidden = false; chart.data.datasets[1].data.push(e.validationAccuracy); }
-          chart.update(); break; }
+          if (job.losses.length < 10000) { job.losses.push(e.loss ?? null); job.accuracies.push(e.validationAccuracy ?? null); }
+          break;
         case "COMPLETED": job.state = "completed"; job.version = e.version; job.reason = ""; if (e.loss != null) job.loss = e.loss; break;
         case "FAILED": job.state = e.willRetry ? "retrying" : "failed"; job.reason = e.reason; break;
         case "CANCELLED": job.state = "cancelled"; job.reason = e.reason; break;
@@ -271,7 +288,7 @@ enum DashboardPage {
     source.onopen = () => { $("status").textContent = "live"; };
     source.onerror = () => { $("status").textContent = "reconnecting…"; };
     source.onmessage = message => { onEvent(JSON.parse(message.data)); };
-    setInterval(renderJobs, 500); setInterval(loadFleet, 3000); setInterval(loadRebases, 10000); setInterval(loadAudit, 10000);
+    setInterval(renderJobs, 1000); setInterval(loadFleet, 3000); setInterval(loadRebases, 10000); setInterval(loadAudit, 10000);
     loadSession(); loadRecent(); loadFleet(); loadRebases(); loadAudit();
     """#
 }

@@ -92,10 +92,11 @@ final class FleetWatch: Sendable {
         async let broker = readBroker(layout: layout)
         let readings = await scrape(holders)
         let (queues, deadLetters) = try await broker
-        let snapshot = state.withLock { state in
+        var snapshot = state.withLock { state in
             assemble(now: now, holders: holders, readings: readings, layout: layout, parked: parked,
                      intervals: intervals, queues: queues, deadLetters: deadLetters, state: &state)
         }
+        snapshot.madeInSeconds = Date().timeIntervalSince(now)
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
         encoder.outputFormatting = [.sortedKeys]
@@ -408,6 +409,8 @@ struct FleetSnapshot: Encodable, Sendable {
     }
 
     let at: Date
+    /// How long the snapshot took to make (the page's answer time when it was not cached).
+    var madeInSeconds = 0.0
     let workers: [Worker]
     let queues: [Queue]
     let unheldPartitions: Int
