@@ -73,7 +73,7 @@ enum DashboardPage {
 
     static let script = #"""
     const jobs = new Map(), charts = new Map();
-    const state = { fleet: null, fleetMillis: [], token: null, operator: null };
+    const state = { fleet: null, fleetMillis: [], snapshotMillis: [], token: null, operator: null };
     window.attuneDashboard = { jobs, charts, state };
     const $ = id => document.getElementById(id);
     const cell = (row, text, cls) => { const td = row.insertCell(); td.textContent = text ?? ""; if (cls) td.className = cls; return td; };
@@ -221,6 +221,7 @@ enum DashboardPage {
       try {
         const fleet = await api("/api/fleet");
         state.fleetMillis.push(performance.now() - started); if (state.fleetMillis.length > 100) state.fleetMillis.shift();
+        state.snapshotMillis.push(fleet.madeInSeconds * 1000); if (state.snapshotMillis.length > 100) state.snapshotMillis.shift();
         state.fleet = fleet; renderFleet(fleet);
       } catch (err) { $("workers-summary").textContent = "(could not read the fleet: " + err.message + ")"; }
     }
@@ -242,7 +243,7 @@ enum DashboardPage {
       if (ids.length) query.set("ids", ids.join(",")); else { query.set("user", $("search-user").value.trim()); if ($("search-model").value.trim()) query.set("model", $("search-model").value.trim()); }
       const body = $("search-results"); body.replaceChildren();
       try {
-        const outcomes = await api("/api/outcomes?" + query);
+        const outcomes = (await api("/api/outcomes?" + query)).jobs;
         outcomes.forEach(o => {
           const row = body.insertRow(); row.dataset.job = o.jobId; row.dataset.state = o.state;
           cell(row, o.jobId); cell(row, o.userId); cell(row, o.model); cell(row, o.state, o.state); cell(row, o.reason, "reason");
@@ -282,7 +283,7 @@ enum DashboardPage {
         cell(row, v.samples); cell(row, v.epochs); cell(row, v.loss != null ? v.loss.toFixed(4) : "—"); cell(row, v.jobId); cell(row, v.createdAt); });
     });
     async function loadRecent() {
-      try { (await api("/api/outcomes")).forEach(fromOutcome); renderJobs(); } catch (err) { /* live events still come */ }
+      try { (await api("/api/outcomes")).jobs.forEach(fromOutcome); renderJobs(); } catch (err) { /* live events still come */ }
     }
     const source = new EventSource("/api/events");
     source.onopen = () => { $("status").textContent = "live"; };

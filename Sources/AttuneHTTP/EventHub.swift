@@ -8,12 +8,21 @@ import Synchronization
 /// Every event on `attune.events`, for the dashboard: one consumer thread on an exclusive queue of its own
 /// (rabbitmq-c blocks and is not thread-safe) hands each event to every open stream, and keeps the last
 /// few thousand so that a page opened late still draws the jobs under way.
+///
+/// Progress events (a task's beginning, epochs, mini-batches) reach the pages at most `progressPerSecond` a
+/// second; the ones past that are left out, and every event that ends a job is passed on. A fleet finishing a
+/// thousand short jobs a second sends ten times as many progress events, more than a browser tab can parse
+/// beside drawing, and the page charts only the few jobs updated last.
 public final class EventHub: Sendable {
     private struct State {
         var subscribers: [UUID: AsyncStream<String>.Continuation] = [:]
         var recent: [String] = []
         var stopped = false
+        var progressSecond = 0
+        var progressInSecond = 0
     }
+
+    static let progressPerSecond = 300
 
     private let amqpURL: String
     private let logger: Logger
@@ -55,8 +64,17 @@ public final class EventHub: Sendable {
         for continuation in state.withLock({ Array($0.subscribers.values) }) { continuation.yield("") }
     }
 
-    private func publish(_ line: String) {
-        let targets = state.withLock {
+    private func publish(_ line: String, progress: Bool) {
+        let targets: [AsyncStream<String>.Continuation] = state.withLock {
+            if progress {
+                let second = Int(Date().timeIntervalSince1970)
+                if second != $0.progressSecond {
+                    $0.progressSecond = second
+                    $0.progressInSecond = 0
+                }
+                $0.progressInSecond += 1
+                if $0.progressInSecond > Self.progressPerSecond { return [] }
+            }
             $0.recent.append(line)
             if $0.recent.count > keep { $0.recent.removeFirst($0.recent.count - keep) }
             return Array($0.subscribers.values)
@@ -88,7 +106,7 @@ public final class EventHub: Sendable {
                     guard let event = try? EventCodec.decode(delivery.body, contentType: delivery.contentType),
                           let json = try? EventCodec.encode(event, as: .json) else { continue }
                     let line = String(decoding: json.body, as: UTF8.self)
-                    publish(line)
+                    publish(line, progress: [.trainingBegin, .epochEnd, .miniBatchEnd].contains(event.kind))
                 }
             } catch {
                 logger.warning("dashboard events: \(error); reconnecting")

@@ -21,6 +21,10 @@ final class FleetWatch: Sendable {
         /// Ports the workers serve `/metrics` on (`attune worker --metrics-port`), tried at each worker's address.
         var workerMetricsPorts: [Int] = [9464]
         var freshness: TimeInterval = 2
+        /// A snapshot older than this is not answered while a new one is made.
+        var staleAfter: TimeInterval = 15
+        /// How long an address and port that answered no worker's `/metrics` is left alone.
+        var notAWorkerFor: TimeInterval = 30
         /// A worker whose lease session has not looked for this long is marked silent.
         var silentAfter: TimeInterval = 10
         /// A worker whose lease session ended stays on the page, marked gone, for this long.
@@ -48,6 +52,10 @@ final class FleetWatch: Sendable {
         var deadLetters: (page: DeadLetterView, at: Date)?
         var deadLettersChanged = false
         var deadLettersReading = false
+        /// `address|port` of scrapes that found no worker, and when.
+        var notAWorker: [String: Date] = [:]
+        var parkedQueuesSeen: Set<String> = []
+        var parkedQueuesProbedAt = Date.distantPast
     }
 
     let delivery: ModelDelivery
@@ -63,33 +71,36 @@ final class FleetWatch: Sendable {
         self.logger = logger
     }
 
-    /// The latest snapshot as JSON, made anew when older than `freshness`.
+    /// The latest snapshot as JSON. One older than `freshness` is answered as it is while a new one is made
+    /// (the page never waits for the broker, PostgreSQL and the workers' `/metrics`), unless it is older than
+    /// `staleAfter`: then the request waits for the new one.
     func snapshot() async throws -> Data {
         let now = Date()
-        let (fresh, task): (Data?, Task<Data, any Error>) = state.withLock { state in
-            if let snapshot = state.snapshot, now.timeIntervalSince(state.madeAt) < configuration.freshness {
-                return (snapshot, Task { snapshot })
-            }
-            if let making = state.making { return (nil, making) }
-            let making = Task { try await self.make() }
+        let (answer, task): (Data?, Task<Data, any Error>?) = state.withLock { state in
+            let age = now.timeIntervalSince(state.madeAt)
+            if let snapshot = state.snapshot, age < configuration.freshness { return (snapshot, nil) }
+            let making = state.making ?? Task { try await self.make() }
             state.making = making
+            if let snapshot = state.snapshot, age < configuration.staleAfter { return (snapshot, nil) }
             return (nil, making)
         }
-        if let fresh { return fresh }
+        if let answer { return answer }
+        return try await task!.value
+    }
+
+    private func make() async throws -> Data {
+        let now = Date()
         do {
-            let data = try await task.value
-            state.withLock { $0.making = nil }
-            return data
+            return try await make(at: now)
         } catch {
             state.withLock { $0.making = nil }
             throw error
         }
     }
 
-    private func make() async throws -> Data {
-        let now = Date()
+    private func make(at now: Date) async throws -> Data {
         let (holders, layout, parked, intervals) = try await readDatabase(now: now)
-        async let broker = readBroker(layout: layout)
+        async let broker = readBroker(layout: layout, parked: parked)
         let readings = await scrape(holders)
         let (queues, deadLetters) = try await broker
         var snapshot = state.withLock { state in
@@ -104,6 +115,7 @@ final class FleetWatch: Sendable {
         state.withLock {
             $0.snapshot = data
             $0.madeAt = now
+            $0.making = nil
         }
         return data
     }
@@ -157,14 +169,27 @@ final class FleetWatch: Sendable {
         return true
     }
 
-    private func readBroker(layout: PartitionLayout?) async throws -> ([String: QueueCount], DeadLetterView) {
+    private func readBroker(layout: PartitionLayout?, parked: [ParkedPartition]) async throws -> ([String: QueueCount], DeadLetterView) {
         let url = amqpURL
+        var partitions = layout?.consumed.all ?? []
+        if let layout, layout.draining != nil { partitions += layout.current.all }
+        // A parked queue exists only once a user of its partition was parked: asking for a missing one costs a
+        // channel (the broker closes it), so all are asked for once a minute and otherwise only those seen or
+        // with parked users.
+        let now = Date()
+        let (everyParked, seen) = state.withLock { state in
+            let every = now.timeIntervalSince(state.parkedQueuesProbedAt) >= 60
+            if every { state.parkedQueuesProbedAt = now }
+            return (every, state.parkedQueuesSeen)
+        }
+        let withUsers = Set(parked.map { JobPartition(generation: $0.generation, index: $0.partition).parkedQueue })
+        let partitionQueues = partitions.map(\.queue)
+        let parkedNames = partitions.map(\.parkedQueue).filter { everyParked || seen.contains($0) || withUsers.contains($0) }
         let (depths, deadDepth) = try await Dashboard.onThread { () throws -> ([String: QueueCount], Int) in
             let connection = try BrokerAddresses.connect(url, connectionName: "attune-serve-fleet")
             defer { connection.close() }
             let queues = JobQueues(connection)
-            var names = (layout?.consumed.all ?? []).flatMap { [$0.queue, $0.parkedQueue] }
-            if let layout, layout.draining != nil { names += layout.current.all.flatMap { [$0.queue, $0.parkedQueue] } }
+            var names = partitionQueues + parkedNames
             names += Topology.retryDelaysMs.map(Topology.retryQueue(delayMs:))
             var depths: [String: QueueCount] = [:]
             for name in names {
@@ -173,6 +198,10 @@ final class FleetWatch: Sendable {
                 }
             }
             return (depths, try queues.existingQueueDepth(Topology.deadQueue)?.messages ?? 0)
+        }
+        let found = Set(parkedNames.filter { depths[$0] != nil })
+        state.withLock { state in
+            state.parkedQueuesSeen = everyParked ? found : state.parkedQueuesSeen.union(found)
         }
         return (depths, deadLetters(depth: deadDepth))
     }
@@ -214,21 +243,34 @@ final class FleetWatch: Sendable {
     }
 
     /// Each worker's `/metrics`, by worker name: every configured port at every address a lease session comes from.
+    /// A port with nothing listening costs the whole timeout (the HTTP client retries the connection until its
+    /// deadline), so an address and port that answered no worker is left alone for `notAWorkerFor`.
     private func scrape(_ holders: [LeaseHolder]) async -> [String: WorkerMetricsReading] {
+        let now = Date()
         let addresses = Set(holders.map { $0.address ?? "127.0.0.1" })
-        let ports = configuration.workerMetricsPorts
-        return await withTaskGroup(of: WorkerMetricsReading?.self) { group in
-            for address in addresses {
-                for port in ports {
-                    group.addTask { await Self.fetch(address: address, port: port) }
-                }
-            }
-            var readings: [String: WorkerMetricsReading] = [:]
-            for await case let reading? in group {
-                if let worker = reading.worker { readings[worker] = reading }
-            }
-            return readings
+        let skipped = state.withLock { state in
+            state.notAWorker = state.notAWorker.filter { now.timeIntervalSince($0.value) < configuration.notAWorkerFor }
+            return Set(state.notAWorker.keys)
         }
+        let endpoints = addresses.flatMap { address in configuration.workerMetricsPorts.map { "\(address)|\($0)" } }
+            .filter { !skipped.contains($0) }
+        let results = await withTaskGroup(of: (String, WorkerMetricsReading?).self) { group in
+            for endpoint in endpoints {
+                let parts = endpoint.split(separator: "|")
+                group.addTask { (endpoint, await Self.fetch(address: String(parts[0]), port: Int(parts[1]) ?? 0)) }
+            }
+            var results: [(String, WorkerMetricsReading?)] = []
+            for await result in group { results.append(result) }
+            return results
+        }
+        state.withLock { state in
+            for (endpoint, reading) in results where reading?.worker == nil { state.notAWorker[endpoint] = now }
+        }
+        var readings: [String: WorkerMetricsReading] = [:]
+        for case let (_, reading?) in results {
+            if let worker = reading.worker { readings[worker] = reading }
+        }
+        return readings
     }
 
     private static func fetch(address: String, port: Int) async -> WorkerMetricsReading? {

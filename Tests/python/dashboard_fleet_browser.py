@@ -438,6 +438,9 @@ def under_load(driver, args, rows, tag):
         "completed_intervals": during, "interval_seconds": width,
         "backlog_after": backlog, "live_workers": sum(w["state"] == "live" for w in fleet["workers"]),
         "fleet_fetch_ms": percentiles(fleet_millis),
+        # How long serve took to make each snapshot the page was given (the rest of a fetch is the wait for
+        # the browser's busy main thread, the network and a snapshot under way).
+        "snapshot_made_ms": percentiles(ask("return window.attuneDashboard.state.snapshotMillis") or []),
         "first_render_ms": percentiles(first_render), "reloads_without_render_in_60s": no_render,
         "page_jobs_held": ask("return window.attuneDashboard.jobs.size"),
         "page_scripts_unanswered_in_10s": unresponsive,
