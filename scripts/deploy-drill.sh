@@ -162,6 +162,14 @@ code=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8081/api/jobs/non
 step scale docs/operations.md
 running_workers() { compose ps -q worker | xargs -r podman inspect --format '{{.State.Running}}' | grep -c true || true; }
 wait_for 60 "3 workers running" '[ "$(running_workers)" = 3 ]'
+# The dashboard sees them as it would in production: from their lease sessions, with each worker's own /metrics
+# read at its container's address on serve's default --worker-metrics-ports (the workers' --metrics-port 9464).
+fleet_workers() {
+  curl -fsS -u ops:A-LONG-OPERATOR-PASSWORD http://127.0.0.1:8081/api/fleet | python3 -c '
+import json, sys
+print(sum(1 for w in json.load(sys.stdin)["workers"] if w["state"] == "live" and w["metricsRead"] and w["slots"] == 2))'
+}
+wait_for 60 "the dashboard to show 3 live workers with 2 slots each, read from their /metrics" '[ "$(fleet_workers)" = 3 ]'
 
 step try-jobs docs/operations.md
 grep -q "completed 48 of 48 jobs" "$work/step-try-jobs.log" || fail "not every job completed: $(tail -n 2 "$work/step-try-jobs.log")"
