@@ -262,9 +262,8 @@ public final class DeadLetterQueue {
     @discardableResult
     public func purge(jobId: String?) throws -> Int {
         if let jobId { return try purge(matching: DeadLetterFilter(jobIds: [jobId])).count }
-        let lock = try DeadLetterLock(connection: connect(), queue: queue)
+        let (lock, _) = try acquireLock(as: .writer, patience: lockPatience)
         defer { lock.close() }
-        _ = try lock.acquire(as: .writer, patience: lockPatience)
         let purged = try lock.connection.purge(queue)
         try lock.release()
         return purged
@@ -315,11 +314,11 @@ public final class DeadLetterQueue {
             throw AMQPError(kind: .invalidArgument, operation: "read a page of \(queue)",
                             detail: "a page holds at least 1 message, not \(limit)", endpoint: (try? AMQPURL(url))?.redacted ?? "")
         }
-        let lock = try DeadLetterLock(connection: connect(), queue: queue)
+        let (lock, held) = try acquireLock(as: waitForWriters ? .waitingReader : .reader,
+                                           patience: waitForWriters ? lockPatience : pagePatience)
         defer { lock.close() }
         let connection = lock.connection
-        guard try lock.acquire(as: waitForWriters ? .waitingReader : .reader,
-                               patience: waitForWriters ? lockPatience : pagePatience) else {
+        guard held else {
             return DeadLetterPage(letters: [], depth: try connection.queueDepth(queue).messages, busy: true)
         }
         let depth = try connection.queueDepth(queue).messages
@@ -371,11 +370,31 @@ public final class DeadLetterQueue {
     /// unacked until the end, then goes back in the order it came: with every message in flight, the queue
     /// holds only what comes back, in the order it came back, so the queue's order survives; a close would
     /// hand them back in any order.
+    /// The lock, on a connection of its own, and whether it is held (a reader may be told a writer runs).
+    /// RabbitMQ 3.10 now and then answers the lock's `basic.consume` with 541 INTERNAL_ERROR while many
+    /// contenders subscribe and cancel on the single-active-consumer queue (seen with five pages looping beside
+    /// a purge); the error closes the connection before anything was taken, so a new connection tries again.
+    private func acquireLock(as role: DeadLetterLock.Role, patience: TimeInterval) throws -> (DeadLetterLock, Bool) {
+        var attempt = 0
+        while true {
+            let lock = try DeadLetterLock(connection: connect(), queue: queue)
+            do {
+                return (lock, try lock.acquire(as: role, patience: patience))
+            } catch let error as AMQPError where error.replyCode == 541 && attempt < 5 {
+                lock.close()
+                attempt += 1
+                Thread.sleep(forTimeInterval: 0.05 * Double(attempt))
+            } catch {
+                lock.close()
+                throw error
+            }
+        }
+    }
+
     private func browse(as role: DeadLetterLock.Role, visit: (DeadLetter, Delivery) throws -> Visit) throws {
-        let lock = try DeadLetterLock(connection: connect(), queue: queue)
+        let (lock, _) = try acquireLock(as: role, patience: lockPatience)
         defer { lock.close() }
         let connection = lock.connection
-        _ = try lock.acquire(as: role, patience: lockPatience)
         let count = try connection.queueDepth(queue).messages
         guard count > 0 else { return try lock.release() }
         // Every message is taken, also past a stop: what is handed back goes before what the queue still
