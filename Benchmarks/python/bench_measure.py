@@ -2,11 +2,12 @@
 latency run and where a job's time went."""
 import math
 import os
+import subprocess
 import time
 from pathlib import Path
 
 from bench_common import PEER_QUEUE, fmt, log
-from bench_database import db_connect, reset
+from bench_database import reset
 from bench_fleets import AttuneFleet
 from bench_jobs import make_jobs
 
@@ -82,18 +83,23 @@ def bursts(times, gap=0.005):
     return 1 + sum(1 for a, b in zip(times, times[1:]) if b - a >= gap) if times else 0
 
 
+def partition_shares(args):
+    """How many partitions each live worker holding any holds: `attune audit leases`, which reads PostgreSQL's
+    lease locks through PartitionLeases (where the lock classes are defined)."""
+    listing = subprocess.run([args.attune, "audit", "leases"], capture_output=True, text=True, check=True,
+                             env=dict(os.environ, ATTUNE_DATABASE_URL=args.database_url)).stdout
+    return [n for n in (int(line.split()[2]) for line in listing.splitlines() if line.strip()) if n > 0]
+
+
 def wait_for_partition_share(args, fleet):
     """Until every worker of `fleet` holds its share of the 64 partitions (PostgreSQL's lease locks)."""
     deadline = time.monotonic() + 180
-    with db_connect(args) as conn:
-        while time.monotonic() < deadline:
-            holders, held, fewest = conn.execute(
-                "SELECT count(*), coalesce(sum(n), 0), coalesce(min(n), 0) FROM (SELECT pid, count(*) AS n "
-                "FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = 417002 "
-                "GROUP BY pid) AS h").fetchone()
-            if holders == fleet.workers and held == 64 and fewest >= 64 // fleet.workers:
-                return
-            time.sleep(0.2)
+    while time.monotonic() < deadline:
+        shares = partition_shares(args)
+        holders, held, fewest = len(shares), sum(shares), min(shares, default=0)
+        if holders == fleet.workers and held == 64 and fewest >= 64 // fleet.workers:
+            return
+        time.sleep(0.2)
     log(f"{fleet.label}: the partitions were not shared out within 180 s ({holders} holders, {held} held)")
 
 

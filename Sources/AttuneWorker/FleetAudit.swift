@@ -70,11 +70,9 @@ public struct FleetAudit {
         self.model = model
     }
 
-    /// Job ids of every committed version of the model, by user in commit order.
-    public func committedJobs() throws -> [(user: String, version: Int, jobID: String)] {
-        try registry.connection.query("""
-            SELECT user_id, version, job_id FROM attune_personal_versions WHERE model = $1 ORDER BY user_id, version
-            """, [model]).rows.map { (try $0.string("user_id"), try $0.int("version"), try $0.string("job_id")) }
+    /// Every committed version of the model with its job, by user in version order.
+    public func committedJobs() throws -> [CommittedVersion] {
+        try registry.committedVersions(model: model)
     }
 
     public func check(jobs: [Attune_V1_TrainingJob], deadLetters: [DeadLetter]) throws -> AuditReport {
@@ -140,11 +138,7 @@ public struct FleetAudit {
 
     /// Large objects that neither a base model nor a personal version points at.
     public func orphanedLargeObjects() throws -> Int {
-        try registry.connection.query("""
-            SELECT count(*) FROM pg_largeobject_metadata m
-            WHERE NOT EXISTS (SELECT 1 FROM attune_base_models b WHERE b.model_lo = m.oid)
-              AND NOT EXISTS (SELECT 1 FROM attune_personal_versions v WHERE v.state_lo = m.oid)
-            """).int(0, 0)
+        try registry.orphanedLargeObjectCount()
     }
 
     /// Reasons with the job-specific parts cut, so a report groups them.

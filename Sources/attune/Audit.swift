@@ -7,11 +7,12 @@ import AttuneWorker
 import Foundation
 import SwiftProtobuf
 
-/// The fault suite's two ends: publish a recorded set of jobs, then check what became of them.
+/// The fault suite's two ends: publish a recorded set of jobs, then check what became of them; and, between
+/// them, who holds the partitions.
 struct Audit: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Publish recorded jobs and check that each one ended exactly once: a deployment's acceptance check, and the fault suite's tools.",
-        subcommands: [Record.self, Wait.self, Check.self])
+        subcommands: [Record.self, Wait.self, Check.self, Leases.self])
 }
 
 /// Job files are JSON Lines: one TrainingJob per line in the protobuf JSON mapping.
@@ -155,7 +156,7 @@ extension Audit {
         private func look() throws -> (ended: Set<String>, waiting: Int) {
             let registry = try database.registry()
             defer { registry.connection.close() }
-            var ended = Set(try FleetAudit(registry: registry, model: model).committedJobs().map(\.jobID))
+            var ended = Set(try registry.committedVersions(model: model).map(\.jobID))
             ended.formUnion(try DeadLetterQueue(url: broker.resolved()).list().map(\.jobId))
             let connection = try BrokerAddresses.connect(broker.resolved(), connectionName: "attune-audit-wait")
             defer { connection.close() }
@@ -192,6 +193,27 @@ extension Audit {
                 .check(jobs: jobs, deadLetters: DeadLetterQueue(url: broker.resolved()).list().filter { $0.model == model })
             report.lines.forEach { print($0) }
             if !report.violations.isEmpty { throw ExitCode(1) }
+        }
+    }
+
+    /// Read through PartitionLeases, so the lock classes stay in one place: the fault suite and the fleet
+    /// benchmark wait on this for a fleet to have shared the partitions out.
+    struct Leases: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print each live worker's partition-lease session, one a line: its worker name, its server pid and how many partitions it holds (0: it stands by).",
+            discussion: """
+                From PostgreSQL's lock table, as `attune topology status` reads it; a script waiting for a fleet \
+                to share the partitions out reads it, e.g. the fault suite's --every-worker-commits.
+                """)
+
+        @OptionGroup var database: DatabaseOptions
+
+        func run() throws {
+            let connection = try PostgresConnection(url: database.resolved())
+            defer { connection.close() }
+            for holder in try PartitionLeases.holders(on: connection) {
+                print("\(holder.worker) \(holder.pid) \(holder.partitions.count)")
+            }
         }
     }
 }

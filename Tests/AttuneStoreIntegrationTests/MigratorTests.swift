@@ -1,5 +1,5 @@
 import AttuneSpec
-import AttuneStore
+@testable import AttuneStore
 import Foundation
 import XCTest
 
@@ -97,7 +97,7 @@ final class MigratorTests: XCTestCase {
         let conn = try schema.connect()
         let oldWorker = try schema.connect()
         try oldWorker.query("SELECT set_config('application_name', 'attune-lease:old-one', false)")
-        try oldWorker.query("SELECT pg_advisory_lock(417001, 424242)")
+        try oldWorker.query("SELECT pg_advisory_lock($1, 424242)", [Int(PartitionLeases.memberClass)])
         let midWorker = try PartitionLeases(url: schema.url, workerName: "mid-one")
         _ = midWorker
 

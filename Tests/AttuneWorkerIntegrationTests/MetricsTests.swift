@@ -1,6 +1,6 @@
 import AttuneQueue
 import AttuneSpec
-import AttuneStore
+@testable import AttuneStore
 import AttuneTraining
 import AttuneWorker
 import Foundation
@@ -167,9 +167,8 @@ final class MetricsTests: XCTestCase {
         let stuck = try PostgresConnection(url: fleet.databaseURL)
         defer { stuck.close() }
         let partition = JobPartition(generation: 0, index: 7)
-        // The partitions' advisory lock class (PartitionLeases.partitionClass), without a member lock: no live
-        // worker's session holds it.
-        try stuck.query("SELECT pg_advisory_lock($1, $2)", [417_002, partition.leaseKey])
+        // The partitions' advisory lock class, without a member lock: no live worker's session holds it.
+        try stuck.query("SELECT pg_advisory_lock($1, $2)", [Int(PartitionLeases.partitionClass), partition.leaseKey])
         let (worker, port) = try startWorker(fleet, databaseURL: fleet.databaseURL)
         defer { if worker.isRunning { worker.terminate(); worker.waitUntilExit() } }
         func waitFor(unheld: Double, held: Double) throws -> String {
@@ -187,7 +186,7 @@ final class MetricsTests: XCTestCase {
         }
         let count = Double(Topology.defaultPartitionCount)
         _ = try waitFor(unheld: 1, held: count - 1)
-        try stuck.query("SELECT pg_advisory_unlock($1, $2)", [417_002, partition.leaseKey])
+        try stuck.query("SELECT pg_advisory_unlock($1, $2)", [Int(PartitionLeases.partitionClass), partition.leaseKey])
         let after = try waitFor(unheld: 0, held: count)
         // The outbox's backlog is read at its sweeps: nothing owed here.
         XCTAssertEqual(value(after, "attune_outbox_backlog_rows"), 0, after)

@@ -145,13 +145,9 @@ final class FleetHarness {
         var seen = (holders: 0, partitions: 0)
         let fairShare = (Topology.defaultPartitionCount + count - 1) / count
         while Date() < deadline {
-            let row = try registry.connection.query("""
-                SELECT count(*) AS holders, coalesce(sum(held), 0) AS partitions, coalesce(max(held), 0) AS most
-                FROM (SELECT pid, count(*) AS held FROM pg_locks
-                      WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = 417002 GROUP BY pid) AS h
-                """)[0]
-            seen = (try row.int("holders"), try row.int("partitions"))
-            let most = try row.int("most")
+            let held = try PartitionLeases.holders(on: registry.connection).map(\.partitions.count).filter { $0 > 0 }
+            seen = (held.count, held.reduce(0, +))
+            let most = held.max() ?? 0
             if seen.holders == count && seen.partitions == Topology.defaultPartitionCount && most <= fairShare { return }
             Thread.sleep(forTimeInterval: 0.2)
         }
