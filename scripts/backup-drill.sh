@@ -36,7 +36,6 @@ say() { echo "[$(date +%T)] backup drill: $*"; }
 fail() { echo "FAIL: backup drill: $*" >&2; exit 1; }
 # initdb, pg_ctl and pgbackrest refuse root; CI runs as root.
 runas() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 
 eval "$(scripts/services.sh start "$work" 2>"$work/services.log")"
 origin=$ATTUNE_DATABASE_URL
@@ -77,7 +76,7 @@ grep -q " BLOBS " "$work/long.list" || fail "the long dump holds no large object
 
 restore() { # NAME KEYS_DUMP: a new server with both dumps restored; prints its URL
   local url
-  url=$(scripts/postgres.sh start "$work/$1" "$(free_port)" 2>>"$work/restore.log")
+  url=$(scripts/postgres.sh start "$work/$1" "$(scripts/free-port)" 2>>"$work/restore.log")
   url=${url#*=}
   pg_restore --no-owner --no-privileges --exit-on-error -d "$url" "$work/long.dump" 2>>"$work/restore.log"
   pg_restore --data-only --no-owner --exit-on-error -d "$url" "$work/$2" 2>>"$work/restore.log"
@@ -170,7 +169,7 @@ second=$(sed -n 2p <<<"$users")
 runas psql -h "$work/postgres/socket" -p "$port" -d postgres -XAtqc "SELECT pg_switch_wal()" >/dev/null
 pgb --type=time "--target=$target" --target-action=promote "--pg1-path=$work/pitr" restore \
   >>"$work/pgbackrest.out" 2>&1 || { tail -n 20 "$work/pgbackrest.out" >&2; fail "pgbackrest restore failed"; }
-pitr_port=$(free_port)
+pitr_port=$(scripts/free-port)
 runas "$PG_BIN/pg_ctl" -D "$work/pitr" -l "$work/pgbackrest-log/pitr.log" -w -t 120 -o "-p $pitr_port -c archive_mode=off -c unix_socket_directories=$work/pitr" start >/dev/null \
   || { tail -n 20 "$work/pgbackrest-log/pitr.log" >&2; fail "the point-in-time restore did not start"; }
 pitr="postgresql://attune:attune@127.0.0.1:$pitr_port/attune"

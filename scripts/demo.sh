@@ -100,8 +100,7 @@ echo "== alice's phone fetches her personal model: the device port, her token, a
 "$attune" app key create --app demo_app --model digits > "$work/demo_app.jwk" 2>/dev/null
 alice_token=$("$attune" token device --key-file "$work/demo_app.jwk" --user alice --ttl 10m)
 printf 'a long demo operator password\n' | "$attune" operator add --file "$work/operators" ops
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
-device_port=$(free_port); admin_port=$(free_port)
+device_port=$(scripts/free-port); admin_port=$(scripts/free-port)
 "$attune" serve --host 127.0.0.1 --port "$device_port" --admin-port "$admin_port" --operators "$work/operators" \
   >"$work/serve.log" 2>&1 & pids+=($!)
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$device_port/healthz" >/dev/null && break; sleep 0.1; done

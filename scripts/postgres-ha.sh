@@ -34,10 +34,6 @@ log() { echo "postgres-ha.sh: $*" >&2; }
 die() { log "$*"; exit 1; }
 usage() { sed -n '2,26p' "$0" >&2; exit 2; }
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-
 [ $# -ge 2 ] || usage
 CMD=$1
 DIR=$(realpath -m "$2")
@@ -108,7 +104,7 @@ up() {
     chmod 700 "$DIR/xdg/run"
     local ports i
     read -r -a ports <<<"${ATTUNE_HA_PORTS:-}"
-    for i in 0 1 2; do echo "${ports[$i]:-$(free_port)}"; done >"$DIR/ports"
+    for i in 0 1 2; do echo "${ports[$i]:-$("$(dirname "$0")/free-port")}"; done >"$DIR/ports"
     if [ "$(id -u)" = 0 ]; then
         chown -R postgres:postgres "$DIR"
         chmod o+x "$(dirname "$DIR")" 2>/dev/null || true

@@ -22,10 +22,6 @@ log() { echo "rabbitmq-cluster.sh: $*" >&2; }
 die() { log "$*"; exit 1; }
 usage() { sed -n '2,16p' "$0" >&2; exit 2; }
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-
 node_dir() { echo "$1/node-$2"; }
 node_name() { cat "$(node_dir "$1" "$2")/nodename"; }
 node_count() { cat "$1/nodes"; }
@@ -101,7 +97,7 @@ start() {
   for ((i = 1; i <= n; i++)); do
     local port=${ports[$((i - 1))]:-}
     # RabbitMQ's distribution port (rabbitmq.sh: PORT+20000) must stay below 65536.
-    while [ -z "$port" ] || ((port + 20000 > 65535)); do port=$(free_port); done
+    [ -n "$port" ] && ((port + 20000 <= 65535)) || port=$("$here/free-port" --rabbitmq)
     echo "$port" >"$dir/port-$i"
   done
   head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr 'a-f' 'A-F' >"$dir/cookie"

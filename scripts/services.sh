@@ -9,22 +9,18 @@ here=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:?usage: services.sh start|stop DIR}
 dir=${2:?usage: services.sh start|stop DIR}
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-
 case "$cmd" in
   start)
     mkdir -p "$dir"
-    pg_port=${ATTUNE_PG_PORT:-$(free_port)}
-    amqp_port=${ATTUNE_AMQP_PORT:-$(free_port)}
+    pg_port=${ATTUNE_PG_PORT:-$("$here/free-port")}
+    amqp_port=${ATTUNE_AMQP_PORT:-}
     # RabbitMQ's distribution port is derived from its AMQP port and must stay below 65536.
-    while ((amqp_port + 20000 > 65535)); do amqp_port=$(free_port); done
+    [ -n "$amqp_port" ] && ((amqp_port + 20000 <= 65535)) || amqp_port=$("$here/free-port" --rabbitmq)
     # ATTUNE_TLS=1: both servers also listen with TLS, certificates from a throwaway CA (scripts/tls.sh),
     # and the TLS URLs are printed too (the tests' TLS suite reads them).
     if [ "${ATTUNE_TLS:-0}" = 1 ]; then
       "$here/tls.sh" "$dir/tls"
-      export ATTUNE_TLS_DIR=$dir/tls ATTUNE_AMQPS_PORT=${ATTUNE_AMQPS_PORT:-$(free_port)}
+      export ATTUNE_TLS_DIR=$dir/tls ATTUNE_AMQPS_PORT=${ATTUNE_AMQPS_PORT:-$("$here/free-port")}
     fi
     pg=$("$here/postgres.sh" start "$dir/postgres" "$pg_port")
     amqp=$("$here/rabbitmq.sh" start "$dir/rabbitmq" "$amqp_port")
