@@ -56,78 +56,21 @@
 #
 # --debug uses the debug binary `swift build` made (CI); otherwise a release build. --keep leaves the
 # folder (logs, jobs.jsonl, events.jsonl) in place.
+#
+# This file starts, stops and kills the processes; scripts/fault-suite.py parses the arguments, plans the faults,
+# waits between them and makes every check after the run.
 set -Eeuo pipefail
 # A step that fails ends the run; say which, since set -e alone ends it without a word.
 trap 'echo "FAIL: fault-suite.sh line $LINENO: \"$BASH_COMMAND\" exited $?" >&2' ERR
 cd "$(dirname "$0")/.."
-jobs=3000 users=60 hot=3 workers=4 concurrency=1 kills=8 sigterms=3 bad=15 republish=30 scheduled= samples=100 epochs= timeout=900
-build=release keep=0 cluster=0 partitions= every_worker_commits=0 prefetch= repartition=
-pg_terminates=20 pg_restarts_planned=1 pg_crashes_planned=1 pg_kills_planned=1 node_kills_planned=1
-ha=0 ha_kills_planned=1 ha_failovers_planned=1
-while (($#)); do
-  case "$1" in
-    --jobs) jobs=$2; shift ;;
-    --users) users=$2; shift ;;
-    --hot) hot=$2; shift ;;
-    --workers) workers=$2; shift ;;
-    --concurrency) concurrency=$2; shift ;;
-    --kills) kills=$2; shift ;;
-    --sigterms) sigterms=$2; shift ;;
-    --bad) bad=$2; shift ;;
-    --republish) republish=$2; shift ;;
-    --scheduled) scheduled=$2; shift ;;
-    --samples) samples=$2; shift ;;
-    --epochs) epochs=$2; shift ;;
-    --timeout) timeout=$2; shift ;;
-    --cluster) cluster=$2; shift ;;
-    --pg-terminates) pg_terminates=$2; shift ;;
-    --pg-restarts) pg_restarts_planned=$2; shift ;;
-    --pg-crashes) pg_crashes_planned=$2; shift ;;
-    --pg-kills) pg_kills_planned=$2; shift ;;
-    --node-kills) node_kills_planned=$2; shift ;;
-    --ha) ha=1 pg_restarts_planned=0 pg_crashes_planned=0 pg_kills_planned=0 ;;
-    --ha-kills) ha_kills_planned=$2; shift ;;
-    --ha-failovers) ha_failovers_planned=$2; shift ;;
-    --partitions) partitions=$2; shift ;;
-    --prefetch) prefetch=$2; shift ;;
-    --repartition) repartition=$2; shift ;;
-    --every-worker-commits) every_worker_commits=1 ;;
-    --debug) build=debug ;;
-    --keep) keep=1 ;;
-    *) echo "fault-suite.sh: unknown argument $1 (see the comment at the top)" >&2; exit 2 ;;
-  esac
-  shift
-done
-
-export ATTUNE_PG_CRASH_SAFE=${ATTUNE_PG_CRASH_SAFE:-1}
-[ -n "$repartition" ] && partitions=${partitions:-16}
-
-if [ "$build" = release ]; then
-  swift build -c release --product attune 2>&1 | tail -n 1
-fi
-attune=$PWD/.build/$build/attune
-[ -x "$attune" ] || { echo "fault-suite.sh: no $attune; run swift build first" >&2; exit 1; }
-# The outcome check at the end reads the events queue with pika, from the tests' venv; on a fresh clone that
-# venv does not exist yet, so make it now (idempotent) rather than fail after the whole run. ATTUNE_PYTHON
-# (scripts/test.sh sets it) names another Python, which must have pika already.
-python=${ATTUNE_PYTHON:-${ATTUNE_VENV:-$PWD/.venv}/bin/python}
-if ! "$python" -c "import pika" 2>/dev/null; then
-  [ -z "${ATTUNE_PYTHON:-}" ] || { echo "fault-suite.sh: $python cannot import pika (scripts/install-deps.sh --python makes a venv that can)" >&2; exit 1; }
-  scripts/install-deps.sh --python
-fi
-# Storage encrypted at rest, as in production: a throwaway key unless ATTUNE_KEYS or ATTUNE_KEYS_FILE is
-# set. Every process below inherits it, and the end checks that every large object is under it.
-if [ -z "${ATTUNE_KEYS:-}${ATTUNE_KEYS_FILE:-}" ]; then
-  ATTUNE_KEYS=$("$attune" keys generate --id fault)
-  export ATTUNE_KEYS
-fi
 
 work=$(mktemp -d /tmp/attune-fault.XXXXXX)
 chmod 755 "$work"
 declare -A pid=()        # worker slot -> pid of its current process
 declare -A name=()       # worker slot -> name of its current process
-stopped=()               # pids sent SIGTERM by the chaos loop
+stopped=()               # pids sent SIGTERM
 watcher=
+keep=0 cluster=0 ha=0
 cleanup() {
   for p in "${pid[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   stop_watcher
@@ -153,14 +96,39 @@ stop_watcher() {
   fi
 }
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-pg_port=$(free_port)
-amqp_port=$(free_port)
-while ((amqp_port + 20000 > 65535)); do amqp_port=$(free_port); done
-say() { echo "[$(date +%T)] $*"; }
+# The options, checked, as variables (jobs, workers, cluster, ha, attune, the plan of faults, ...); kept in
+# $work/options.json for the steps below.
+options=$(python3 scripts/fault-suite.py options "$work" "$@") || exit 2
+eval "$options"
+export ATTUNE_PG_CRASH_SAFE=${ATTUNE_PG_CRASH_SAFE:-1}
 
+if [ "$build" = release ]; then
+  swift build -c release --product attune 2>&1 | tail -n 1
+fi
+[ -x "$attune" ] || { echo "fault-suite.sh: no $attune; run swift build first" >&2; exit 1; }
+# The outcome check at the end reads the events queue with pika, from the tests' venv; on a fresh clone that
+# venv does not exist yet, so make it now (idempotent) rather than fail after the whole run. ATTUNE_PYTHON
+# (scripts/test.sh sets it) names another Python, which must have pika already.
+python=${ATTUNE_PYTHON:-${ATTUNE_VENV:-$PWD/.venv}/bin/python}
+if ! "$python" -c "import pika" 2>/dev/null; then
+  [ -z "${ATTUNE_PYTHON:-}" ] || { echo "fault-suite.sh: $python cannot import pika (scripts/install-deps.sh --python makes a venv that can)" >&2; exit 1; }
+  scripts/install-deps.sh --python
+fi
+suite() { "$python" scripts/fault-suite.py "$1" "$work" "${@:2}"; }
+# What happened, a line each (KIND FIELDS...), for `fault-suite.py tally` and `report`.
+record() { echo "$*" >>"$work/faults.log"; }
+# Seconds since an $EPOCHREALTIME, to a tenth (for the log as it runs).
+since() { local us=$(( ${EPOCHREALTIME/[.,]/} - ${1/[.,]/} )); printf '%d.%d' $((us / 1000000)) $((us / 100000 % 10)); }
+say() { echo "[$(date +%T)] $*"; }
+# Storage encrypted at rest, as in production: a throwaway key unless ATTUNE_KEYS or ATTUNE_KEYS_FILE is
+# set. Every process below inherits it, and the end checks that every large object is under it.
+if [ -z "${ATTUNE_KEYS:-}${ATTUNE_KEYS_FILE:-}" ]; then
+  ATTUNE_KEYS=$("$attune" keys generate --id fault)
+  export ATTUNE_KEYS
+fi
+
+pg_port=$(scripts/free-port)
+amqp_port=$(scripts/free-port --rabbitmq)
 start_servers() {
   local pg amqp
   if ((ha)); then
@@ -192,7 +160,7 @@ else
   say "starting PostgreSQL on $pg_port and RabbitMQ on $amqp_port in $work"
 fi
 start_servers || { cat "$work/servers.log" >&2; exit 1; }
-began=$(date +%s.%N)
+record began "$EPOCHREALTIME"
 "$attune" migrate >/dev/null
 "$attune" model import Tests/Fixtures/digits-mlp-updatable.mlmodel --name digits >/dev/null
 # The topology before the first publish, as an operator would: producers do not declare partition queues.
@@ -211,26 +179,13 @@ began=$(date +%s.%N)
 watcher=$!
 sleep 1
 
-# publish_part PARTS: the next 1/PARTS of the jobs (and of the bad, republished and scheduled ones), added to
-# jobs.jsonl; publish_jobs publishes them all, or with --repartition the first half.
-published_parts=0
-publish_part() {
-  local parts=$1 i=$published_parts
-  published_parts=$((published_parts + 1))
-  share() { echo $(( $1 * (i + 1) / parts - $1 * i / parts )); }
-  local sched=${scheduled:-$((jobs / 10))}
-  local append=
-  if ((i > 0)); then append=--append; fi
-  "$attune" audit record --model digits --jobs-file "$work/jobs.jsonl" --csv examples/data/digits.csv.gz $append \
-    --jobs "$(share "$jobs")" --users "$users" --hot "$hot" --samples-per-job "$samples" ${epochs:+--epochs "$epochs"} \
-    --bad "$(share "$bad")" --republish "$(share "$republish")" --scheduled "$(share "$sched")"
-}
+# The jobs, all at once; with --repartition in eight parts, four now and four while the repartition runs (the
+# chaos step `repartition`).
 publish_jobs() {
   if [ -n "$repartition" ]; then
-    # Eight parts: four now, four while the repartition runs (the chaos step `repartition`).
-    for ((part = 0; part < 4; part++)); do publish_part 8; done
+    for part in 0 1 2 3; do suite publish "$part" 8; done
   else
-    publish_part 1
+    suite publish 0 1
   fi
 }
 # Jobs queued before the workers start, as after an outage: the first worker takes what it can. With
@@ -239,7 +194,6 @@ publish_jobs() {
 ((every_worker_commits)) || publish_jobs
 
 generation=0
-started_names=()
 # The broker URLs a worker gets: on a cluster, every node's, starting at a node of the worker's own.
 IFS=';' read -r -a node_urls <<<"$ATTUNE_AMQP_URL"
 broker_urls() {
@@ -251,28 +205,18 @@ start_worker() {
   local slot=$1
   generation=$((generation + 1))
   name[$slot]=fault-$slot-$generation
-  started_names+=("${name[$slot]}")
   PGAPPNAME=${name[$slot]} "$attune" worker --no-migrate --name "${name[$slot]}" --concurrency "$concurrency" --heartbeat 5 --shutdown-deadline 3 --outbox-grace 3 ${prefetch:+--prefetch "$prefetch"} \
     --amqp-url "$(broker_urls "$slot")" >>"$work/worker-$slot.log" 2>&1 &
   pid[$slot]=$!
+  record start "${name[$slot]}" "${pid[$slot]}"
 }
 for ((w = 1; w <= workers; w++)); do start_worker "$w"; done
 say "started $workers workers of $concurrency slot(s)"
 if ((every_worker_commits)); then
-  for ((i = 0; i < 600; i++)); do
-    read -r holders fewest < <(psql "$ATTUNE_DATABASE_URL" -XAtq -F ' ' -c "
-      SELECT count(*), coalesce(min(n), 0) FROM (SELECT pid, count(*) AS n FROM pg_locks
-        WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = 417002 GROUP BY pid) AS h")
-    ((holders == workers && fewest >= 1)) && break
-    sleep 0.2
-  done
-  say "$holders workers hold partitions, each at least $fewest"
+  say "$(suite await-leases)"
   publish_jobs
 fi
 
-versions() {
-  psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT count(*) FROM attune_personal_versions" 2>/dev/null || echo 0
-}
 random_slot() { echo $((RANDOM % workers + 1)); }
 # A process owns SIGTERM only once its service group runs (the worker then logs "starting"); before
 # that the default action ends it with status 143. It holds no job then, but the suite asks for exit 0.
@@ -285,232 +229,143 @@ await_started() {
   echo "FAIL: worker ${name[$slot]} did not start within 20 s" >&2
   return 1
 }
-killed=0 terminated=0 pg_restarts=0 pg_crashes=0 pg_kills=0 amqp_restarts=0 node_kills=0 after_node_loss=()
-pg_terminate_rounds=0 backends_in_commit=0 backends_busy=0 backends_idle=0 last_pg_outage=0
-ha_kills=0 ha_failovers=0 ha_writable_after=() ha_rejoined_after=() ha_failover_took=()
-ha_outages=()  # each failover as "BEGIN END" (epoch seconds): the kill or the planned failover's start, and when writes resumed
-start_postgres() {
-  scripts/postgres.sh start "$work/postgres" "$pg_port" >/dev/null 2>>"$work/servers.log"
+# One outage at a time: the jobs the last one sent through the retry queues (1 s, then 10 s) are back before the
+# next begins. Otherwise outages that the versions' thresholds put seconds apart push the same jobs to their third
+# attempt and its 60 s delay, which the run then waits out doing nothing.
+last_pg_outage=0
+space_outages() {
+  local gap=$(( last_pg_outage + 12 - EPOCHSECONDS ))
+  ((gap <= 0)) || sleep "$gap"
 }
-# One round of pg_terminate_backend on every backend of the workers (application_name fault-*, from
-# PGAPPNAME), in one statement on the server: it waits up to 5 s, looking every millisecond, for a worker's commit
-# (attune_commit_versions, which writes the large objects and moves the heads) to be running, so that most
-# rounds land inside a transaction. Prints how many backends were in a commit, busy otherwise, and idle;
-# the statements themselves are only matched, never printed.
-terminate_worker_backends() {
-  psql "$ATTUNE_DATABASE_URL" -XAtq -F ' ' -v ON_ERROR_STOP=1 <<'SQL'
-CREATE FUNCTION pg_temp.terminate_workers(wait_s float8) RETURNS TABLE (in_commit int, busy int, idle int)
-LANGUAGE plpgsql AS $$
-DECLARE
-    until timestamptz := clock_timestamp() + make_interval(secs => wait_s);
-BEGIN
-    LOOP
-        PERFORM pg_stat_clear_snapshot();
-        EXIT WHEN clock_timestamp() >= until OR EXISTS (
-            SELECT 1 FROM pg_stat_activity
-            WHERE application_name LIKE 'fault-%' AND state = 'active' AND query LIKE '%attune_commit_versions%');
-        PERFORM pg_sleep(0.001);
-    END LOOP;
-    PERFORM pg_stat_clear_snapshot();
-    RETURN QUERY
-        SELECT count(*) FILTER (WHERE a.state = 'active' AND a.query LIKE '%attune_commit_versions%')::int,
-               count(*) FILTER (WHERE a.state <> 'idle' AND NOT (a.state = 'active' AND a.query LIKE '%attune_commit_versions%'))::int,
-               count(*) FILTER (WHERE a.state = 'idle')::int
-        FROM pg_stat_activity a
-        -- The workers' partition-lease sessions too (named attune-lease@<release>:<worker> for attune topology status).
-        -- CASE fixes the order: the planner may run a cheaper qual first, and pg_terminate_backend on a
-        -- superuser's session is an error.
-        WHERE CASE WHEN (a.application_name LIKE 'fault-%' OR a.application_name LIKE 'attune-lease@%:fault-%')
-                        AND a.pid <> pg_backend_pid()
-                   THEN pg_terminate_backend(a.pid) ELSE false END;
-END
-$$;
-SELECT * FROM pg_temp.terminate_workers(5);
-SQL
+await_writable() {  # SECONDS WHAT: until the URL takes writes again
+  local t0=$EPOCHSECONDS
+  until psql "$ATTUNE_DATABASE_URL" -XAtqc "SELECT 1" >/dev/null 2>&1; do
+    (( EPOCHSECONDS - t0 < $1 )) || { echo "FAIL: no writable PostgreSQL $1 s after $2" >&2; exit 1; }
+    sleep 0.2
+  done
+}
+ha_primary() {
+  scripts/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log" \
+    || { echo "FAIL: pg_auto_failover names no primary" >&2; exit 1; }
 }
 chaos() {
   case "$1" in
     kill)
       local slot; slot=$(random_slot)
       sleep "0.$((RANDOM % 10))"
-      kill -KILL "${pid[$slot]}" 2>/dev/null && killed=$((killed + 1))
+      kill -KILL "${pid[$slot]}" 2>/dev/null && record kill
       wait "${pid[$slot]}" 2>/dev/null || true
       say "SIGKILL worker $slot"
       start_worker "$slot" ;;
     term)
       local slot; slot=$(random_slot)
       await_started "$slot"
-      kill -TERM "${pid[$slot]}" && terminated=$((terminated + 1))
-      stopped+=("${pid[$slot]}")
-      local p=${pid[$slot]} sent; sent=$(date +%s.%N)
+      local p=${pid[$slot]} sent
+      kill -TERM "$p" && record term "$p"
+      sent=$EPOCHREALTIME
+      stopped+=("$p")
       ( while kill -0 "$p" 2>/dev/null; do sleep 0.1; done
-        echo "$p $(python3 -c "print(f'{$(date +%s.%N) - $sent:.1f}')")" >>"$work/term-times" ) &
+        record exited "$p" "$sent" "$EPOCHREALTIME" ) &
       say "SIGTERM worker $slot"
       start_worker "$slot" ;;
     pg-crash-ha)
-      local gap=$(( last_pg_outage + 12 - $(date +%s) ))
-      ((gap <= 0)) || sleep "$gap"
+      space_outages
       sleep "0.$((RANDOM % 10))"
       say "crashing the primary's PostgreSQL (pg_ctl stop -m immediate); its pg_autoctl starts it again"
-      local t0; t0=$(date +%s)
+      local t0=$EPOCHSECONDS
       scripts/postgres-ha.sh crash "$work/postgres-ha" 2>>"$work/servers.log"
-      until psql "$ATTUNE_DATABASE_URL" -XAtqc "SELECT 1" >/dev/null 2>&1; do
-        (( $(date +%s) - t0 < 240 )) || { echo "FAIL: no writable PostgreSQL 240 s after the crash" >&2; exit 1; }
-        sleep 0.2
-      done
-      pg_crashes=$((pg_crashes + 1))
-      last_pg_outage=$(date +%s)
-      say "PostgreSQL takes writes again after $(( $(date +%s) - t0 )) s" ;;
+      await_writable 240 "the crash"
+      record pg-crash
+      last_pg_outage=$EPOCHSECONDS
+      say "PostgreSQL takes writes again after $(( EPOCHSECONDS - t0 )) s" ;;
     postgres|pg-crash|pg-kill)
       local how=stop verb=restarting
       [ "$1" = pg-crash ] && how=crash verb="crashing (pg_ctl stop -m immediate)"
       [ "$1" = pg-kill ] && how=kill verb="SIGKILLing the postmaster of"
-      # One outage at a time: the jobs the last one sent through the retry queues (1 s, then 10 s) are back
-      # before the next begins. Otherwise outages that the versions' thresholds put seconds apart push the same
-      # jobs to their third attempt and its 60 s delay, which the run then waits out doing nothing.
-      local gap=$(( last_pg_outage + 12 - $(date +%s) ))
-      ((gap <= 0)) || sleep "$gap"
+      space_outages
       sleep "0.$((RANDOM % 10))"
       say "$verb PostgreSQL"
       scripts/postgres.sh "$how" "$work/postgres" 2>>"$work/servers.log"
       sleep "$((1 + RANDOM % 2))"
-      start_postgres
-      case "$1" in
-        postgres) pg_restarts=$((pg_restarts + 1)) ;;
-        pg-crash) pg_crashes=$((pg_crashes + 1)) ;;
-        pg-kill) pg_kills=$((pg_kills + 1)) ;;
-      esac
-      last_pg_outage=$(date +%s)
+      scripts/postgres.sh start "$work/postgres" "$pg_port" >/dev/null 2>>"$work/servers.log"
+      record "$1"
+      last_pg_outage=$EPOCHSECONDS
       say "PostgreSQL is back" ;;
     ha-kill)
-      local gap=$(( last_pg_outage + 12 - $(date +%s) ))
-      ((gap <= 0)) || sleep "$gap"
-      local was t0 waited
-      was=$(scripts/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") \
-        || { echo "FAIL: pg_auto_failover names no primary" >&2; exit 1; }
+      space_outages
+      local was t0 t1 waited
+      was=$(ha_primary)
       sleep "0.$((RANDOM % 10))"
       say "SIGKILLing PostgreSQL node $was, the primary (its postmaster and pg_autoctl)"
-      t0=$(date +%s.%N)
+      t0=$EPOCHREALTIME
       scripts/postgres-ha.sh kill "$work/postgres-ha" "$was" 2>>"$work/servers.log"
       # Writable again once pg_auto_failover has promoted the secondary; the URL finds it.
-      until psql "$ATTUNE_DATABASE_URL" -XAtqc "SELECT 1" >/dev/null 2>&1; do
-        (( $(date +%s) - ${t0%.*} < 240 )) || { echo "FAIL: no writable PostgreSQL 240 s after the primary was killed" >&2; exit 1; }
-        sleep 0.2
-      done
-      waited=$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")
-      ha_writable_after+=("$waited")
-      ha_outages+=("$t0 $(date +%s.%N)")
-      say "node $(scripts/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") took writes $waited s after the kill; starting node $was again"
-      t0=$(date +%s.%N)
+      await_writable 240 "the primary was killed"
+      t1=$EPOCHREALTIME waited=$(since "$t0")
+      say "node $(ha_primary) took writes $waited s after the kill; starting node $was again"
+      local rejoin=$EPOCHREALTIME
       scripts/postgres-ha.sh start "$work/postgres-ha" "$was" 2>>"$work/servers.log"
       scripts/postgres-ha.sh wait "$work/postgres-ha" 2>>"$work/servers.log" \
         || { echo "FAIL: node $was did not rejoin as secondary" >&2; exit 1; }
-      ha_rejoined_after+=("$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")")
-      ha_kills=$((ha_kills + 1))
-      last_pg_outage=$(date +%s)
-      say "node $was rejoined as secondary after ${ha_rejoined_after[-1]} s" ;;
+      local rejoined; rejoined=$(since "$rejoin")
+      record ha-kill "$t0" "$t1" "$waited" "$rejoined"
+      last_pg_outage=$EPOCHSECONDS
+      say "node $was rejoined as secondary after $rejoined s" ;;
     ha-failover)
-      local gap=$(( last_pg_outage + 12 - $(date +%s) ))
-      ((gap <= 0)) || sleep "$gap"
-      local was t0
-      was=$(scripts/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") \
-        || { echo "FAIL: pg_auto_failover names no primary" >&2; exit 1; }
+      space_outages
+      local was t0 took
+      was=$(ha_primary)
       say "planned failover away from PostgreSQL node $was"
-      t0=$(date +%s.%N)
+      t0=$EPOCHREALTIME
       scripts/postgres-ha.sh failover "$work/postgres-ha" 2>>"$work/servers.log" \
         || { echo "FAIL: the planned failover did not complete" >&2; exit 1; }
-      ha_failover_took+=("$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")")
-      ha_outages+=("$t0 $(date +%s.%N)")
-      ha_failovers=$((ha_failovers + 1))
-      last_pg_outage=$(date +%s)
-      say "node $(scripts/postgres-ha.sh primary "$work/postgres-ha" 2>>"$work/servers.log") is primary after ${ha_failover_took[-1]} s" ;;
+      took=$(since "$t0")
+      record ha-failover "$t0" "$EPOCHREALTIME" "$took"
+      last_pg_outage=$EPOCHSECONDS
+      say "node $(ha_primary) is primary after $took s" ;;
     repartition)
       say "repartitioning from $partitions to $repartition partitions while the other half of the jobs is published"
       "$attune" topology repartition --partitions "$repartition" --timeout "$timeout" >"$work/repartition.log" 2>&1 &
       repartitioner=$!
-      for ((part = 0; part < 4; part++)); do sleep "0.$((2 + RANDOM % 8))"; publish_part 8 >>"$work/publish.log"; done
+      for part in 4 5 6 7; do sleep "0.$((2 + RANDOM % 8))"; suite publish "$part" 8 >>"$work/publish.log"; done
       say "published the other half" ;;
     pg-terminate)
-      local counts
-      counts=$(terminate_worker_backends) || { echo "FAIL: could not terminate the workers' backends" >&2; exit 1; }
+      local counts in_commit busy idle
+      counts=$(suite terminate-backends) || { echo "FAIL: could not terminate the workers' backends" >&2; exit 1; }
       read -r in_commit busy idle <<<"$counts"
-      pg_terminate_rounds=$((pg_terminate_rounds + 1))
-      backends_in_commit=$((backends_in_commit + in_commit))
-      backends_busy=$((backends_busy + busy))
-      backends_idle=$((backends_idle + idle))
+      record pg-terminate "$in_commit" "$busy" "$idle"
       say "terminated the workers' backends: $in_commit in a commit, $busy in another statement, $idle idle" ;;
     rabbitmq|node-kill)
       if ((cluster > 0)); then
-        local leader before how=stop-node verb=stopping
+        local leader first_queue committed how=stop-node verb=stopping
         [ "$1" = node-kill ] && how=kill-node verb="SIGKILLing the Erlang VM of"
-        local first_queue=attune.jobs.p00
-        (( $(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT generation FROM attune_topology") > 0 )) \
-          && first_queue=attune.jobs.g$(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT generation FROM attune_topology").p00
+        first_queue=$(suite first-queue)
         leader=$(scripts/rabbitmq-cluster.sh leader "$work/rabbitmq" "$first_queue" 2>>"$work/servers.log")
         say "$verb RabbitMQ node $leader of $cluster, the leader of $first_queue"
         scripts/rabbitmq-cluster.sh "$how" "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
-        # Wait until the fleet has committed more versions, or 30 s, then bring the node back. Not a check:
-        # a partition whose single active consumer was attached through the lost node waits until the node
-        # returns (RabbitMQ 3.10 keeps that consumer active while its node is unreachable), so when one worker
-        # on that node held every partition, nothing moves meanwhile (docs/operations.md: A RabbitMQ cluster).
-        before=$(versions)
-        local until=$(( $(date +%s) + 30 ))
-        while (( $(versions) < before + good / 20 && $(date +%s) < until )); do sleep 0.1; done
-        say "committed $(( $(versions) - before )) versions with node $leader down"
+        # The others go on without it for a while (a twentieth of the good jobs, or 30 s); then it comes back.
+        committed=$(suite commits-while-down)
+        say "committed $committed versions with node $leader down"
         scripts/rabbitmq-cluster.sh start-node "$work/rabbitmq" "$leader" 2>>"$work/servers.log"
-        after_node_loss+=("$(( $(versions) - before ))")
-        if [ "$1" = node-kill ]; then node_kills=$((node_kills + 1)); else amqp_restarts=$((amqp_restarts + 1)); fi
+        record "$1" "$committed"
         say "RabbitMQ node $leader is back in the cluster"
         return
       fi
       say "restarting RabbitMQ"
       scripts/rabbitmq.sh stop "$work/rabbitmq" 2>>"$work/servers.log"
       scripts/rabbitmq.sh start "$work/rabbitmq" "$amqp_port" >/dev/null 2>>"$work/servers.log"
-      amqp_restarts=$((amqp_restarts + 1))
+      record rabbitmq
       say "RabbitMQ is back" ;;
   esac
 }
 
-# The plan: each fault fires once the number of versions passes its share of the good jobs.
-good=$((jobs - bad))
-plan=()
-for ((k = 0; k < kills; k++)); do plan+=("$(( (5 + k * 80 / (kills > 1 ? kills - 1 : 1)) * good / 100 )) kill"); done
-for ((t = 0; t < sigterms; t++)); do plan+=("$(( (15 + t * 60 / (sigterms > 1 ? sigterms - 1 : 1)) * good / 100 )) term"); done
-# Evenly spread over a range of the run, as "percent-of-good action" steps: spread COUNT FROM TO ACTION.
-spread() {
-  local count=$1 from=$2 to=$3 action=$4 i
-  for ((i = 0; i < count; i++)); do
-    plan+=("$(( (from + i * (to - from) / (count > 1 ? count - 1 : 1)) * good / 100 )) $action")
-  done
-}
-spread "$pg_terminates" 8 92 pg-terminate
-spread "$pg_restarts_planned" 30 45 postgres
-if ((ha)); then spread "$pg_crashes_planned" 40 60 pg-crash-ha; else spread "$pg_crashes_planned" 40 60 pg-crash; fi
-spread "$pg_kills_planned" 65 80 pg-kill
-plan+=("$((good * 55 / 100)) rabbitmq")
-if ((ha)); then
-  spread "$ha_kills_planned" 25 45 ha-kill
-  spread "$ha_failovers_planned" 60 80 ha-failover
-fi
-((cluster > 0)) && spread "$node_kills_planned" 70 85 node-kill
-# A fifth of the good jobs is well inside the first half, so the old generation still holds jobs.
-[ -n "$repartition" ] && plan+=("$((good * 20 / 100)) repartition")
-mapfile -t plan < <(printf '%s\n' "${plan[@]}" | sort -n)
-deadline=$(( $(date +%s) + timeout ))
+# The plan (fault-suite.py): each fault once the committed versions pass its share of the good jobs.
+deadline=$(( EPOCHSECONDS + timeout ))
 for step in "${plan[@]}"; do
-  threshold=${step% *} action=${step#* }
-  last=-1 since=$(date +%s)
-  while now=$(versions); (( now < threshold )); do
-    if (( now != last )); then last=$now since=$(date +%s); fi
-    if (( $(date +%s) > deadline || $(date +%s) - since > 120 )); then
-      echo "FAIL: the run stalled at $now versions, waiting for $threshold to $action" >&2
-      exit 1
-    fi
-    sleep 0.3
-  done
-  chaos "$action"
+  suite await-step "${step% *}" "${step#* }" "$deadline" || exit 1
+  chaos "${step#* }"
 done
-say "chaos done: $killed killed, $terminated stopped; PostgreSQL: $pg_terminate_rounds termination rounds, $pg_restarts restart(s), $pg_crashes crash(es), $pg_kills kill(s); RabbitMQ: $amqp_restarts restart(s), $node_kills node kill(s)"
+say "chaos done: $(suite tally)"
 
 status=0
 if [ -n "$repartition" ]; then
@@ -522,188 +377,22 @@ if [ -n "$repartition" ]; then
     status=1
   fi
 fi
-"$attune" audit wait --model digits --jobs-file "$work/jobs.jsonl" --timeout $(( deadline - $(date +%s) )) || status=1
-# The events a killed worker owed come from the survivors' outbox relays once 3 s old.
-outbox_wait=$(( $(date +%s) + 60 ))
-while outbox=$(psql "$ATTUNE_DATABASE_URL" -XAtq -c "SELECT count(*) FROM attune_outbox" 2>/dev/null); [ "${outbox:-1}" != 0 ]; do
-  if (( $(date +%s) > outbox_wait )); then echo "FAIL: $outbox terminal event(s) still in the outbox after 60 s" >&2; status=1; break; fi
-  sleep 0.5
-done
+"$attune" audit wait --model digits --jobs-file "$work/jobs.jsonl" --timeout $(( deadline - EPOCHSECONDS )) || status=1
+suite await-outbox || status=1
 for slot in "${!pid[@]}"; do
   await_started "$slot" || status=1
   kill -TERM "${pid[$slot]}" 2>/dev/null || true
   stopped+=("${pid[$slot]}")
+  record stop "${pid[$slot]}"
 done
-term_failures=0
 for p in "${stopped[@]}"; do
-  wait "$p" || { echo "FAIL: worker pid $p exited $? after SIGTERM" >&2; term_failures=$((term_failures + 1)); }
+  wait "$p" || { code=$?; echo "FAIL: worker pid $p exited $code after SIGTERM" >&2; record term-failure "$p" "$code"; status=1; }
 done
 pid=()
 sleep 1.5
 stop_watcher
-elapsed=$(python3 -c "print(f'{$(date +%s.%N) - $began:.0f}')")
+record ended "$EPOCHREALTIME"
 
-echo "== audit"
-"$attune" audit check --model digits --jobs-file "$work/jobs.jsonl" | tee "$work/audit.txt" || status=1
-echo "== encryption at rest"
-"$attune" keys status 2>/dev/null | tee "$work/keys.txt" || status=1
-grep -q "everything is under the current key" "$work/keys.txt" \
-  || { echo "FAIL: stored objects outside the current key (clear text or another key)" >&2; status=1; }
-echo "== completed events"
-# Every job a worker reported completed (a `completed` event, published only after the commit) must have
-# that version in the database now: a commit acknowledged and then lost in a crash would fail here.
-psql "$ATTUNE_DATABASE_URL" -XAtq -F ' ' -c "SELECT job_id, user_id, model, version FROM attune_personal_versions" \
-  >"$work/versions.txt" || status=1
-python3 - "$work/events.jsonl" "$work/versions.txt" <<'PY' || status=1
-import json, sys
-stored = {}
-for line in open(sys.argv[2]):
-    job, user, model, version = line.split()
-    stored[job] = (user, model, int(version))
-reported = {}
-for line in open(sys.argv[1]):
-    try:
-        event = json.loads(line)
-    except ValueError:
-        continue
-    if event.get("kind", "").endswith("COMPLETED"):
-        reported.setdefault(event.get("jobId", ""), set()).add(
-            (event.get("userId", ""), event.get("model", ""), int(event.get("version", "0"))))
-missing = sorted(job for job, versions in reported.items() if any(stored.get(job) != v for v in versions))
-print(f"completed events     {len(reported)} jobs reported completed, {len(reported) - len(missing)} of them stored as reported")
-if stored and not reported:
-    print("FAIL: no completed event was recorded, so none could be checked (see watch.log)", file=sys.stderr)
-    sys.exit(1)
-if missing:
-    shown = ", ".join(f"{job} (reported {sorted(reported[job])}, stored {stored.get(job)})" for job in missing[:10])
-    print(f"FAIL: {len(missing)} job(s) reported completed are not in the database as reported: {shown}", file=sys.stderr)
-    sys.exit(1)
-PY
-if ((ha)); then
-  # The stall a failover caused the fleet: the longest pause between two consecutive committed versions
-  # (created_at, the database's clock, on this machine) that overlaps the failover, from the kill or the
-  # planned failover's start to when the URL took writes again, and that began at most 5 s before it (n/a: the
-  # fleet was not committing then). (The next version after the kill is no measure: commits of the old
-  # primary's last moments, replicated, come after the moment the kill began.)
-  stalls=()
-  for outage in "${ha_outages[@]}"; do
-    read -r t0 t1 <<<"$outage"
-    stalls+=("$(psql "$ATTUNE_DATABASE_URL" -XAtqc "
-      SELECT coalesce(round(max(extract(epoch FROM next - at))::numeric, 1)::text, 'n/a')
-      FROM (SELECT created_at AS at, lead(created_at) OVER (ORDER BY created_at) AS next
-            FROM attune_personal_versions) AS g
-      WHERE next >= to_timestamp($t0) AND at <= to_timestamp($t1)
-        AND at >= to_timestamp($t0) - interval '5 seconds'")")
-  done
-fi
-# Which of the started workers committed a version: with more workers than the old 16 partitions, each
-# must get jobs of its own.
-committing=$(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT count(DISTINCT worker) FROM attune_personal_versions
-                                               WHERE worker = ANY (string_to_array('$(IFS=,; echo "${started_names[*]}")', ','))")
-echo "workers committing   $committing of ${#started_names[@]} started ($(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT partitions FROM attune_topology") partitions)"
-if [ -n "$repartition" ]; then
-  layout=$(psql "$ATTUNE_DATABASE_URL" -XAtc "SELECT generation || ' ' || partitions || ' ' || (draining_generation IS NULL AND retired_generation IS NULL) FROM attune_topology")
-  echo "repartition          $partitions -> $repartition: generation, partitions, alone: $layout; $(grep -o 'drained in [0-9.]* s' "$work/repartition.log" || echo 'not drained')"
-  [ "$layout" = "1 $repartition true" ] || { echo "FAIL: the fleet is not on generation 1 of $repartition partitions alone" >&2; status=1; }
-fi
-if ((every_worker_commits)) && ((committing < ${#started_names[@]})); then
-  echo "FAIL: $(( ${#started_names[@]} - committing )) worker(s) committed nothing" >&2
-  status=1
-fi
-echo "== outcomes and terminal events"
-# Every job has one outcome in PostgreSQL (completed, or failed for the bad ones) and at least one terminal
-# event in the durable queue; a second one for a job must say so (a duplicate, or republished from the outbox).
-psql "$ATTUNE_DATABASE_URL" -XAtq -F ' ' -c "SELECT job_id, state FROM attune_job_outcomes" >"$work/outcomes.txt" || status=1
-"$python" - "$work/jobs.jsonl" "$work/outcomes.txt" "$ATTUNE_AMQP_URL" <<'PY' || status=1
-import json, sys
-import pika
-jobs, outcomes_file, url = sys.argv[1:4]
-expected = {}
-for line in open(jobs):
-    job = json.loads(line)
-    bad = "not-a-class" in line
-    expected[job["jobId"]] = "failed" if bad else "completed"
-outcomes = dict(line.split() for line in open(outcomes_file) if line.strip())
-wrong = {j: (want, outcomes.get(j, "none")) for j, want in expected.items() if outcomes.get(j) != want}
-print(f"outcomes             {len(expected) - len(wrong)} of {len(expected)} jobs with the outcome expected")
-for j, (want, got) in list(wrong.items())[:10]:
-    print(f"FAIL: job {j}: outcome {got}, expected {want}", file=sys.stderr)
-connection = pika.BlockingConnection(pika.URLParameters(url.split(";")[0]))
-channel = connection.channel()
-seen, plain, extras, unmarked, history = {}, {}, {"duplicate": 0, "republished": 0, "again": 0}, [], {}
-while True:
-    method, properties, body = channel.basic_get("attune-fault-terminal", auto_ack=True)
-    if method is None:
-        break
-    event = json.loads(body)
-    job = event.get("jobId", "")
-    if event.get("kind") == "FAILED" and event.get("willRetry"):
-        continue  # bound by the same key as the final failure, and not an end: the job comes back
-    marker = (properties.headers or {}).get("x-attune-republished")
-    republished = marker in ("true", b"true")
-    history.setdefault(job, []).append(f"{event.get('kind')} by {event.get('worker')} v{event.get('version', 0)}"
-                                       f"{' duplicate' if event.get('duplicate') else ''}{' republished' if republished else ''}"
-                                       f" at {event.get('timestampMs')}")
-    # The first copy in the queue may be a republished one (its worker's own publish came after the grace), so
-    # what must hold is that at most one copy of a job's end is unmarked.
-    if event.get("duplicate"):
-        extras["duplicate"] += 1
-    elif republished:
-        extras["republished"] += 1
-    elif job in plain:
-        if event.get("kind") == "FAILED" and plain[job] == "FAILED":
-            extras["again"] += 1  # a dead-letter copy unconfirmed when its worker died: refused again, the same reason
-        else:
-            unmarked.append(job)
-    else:
-        plain[job] = event.get("kind")
-    seen.setdefault(job, event.get("kind"))
-connection.close()
-missing = [j for j in expected if j not in seen]
-print(f"terminal events      {len(expected) - len(missing)} of {len(expected)} jobs with one in the durable queue; marked copies: "
-      f"{extras['duplicate']} duplicates, {extras['republished']} republished, {extras['again']} refused again, {len(unmarked)} unmarked")
-for j in missing[:10]:
-    print(f"FAIL: job {j} has no terminal event in the durable queue", file=sys.stderr)
-for j in unmarked[:10]:
-    print(f"FAIL: job {j} has a second terminal event that is neither a duplicate nor republished: {'; '.join(history[j])}", file=sys.stderr)
-sys.exit(1 if wrong or missing or unmarked else 0)
-PY
-echo "== faults and events"
-python3 - "$work/events.jsonl" <<'PY'
-import json, sys
-retried = duplicates = requeued = 0
-for line in open(sys.argv[1]):
-    try:
-        event = json.loads(line)
-    except ValueError:
-        continue
-    kind = event.get("kind", "")
-    if kind.endswith("FAILED") and event.get("willRetry"):
-        retried += 1
-        if "shut down before the job finished" in event.get("reason", ""):
-            requeued += 1
-    if kind.endswith("COMPLETED") and event.get("duplicate"):
-        duplicates += 1
-print(f"retried              {retried} (failed with will_retry; {requeued} of them requeued at shutdown)")
-print(f"duplicates prevented {duplicates} (completed with duplicate; events missed while RabbitMQ was down are not counted)")
-PY
-echo "workers killed       $killed (SIGKILL)"
-echo "workers stopped      $terminated by SIGTERM mid-run, $((${#stopped[@]} - terminated)) at the end; non-zero exits: $term_failures"
-[ -f "$work/term-times" ] && echo "SIGTERM to exit (s)  $(sort -n -k2 "$work/term-times" | awk '{print $2}' | tr '\n' ' ')"
-if ((ha)); then
-  echo "fleet stalled (s)    ${stalls[*]:-none} (per failover: the longest pause between committed versions that overlaps it)$(
-    printf "%s\n" "${stalls[@]}" | { grep -v n/a || true; } | sort -n | awk '{v[NR]=$1} END {if (NR) printf "; min %s, median %s, max %s", v[1], v[int((NR+1)/2)], v[NR]}')"
-  echo "PostgreSQL HA        primary SIGKILLed $ha_kills of $ha_kills_planned (writes again after ${ha_writable_after[*]:-} s; killed node a secondary again after ${ha_rejoined_after[*]:-} s); planned failovers $ha_failovers of $ha_failovers_planned (${ha_failover_took[*]:-} s)"
-fi
-echo "PostgreSQL faults    $pg_terminate_rounds of $pg_terminates termination rounds ($backends_in_commit backends killed in a commit, $backends_busy in another statement, $backends_idle idle); $pg_restarts of $pg_restarts_planned restarts, $pg_crashes of $pg_crashes_planned crashes (immediate stop), $pg_kills of $pg_kills_planned postmaster SIGKILLs"
-if ((cluster > 0)); then
-  echo "RabbitMQ faults      leading node stopped and started $amqp_restarts, SIGKILLed and started $node_kills of $node_kills_planned (of $cluster nodes)"
-  echo "while a node was down ${after_node_loss[*]:-0} versions committed (per fault)"
-  echo "broker connections   $(cat "$work"/worker-*.log | grep -o 'connected to the broker at [^ ]*' | sed 's/.*@//; s|/.*||' | sort | uniq -c | awk '{printf "%s %s times  ", $2, $1}')"
-else
-  echo "RabbitMQ faults      restarted $amqp_restarts"
-fi
-echo "took                 $elapsed s (from the servers being up to the end of the audit)"
-(( term_failures == 0 )) || status=1
+suite report || status=1
 if (( status == 0 )); then echo "fault suite: PASS"; else echo "fault suite: FAIL"; fi
 exit "$status"
