@@ -5,15 +5,14 @@ import Logging
 
 /// During a repartition, a new partition's first message for a user may be a drain barrier naming the old
 /// partition that user's earlier jobs wait in (`Topology.drainBarrierHeader`). The deliveries of a partition
-/// behind such a barrier are parked here, in order, until the partition it names is drained; the barrier is
-/// then acked and the jobs behind it go on.
+/// behind such a barrier wait, in order, until the partition it names is drained (`PartitionState.BarrierWait`,
+/// moved by `PartitionStateMachine`); the barrier is then acked and the jobs behind it go on. This part takes the
+/// deliveries in hand and settles the barriers on the broker.
 ///
 /// Confined to the broker thread, like the connection whose deliveries it holds.
 final class DrainBarriers {
     private let open: OpenDeliveries
     private let logger: Logger
-    /// Deliveries of a partition held back behind a drain barrier (the barrier first), in order.
-    private var parked: [JobPartition: [Delivery]] = [:]
 
     init(open: OpenDeliveries, logger: Logger) {
         self.open = open
@@ -23,7 +22,7 @@ final class DrainBarriers {
     /// Takes every delivery that arrived in hand and returns those that may go to the slots now: not a
     /// barrier, and not behind one. A barrier whose partition has drained is acked at once.
     func sort(_ arrived: [Delivery], consumers: PartitionConsumers, isDrained: (JobPartition) -> Bool,
-              on connection: any DeliveryChannel) throws -> [Delivery] {
+              in partitions: inout PartitionStateMachine, on connection: any DeliveryChannel) throws -> [Delivery] {
         var ready: [Delivery] = []
         for delivery in arrived {
             let partition = consumers.partition(ofConsumer: delivery.consumerTag)
@@ -34,47 +33,33 @@ final class DrainBarriers {
                 // by the broker, silently.
                 logger.warning("dropped a message published to \(Topology.eventsExchange) that reached a partition queue (an exchange binding from \(Topology.eventsExchange) into \(Topology.jobsExchange)? remove it); dead-lettered without an event")
                 try open.refuse(delivery.deliveryTag, on: connection)
-            } else if let partition, parked[partition] != nil {
-                parked[partition]!.append(delivery)
-            } else if let barrier = JobQueues.drainBarrier(delivery) {
-                if let partition, !isDrained(barrier) {
-                    logger.info("\(partition.queue) waits at a drain barrier for \(barrier.queue)")
-                    parked[partition] = [delivery]
-                } else {
-                    try open.ack(delivery.deliveryTag, on: connection)
-                }
-            } else {
+                continue
+            }
+            switch partitions.arrived(delivery, from: partition, isDrained: isDrained) {
+            case .goesOn:
                 ready.append(delivery)
+            case .waits(let barrier):
+                if let barrier, let partition { logger.info("\(partition.queue) waits at a drain barrier for \(barrier.queue)") }
+            case .passes:
+                try open.ack(delivery.deliveryTag, on: connection)
             }
         }
         return ready
     }
 
-    /// Lets the jobs behind each barrier whose partition has drained go on (to `deliver`), up to the next barrier.
-    func passDrained(isDrained: (JobPartition) -> Bool, on connection: any DeliveryChannel,
-                     deliver: ([Delivery]) throws -> Void) throws {
-        for (partition, waiting) in parked {
-            var rest = waiting[...]
-            var ready: [Delivery] = []
-            while let barrier = rest.first.flatMap(JobQueues.drainBarrier), isDrained(barrier) {
-                try open.ack(rest.removeFirst().deliveryTag, on: connection)
-                while let next = rest.first, JobQueues.drainBarrier(next) == nil { ready.append(rest.removeFirst()) }
-            }
-            guard rest.count < waiting.count else { continue }
-            parked[partition] = rest.isEmpty ? nil : Array(rest)
-            if !ready.isEmpty { logger.info("\(partition.queue) passed its drain barrier: \(ready.count) job(s) go on") }
-            try deliver(ready)
+    /// Acks each barrier whose partition has drained, and returns the jobs behind it that go on, up to the next
+    /// barrier: one list for each partition that passed a barrier.
+    func passDrained(isDrained: (JobPartition) -> Bool, in partitions: inout PartitionStateMachine,
+                     on connection: any DeliveryChannel) throws -> [[Delivery]] {
+        try partitions.passDrained(isDrained: isDrained).map { pass in
+            for barrier in pass.barriers { try open.ack(barrier.deliveryTag, on: connection) }
+            if !pass.ready.isEmpty { logger.info("\(pass.partition.queue) passed its drain barrier: \(pass.ready.count) job(s) go on") }
+            return pass.ready
         }
     }
 
     /// At shutdown, what waits behind a barrier goes back to its queue, in order.
-    func handBack(on connection: any DeliveryChannel) throws {
-        for (_, waiting) in parked {
-            for delivery in waiting { try open.putBack(delivery.deliveryTag, on: connection) }
-        }
-        parked.removeAll()
+    func handBack(in partitions: inout PartitionStateMachine, on connection: any DeliveryChannel) throws {
+        for delivery in partitions.handBackWaiting() { try open.putBack(delivery.deliveryTag, on: connection) }
     }
-
-    /// The connection is gone, and with it every delivery parked here.
-    func forgetAll() { parked.removeAll() }
 }

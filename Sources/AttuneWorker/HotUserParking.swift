@@ -17,9 +17,10 @@ import Foundation
 /// their parking the same way, once a copy of its own came back: the parked queue is first in, first out, so
 /// everything parked before it came back first.
 ///
-/// Pure bookkeeping, confined to the broker thread: `PartitionKeeper` records and clears parked users in
-/// PostgreSQL, and `BrokerSettler` publishes the copies.
-final class HotUserParking {
+/// The rule and the clock only: what it knows of a partition is that partition's `ParkedUsers`, a part of its
+/// `PartitionState`. `PartitionKeeper` records and clears parked users in PostgreSQL, and `BrokerSettler` publishes
+/// the copies.
+struct HotUserParking {
     enum Route: Hashable {
         /// To the slots.
         case train
@@ -27,7 +28,110 @@ final class HotUserParking {
         case park(newUser: Bool)
     }
 
-    private struct ParkedUser {
+    /// How long the parked queue must look empty before an inherited user who sent nothing since is let go: a
+    /// parked job the broker sent but this worker has not read yet shows up by then.
+    static let emptyQuietPeriod: TimeInterval = 0.3
+
+    private let rule: HotUserRule?
+    private let now: () -> Date
+
+    init(rule: HotUserRule?, now: @escaping () -> Date = Date.init) {
+        self.rule = rule
+        self.now = now
+    }
+
+    /// Where a job delivered from the partition's queue goes. `waiting` says how many jobs wait in the partition
+    /// queue (asked only of a user whose share makes it a candidate, and nobody else seen lately), nil if unknown.
+    func route(_ delivery: Delivery, in users: inout ParkedUsers, waiting: () -> Int? = { nil }) -> Route {
+        let user = JobQueues.user(of: delivery)
+        let time = now()
+        if let rule { users.remember(user, at: time, rule: rule) }
+        if users.parked[user] != nil {
+            users.parked[user]!.outstanding += 1
+            users.parked[user]!.parkedHere += 1
+            return .park(newUser: false)
+        }
+        if !users.inheritedKeys.isEmpty, users.inheritedKeys.remove(FleetPartitioning.parkedUserKey(routingKey: user)) != nil {
+            users.parked[user] = ParkedUsers.User(outstanding: 1, parkedHere: 1, inherited: true)
+            return .park(newUser: false)
+        }
+        guard let rule, users.isHot(user, at: time, rule: rule, waiting: waiting) else {
+            users.direct[user, default: []].insert(delivery.deliveryTag)
+            return .train
+        }
+        users.parked[user] = ParkedUsers.User(outstanding: 1, parkedHere: 1, inherited: false)
+        return .park(newUser: true)
+    }
+
+    /// The user's parking could not be recorded (PostgreSQL away): its job is trained instead, as before parking.
+    func unpark(_ delivery: Delivery, in users: inout ParkedUsers) {
+        let user = JobQueues.user(of: delivery)
+        users.parked[user] = nil
+        users.direct[user, default: []].insert(delivery.deliveryTag)
+    }
+
+    /// Whether the user's jobs may be copied to the parked queue now: none of those it sent to the slots from the
+    /// partition queue is still open. A holder that died with such a job in hand would have it put back at the head
+    /// of the partition queue, behind which its successor parks it, after the copies already parked.
+    func copiesMayBegin(for user: String, in users: inout ParkedUsers, isOpen: (UInt64) -> Bool) -> Bool {
+        guard let tags = users.direct[user] else { return true }
+        let open = tags.filter(isOpen)
+        users.direct[user] = open.isEmpty ? nil : open
+        return open.isEmpty
+    }
+
+    /// A parked job came back from the partition's parked queue.
+    func tookBack(_ delivery: Delivery, in users: inout ParkedUsers) {
+        let user = JobQueues.user(of: delivery)
+        if users.parked[user] == nil {
+            // A job an earlier holder parked, before this holder saw a new one of the user's.
+            users.inheritedKeys.remove(FleetPartitioning.parkedUserKey(routingKey: user))
+            users.parked[user] = ParkedUsers.User(inherited: true)
+        }
+        if users.parked[user]!.outstanding > 0 { users.parked[user]!.outstanding -= 1 }
+        users.parked[user]!.inHand.insert(delivery.deliveryTag)
+        users.lastTookBack = now()
+    }
+
+    /// The users whose parking is over: every copy parked here came back (for an inherited user, at least one did)
+    /// and none of their parked jobs is still open. They are forgotten here; their new jobs go to the slots. Returns
+    /// their `parkedUserKey`s, for PostgreSQL.
+    /// `parkedQueueEmptySince`: since when the parked queue has looked empty, with no consumer but this worker's
+    /// (nil: not empty, or not asked); an inherited user who sent nothing since is let go once it has for
+    /// `emptyQuietPeriod` with nothing taken back meanwhile.
+    func finished(in users: inout ParkedUsers, isOpen: (UInt64) -> Bool, parkedQueueEmptySince: Date? = nil) -> [String] {
+        let emptied: Bool
+        if let since = parkedQueueEmptySince, now().timeIntervalSince(since) >= Self.emptyQuietPeriod {
+            emptied = users.lastTookBack.map { $0 < since } ?? true
+        } else {
+            emptied = false
+        }
+        var done: [String] = []
+        users.direct = users.direct.compactMapValues { tags in
+            let open = tags.filter(isOpen)
+            return open.isEmpty ? nil : open
+        }
+        for (user, var parked) in users.parked {
+            parked.inHand = parked.inHand.filter(isOpen)
+            users.parked[user] = parked
+            guard parked.outstanding == 0, parked.inHand.isEmpty,
+                  !parked.inherited || parked.parkedHere > 0 || emptied else { continue }
+            users.parked[user] = nil
+            done.append(FleetPartitioning.parkedUserKey(routingKey: user))
+        }
+        if emptied {
+            done += users.inheritedKeys
+            users.inheritedKeys.removeAll()
+        }
+        return done
+    }
+}
+
+/// What one partition's holder knows of its users for `HotUserParking`: who sent its recent deliveries, who is
+/// parked, and which of their jobs are still open. A value of the partition's `PartitionState`: it begins when the
+/// partition is taken and goes with the partition or the connection.
+struct ParkedUsers: Equatable {
+    struct User: Equatable {
         /// Copies this holder parked that have not come back yet.
         var outstanding = 0
         /// Copies this holder parked, ever: an inherited user's parking cannot end before one came back.
@@ -38,166 +142,49 @@ final class HotUserParking {
         var inHand: Set<UInt64> = []
     }
 
-    private struct PartitionState {
-        var recent: [String] = []
-        var next = 0
-        /// Users seen lately (routing key → when), for `Rule.othersWithin`.
-        var lastSeen: [String: Date] = [:]
-        var users: [String: ParkedUser] = [:]
-        /// Users an earlier holder parked, as `FleetPartitioning.parkedUserKey`, not seen here yet.
-        var inheritedKeys: Set<String> = []
-        /// When a parked job last came back.
-        var lastTookBack: Date?
-        /// Delivery tags of jobs sent to the slots from the partition queue, by user, not known settled.
-        var direct: [String: Set<UInt64>] = [:]
-    }
+    /// The users of the last `HotUserRule.window` deliveries, a ring from `next`.
+    fileprivate var recent: [String] = []
+    fileprivate var next = 0
+    /// Users seen lately (routing key → when), for `HotUserRule.othersWithin`.
+    fileprivate var lastSeen: [String: Date] = [:]
+    fileprivate(set) var parked: [String: User] = [:]
+    /// Users an earlier holder parked, as `FleetPartitioning.parkedUserKey`, not seen here yet.
+    fileprivate(set) var inheritedKeys: Set<String> = []
+    /// When a parked job last came back.
+    fileprivate var lastTookBack: Date?
+    /// Delivery tags of jobs sent to the slots from the partition queue, by user, not known settled.
+    fileprivate var direct: [String: Set<UInt64>] = [:]
 
-    private let rule: HotUserRule?
-    private let now: () -> Date
-    private var partitions: [JobPartition: PartitionState] = [:]
+    init() {}
 
-    init(rule: HotUserRule?, now: @escaping () -> Date = Date.init) {
-        self.rule = rule
-        self.now = now
-    }
-
-    /// A partition taken: the users an earlier holder left parked (`FleetPartitioning.parkedUsers`).
-    func took(_ partition: JobPartition, inheriting keys: Set<String>) {
-        partitions[partition] = PartitionState(inheritedKeys: keys)
-    }
-
-    /// A partition let go, or the connection lost: what was known of it goes; its rows stay for the next holder.
-    func letGo(_ partition: JobPartition) { partitions[partition] = nil }
-
-    func forgetAll() { partitions.removeAll() }
+    /// A partition taken with the users an earlier holder left parked (`FleetPartitioning.parkedUsers`).
+    init(inheriting keys: Set<String>) { inheritedKeys = keys }
 
     /// Whether the partition has parked users (whose parked queue must be consumed).
-    func hasParkedUsers(_ partition: JobPartition) -> Bool {
-        guard let state = partitions[partition] else { return false }
-        return !state.users.isEmpty || !state.inheritedKeys.isEmpty
-    }
-
-    /// Where a job delivered from `partition`'s queue goes. `waiting` says how many jobs wait in the partition
-    /// queue (asked only of a user whose share makes it a candidate, and nobody else seen lately), nil if unknown.
-    func route(_ delivery: Delivery, from partition: JobPartition, waiting: (JobPartition) -> Int? = { _ in nil }) -> Route {
-        var state = partitions[partition] ?? PartitionState()
-        defer { partitions[partition] = state }
-        let user = JobQueues.user(of: delivery)
-        let time = now()
-        if let rule { remember(user, at: time, in: &state, rule: rule) }
-        if state.users[user] != nil {
-            state.users[user]!.outstanding += 1
-            state.users[user]!.parkedHere += 1
-            return .park(newUser: false)
-        }
-        if !state.inheritedKeys.isEmpty, state.inheritedKeys.remove(FleetPartitioning.parkedUserKey(routingKey: user)) != nil {
-            state.users[user] = ParkedUser(outstanding: 1, parkedHere: 1, inherited: true)
-            return .park(newUser: false)
-        }
-        guard let rule, isHot(user, in: state, at: time, rule: rule, waiting: { waiting(partition) }) else {
-            state.direct[user, default: []].insert(delivery.deliveryTag)
-            return .train
-        }
-        state.users[user] = ParkedUser(outstanding: 1, parkedHere: 1, inherited: false)
-        return .park(newUser: true)
-    }
-
-    /// The user's parking could not be recorded (PostgreSQL away): its job is trained instead, as before parking.
-    func unpark(_ delivery: Delivery, from partition: JobPartition) {
-        let user = JobQueues.user(of: delivery)
-        partitions[partition]?.users[user] = nil
-        partitions[partition]?.direct[user, default: []].insert(delivery.deliveryTag)
-    }
-
-    /// Whether the user's jobs may be copied to the parked queue now: none of those it sent to the slots from the
-    /// partition queue is still open. A holder that died with such a job in hand would have it put back at the head
-    /// of the partition queue, behind which its successor parks it, after the copies already parked.
-    func copiesMayBegin(for user: String, in partition: JobPartition, isOpen: (UInt64) -> Bool) -> Bool {
-        guard let tags = partitions[partition]?.direct[user] else { return true }
-        let open = tags.filter(isOpen)
-        partitions[partition]?.direct[user] = open.isEmpty ? nil : open
-        return open.isEmpty
-    }
-
-    /// A parked job came back from `partition`'s parked queue.
-    func tookBack(_ delivery: Delivery, from partition: JobPartition) {
-        var state = partitions[partition] ?? PartitionState()
-        defer { partitions[partition] = state }
-        let user = JobQueues.user(of: delivery)
-        if state.users[user] == nil {
-            // A job an earlier holder parked, before this holder saw a new one of the user's.
-            let key = FleetPartitioning.parkedUserKey(routingKey: user)
-            state.inheritedKeys.remove(key)
-            state.users[user] = ParkedUser(inherited: true)
-        }
-        if state.users[user]!.outstanding > 0 { state.users[user]!.outstanding -= 1 }
-        state.users[user]!.inHand.insert(delivery.deliveryTag)
-        state.lastTookBack = now()
-    }
-
-    /// How long the parked queue must look empty before an inherited user who sent nothing since is let go: a
-    /// parked job the broker sent but this worker has not read yet shows up by then.
-    static let emptyQuietPeriod: TimeInterval = 0.3
+    var hasParkedUsers: Bool { !parked.isEmpty || !inheritedKeys.isEmpty }
 
     /// Whether some inherited user's parking can end only once the parked queue is seen empty: one whose new jobs
     /// this holder never parked (none came), so no copy of its own can show that the older ones are back.
-    func waitsForAnEmptyParkedQueue(_ partition: JobPartition) -> Bool {
-        guard let state = partitions[partition] else { return false }
-        return !state.inheritedKeys.isEmpty || state.users.values.contains { $0.inherited && $0.parkedHere == 0 }
+    var waitsForAnEmptyParkedQueue: Bool {
+        !inheritedKeys.isEmpty || parked.values.contains { $0.inherited && $0.parkedHere == 0 }
     }
 
-    /// The users of `partition` whose parking is over: every copy parked here came back (for an inherited user, at
-    /// least one did) and none of their parked jobs is still open. They are forgotten here; their new jobs go to
-    /// the slots. Returns their `parkedUserKey`s, for PostgreSQL.
-    /// `parkedQueueEmptySince`: since when the parked queue has looked empty, with no consumer but this worker's
-    /// (nil: not empty, or not asked); an inherited user who sent nothing since is let go once it has for
-    /// `emptyQuietPeriod` with nothing taken back meanwhile.
-    func finished(in partition: JobPartition, isOpen: (UInt64) -> Bool, parkedQueueEmptySince: Date? = nil) -> [String] {
-        guard var state = partitions[partition] else { return [] }
-        let emptied: Bool
-        if let since = parkedQueueEmptySince, now().timeIntervalSince(since) >= Self.emptyQuietPeriod {
-            emptied = state.lastTookBack.map { $0 < since } ?? true
+    fileprivate mutating func remember(_ user: String, at time: Date, rule: HotUserRule) {
+        if recent.count < rule.window {
+            recent.append(user)
         } else {
-            emptied = false
+            recent[next] = user
+            next = (next + 1) % rule.window
         }
-        var done: [String] = []
-        state.direct = state.direct.compactMapValues { tags in
-            let open = tags.filter(isOpen)
-            return open.isEmpty ? nil : open
-        }
-        for (user, var parked) in state.users {
-            parked.inHand = parked.inHand.filter(isOpen)
-            state.users[user] = parked
-            guard parked.outstanding == 0, parked.inHand.isEmpty,
-                  !parked.inherited || parked.parkedHere > 0 || emptied else { continue }
-            state.users[user] = nil
-            done.append(FleetPartitioning.parkedUserKey(routingKey: user))
-        }
-        if emptied {
-            done += state.inheritedKeys
-            state.inheritedKeys.removeAll()
-        }
-        partitions[partition] = state
-        return done
-    }
-
-    private func remember(_ user: String, at time: Date, in state: inout PartitionState, rule: HotUserRule) {
-        if state.recent.count < rule.window {
-            state.recent.append(user)
-        } else {
-            state.recent[state.next] = user
-            state.next = (state.next + 1) % rule.window
-        }
-        state.lastSeen[user] = time
-        if state.lastSeen.count > 4 * rule.window {
-            state.lastSeen = state.lastSeen.filter { time.timeIntervalSince($0.value) <= rule.othersWithin }
+        lastSeen[user] = time
+        if lastSeen.count > 4 * rule.window {
+            lastSeen = lastSeen.filter { time.timeIntervalSince($0.value) <= rule.othersWithin }
         }
     }
 
-    private func isHot(_ user: String, in state: PartitionState, at time: Date, rule: HotUserRule,
-                       waiting: () -> Int?) -> Bool {
-        guard state.recent.count >= rule.window, state.recent.lazy.filter({ $0 == user }).count >= rule.share else { return false }
-        if state.lastSeen.contains(where: { $0.key != user && time.timeIntervalSince($0.value) <= rule.othersWithin }) {
+    fileprivate func isHot(_ user: String, at time: Date, rule: HotUserRule, waiting: () -> Int?) -> Bool {
+        guard recent.count >= rule.window, recent.lazy.filter({ $0 == user }).count >= rule.share else { return false }
+        if lastSeen.contains(where: { $0.key != user && time.timeIntervalSince($0.value) <= rule.othersWithin }) {
             return true
         }
         // Users who sent their first job after the backlog are not seen until it is through: a long queue is reason enough.

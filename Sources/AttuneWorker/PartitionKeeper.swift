@@ -9,6 +9,9 @@ import Metrics
 /// partitions its leases (advisory locks) give it and lets go of the others once their jobs are settled,
 /// and during a repartition records the old partitions it drained and holds jobs at their drain barriers.
 ///
+/// What it knows of each partition is one `PartitionState`, in `partitions`: this class is the shell that asks
+/// the broker and PostgreSQL, feeds their answers to the machine as events, and carries out what it says.
+///
 /// Confined to the broker thread: it drives the thread's connection and the lease session.
 final class PartitionKeeper {
     /// How often the worker looks at who is alive and which partitions it should hold: a new worker gets
@@ -31,15 +34,8 @@ final class PartitionKeeper {
     private let open: OpenDeliveries
     private let barriers: DrainBarriers
     private let parking: HotUserParking
-    /// Jobs to park, in the order they arrived; each is copied once its user's jobs sent to the slots before it are
-    /// settled (`takeParkedCopies`).
-    private var toPark: [(delivery: Delivery, partition: JobPartition)] = []
-    /// Since when each parked queue has looked empty (`HotUserParking.finished`).
-    private var parkedQueueEmptySince: [JobPartition: Date] = [:]
-    /// Partitions whose consumer was started again with `HotUserRule.moving` as prefetch (`setMoving`).
-    private var movingPartitions: Set<JobPartition> = []
-    /// The partition queues' depths as last asked (`waitingJobs`).
-    private var waitingAsked: [JobPartition: (at: Date, jobs: Int)] = [:]
+    /// Every partition's state on the current connection.
+    private var partitions = PartitionStateMachine()
     /// The consumers of the current connection.
     private var consumers: PartitionConsumers?
     private let leaseStore: any LeaseStore
@@ -49,11 +45,8 @@ final class PartitionKeeper {
     private var lastLeaseLook = Date.distantPast
     /// The fleet's partition layout as last read from PostgreSQL.
     private var layout: PartitionLayout
-    /// When this worker began consuming each partition it consumes, and since when each partition of a
-    /// draining generation has looked drained (`lookForDrainedPartitions`).
-    private var consumingSince: [JobPartition: Date] = [:]
-    private var quietSince: [JobPartition: Date] = [:]
-    /// The draining generation's partitions known to be drained, as of the last look.
+    /// The draining generation's partitions the fleet recorded drained (by whichever worker), as of the last look:
+    /// a fact of the fleet's, about partitions this worker mostly does not hold, so not a `PartitionState`.
     private var knownDrained: Set<JobPartition> = []
     private var lastStrayLook = Date.distantPast
     /// The prefetch the connection gives the consumers it starts next (nil: not set on this connection yet).
@@ -114,14 +107,7 @@ final class PartitionKeeper {
     /// The connection is gone, and with it its consumers and deliveries.
     func disconnected() {
         consumers = nil
-        toPark.removeAll()
-        waitingAsked.removeAll()
-        movingPartitions.removeAll()
-        parkedQueueEmptySince.removeAll()
-        parking.forgetAll()
-        consumingSince.removeAll()
-        quietSince.removeAll()
-        barriers.forgetAll()
+        partitions.disconnected()
     }
 
     /// At the end: the lease session closes, and with it every lock still held.
@@ -136,7 +122,7 @@ final class PartitionKeeper {
     /// barrier waits, and a hot user's jobs are parked (`takeParkedCopies`).
     func sort(_ arrived: [Delivery], on connection: any PartitionChannel) throws -> [Delivery] {
         guard !arrived.isEmpty, let consumers else { return [] }
-        let ready = try barriers.sort(arrived, consumers: consumers, isDrained: isDrained, on: connection)
+        let ready = try barriers.sort(arrived, consumers: consumers, isDrained: isDrained, in: &partitions, on: connection)
         return try parkHotUsers(ready, consumers, connection)
     }
 
@@ -145,22 +131,7 @@ final class PartitionKeeper {
     /// turn of the broker thread's loop, it also starts again the consumers `setMoving` paused.
     func takeParkedCopies(on connection: any PartitionChannel) throws -> [(delivery: Delivery, partition: JobPartition)] {
         if let consumers { try resumePaused(consumers, connection) }
-        guard !toPark.isEmpty else { return [] }
-        var ready: [(delivery: Delivery, partition: JobPartition)] = []
-        var waiting: [(delivery: Delivery, partition: JobPartition)] = []
-        var blocked = Set<String>()
-        for item in toPark {
-            let user = JobQueues.user(of: item.delivery)
-            let key = "\(item.partition.queue)\u{0}\(user)"
-            if !blocked.contains(key), parking.copiesMayBegin(for: user, in: item.partition, isOpen: open.isOpen) {
-                ready.append(item)
-            } else {
-                blocked.insert(key)
-                waiting.append(item)
-            }
-        }
-        toPark = waiting
-        return ready
+        return partitions.takeJobsToPark(parking: parking, isOpen: open.isOpen)
     }
 
     /// The deliveries that go to the slots; the others are noted for parking. A user's parking begins only once
@@ -174,37 +145,33 @@ final class PartitionKeeper {
                 continue
             }
             if consumers.isParkedConsumer(delivery.consumerTag) {
-                parking.tookBack(delivery, from: partition)
+                partitions.tookBack(delivery, from: partition, parking: parking)
                 train.append(delivery)
                 continue
             }
-            switch parking.route(delivery, from: partition, waiting: { self.waitingJobs(in: $0, connection) }) {
+            let route = partitions.route(delivery, from: partition, parking: parking, now: now()) {
+                try? connection.queueDepth(partition.queue).messages
+            }
+            switch route {
             case .train:
                 train.append(delivery)
             case .park(let newUser):
                 if newUser, try !beginParking(JobQueues.user(of: delivery), of: partition, consumers, connection) {
-                    parking.unpark(delivery, from: partition)
+                    partitions.unpark(delivery, from: partition, parking: parking)
                     train.append(delivery)
                 } else {
-                    toPark.append((delivery, partition))
+                    partitions.park(delivery, from: partition)
                 }
             }
         }
         return train
     }
 
-    /// Jobs waiting in a partition queue, asked of the broker at most once a second per partition.
-    private func waitingJobs(in partition: JobPartition, _ connection: any PartitionChannel) -> Int? {
-        let time = now()
-        if let known = waitingAsked[partition], time.timeIntervalSince(known.at) < 1 { return known.jobs }
-        guard let jobs = try? connection.queueDepth(partition.queue).messages else { return nil }
-        waitingAsked[partition] = (time, jobs)
-        return jobs
-    }
-
+    /// A user's parking begins only on a partition consumed: one handed back has no parked queue to take its jobs
+    /// back from, and its next holder learns of the user from PostgreSQL; its jobs stay in line.
     private func beginParking(_ user: String, of partition: JobPartition, _ consumers: PartitionConsumers,
                               _ connection: any PartitionChannel) throws -> Bool {
-        guard let leases else { return false }
+        guard let leases, partitions.consuming.contains(partition) else { return false }
         do {
             try leases.recordParked(partition, userKey: FleetPartitioning.parkedUserKey(routingKey: user),
                                     by: configuration.workerName)
@@ -227,56 +194,54 @@ final class PartitionKeeper {
     /// consumer (another worker that thinks it holds the partition) would become the active one.
     private func setMoving(_ partition: JobPartition, _ moving: Bool, _ consumers: PartitionConsumers,
                            _ connection: any PartitionChannel) throws {
-        guard let rule = configuration.hotUsers, moving != movingPartitions.contains(partition),
-              consumers.consuming.contains(partition), !consumers.isPaused(partition) else { return }
-        let share = share(of: consumers)
+        guard let rule = configuration.hotUsers, partitions.mayPause(partition, moving: moving) else { return }
+        let share = share
         guard rule.moving > share else { return }
         guard try connection.queueDepth(partition.queue).consumers <= 1 else {
             logger.warning("\(partition.queue) has another consumer; its parked jobs move \(share) at a time")
             return
         }
-        try consumers.pause(partition)
-        if moving { movingPartitions.insert(partition) } else { movingPartitions.remove(partition) }
+        try consumers.pause(partition, toMove: moving, in: &partitions)
     }
 
     /// Starts again the partition consumers `setMoving` cancelled whose deliveries are all settled, with the prefetch
     /// of what the partition does now.
     private func resumePaused(_ consumers: PartitionConsumers, _ connection: any PartitionChannel) throws {
-        for (partition, tag) in consumers.paused where !open.holds(consumer: tag) {
-            let share = share(of: consumers)
-            let moving = movingPartitions.contains(partition) ? configuration.hotUsers?.moving : nil
+        for (partition, tag) in partitions.paused where !open.holds(consumer: tag) {
+            let share = share
+            let moving = partitions.isMoving(partition) ? configuration.hotUsers?.moving : nil
             try connection.setPrefetch(UInt16(clamping: moving ?? share))
-            try consumers.resume(partition)
+            try consumers.resume(partition, in: &partitions)
             try connection.setPrefetch(UInt16(clamping: share))
         }
     }
 
     /// What a partition consumer gets of the delivery budget now: the prefetch the connection gives new consumers.
-    private func share(of consumers: PartitionConsumers) -> Int {
-        consumerPrefetch ?? configuration.consumerPrefetch(consuming: consumers.consuming.count)
+    private var share: Int {
+        consumerPrefetch ?? configuration.consumerPrefetch(consuming: partitions.consuming.count)
     }
 
     private func takeBackParked(_ partition: JobPartition, _ consumers: PartitionConsumers,
                                 _ connection: any PartitionChannel) throws {
-        guard !consumers.isConsumingParked(partition) else { return }
+        guard !partitions.consumesParkedQueue(partition) else { return }
         try connection.declareParkedQueue(of: partition)
-        try consumers.consumeParked(partition)
+        try consumers.consumeParked(partition, in: &partitions)
     }
 
     /// Ends the parking of the users whose parked jobs all came back and were settled.
     private func endFinishedParking(_ leases: any LeaseSession, _ consumers: PartitionConsumers,
                                     _ connection: any PartitionChannel) throws {
-        for partition in consumers.consuming {
-            var emptySince: Date?
-            if parking.waitsForAnEmptyParkedQueue(partition), consumers.isConsumingParked(partition) {
+        for partition in partitions.consuming.sorted() {
+            var empty: Bool?
+            if partitions.asksIfParkedQueueEmpty(partition) {
                 let depth = try connection.queueDepth(partition.parkedQueue)
-                emptySince = depth.messages == 0 && depth.consumers <= 1 ? parkedQueueEmptySince[partition] ?? now() : nil
+                empty = depth.messages == 0 && depth.consumers <= 1
             }
-            parkedQueueEmptySince[partition] = emptySince
-            for key in parking.finished(in: partition, isOpen: open.isOpen, parkedQueueEmptySince: emptySince) {
+            partitions.lookedAtParkedQueue(partition, empty: empty, at: now())
+            for key in partitions.finishedParking(partition, parking: parking, isOpen: open.isOpen) {
                 try leases.clearParked(partition, userKey: key)
             }
-            if !parking.hasParkedUsers(partition) { try setMoving(partition, false, consumers, connection) }
+            if !partitions.hasParkedUsers(partition) { try setMoving(partition, false, consumers, connection) }
         }
     }
 
@@ -288,10 +253,10 @@ final class PartitionKeeper {
     // MARK: Stopping
 
     /// No new deliveries from any partition.
-    func stopConsuming() throws { try consumers?.cancelAll() }
+    func stopConsuming() throws { try consumers?.cancelAll(in: &partitions) }
 
     /// At shutdown, what waits behind a barrier goes back to its queue, in order.
-    func handBackParked(on connection: any PartitionChannel) throws { try barriers.handBack(on: connection) }
+    func handBackParked(on connection: any PartitionChannel) throws { try barriers.handBack(in: &partitions, on: connection) }
 
     // MARK: Looking at the partitions
 
@@ -317,35 +282,34 @@ final class PartitionKeeper {
             } else {
                 knownDrained.removeAll()
             }
-            try barriers.passDrained(isDrained: isDrained, on: connection) { ready in
+            for ready in try barriers.passDrained(isDrained: isDrained, in: &partitions, on: connection) {
                 mailbox.deliver(try parkHotUsers(ready, consumers, connection), generation: open.generation)
             }
             let target = try leases.target(of: layout.consumed)
-            for partition in consumers.consuming where !target.contains(partition) {
+            for partition in partitions.consuming where !target.contains(partition) {
                 try stopConsuming(partition, consumers)
             }
             releaseDrainedPartitions()
             // A consumer keeps the prefetch it started with: the budget is shared among the partitions to hold.
             let prefetch = configuration.consumerPrefetch(consuming: target.count)
-            if prefetch != consumerPrefetch, target.contains(where: { !consumers.consuming.contains($0) }) {
+            if prefetch != consumerPrefetch, target.contains(where: { !partitions.consuming.contains($0) }) {
                 try connection.setPrefetch(UInt16(clamping: prefetch))
                 consumerPrefetch = prefetch
             }
             var parkedUsers: [JobPartition: Set<String>]?
-            for partition in target.sorted() where !consumers.consuming.contains(partition) {
+            for partition in target.sorted() where !partitions.consuming.contains(partition) {
                 if try leases.tryAcquire(partition) {
                     if parkedUsers == nil { parkedUsers = try leases.parkedUsers() }
                     let inherited = parkedUsers?[partition] ?? []
-                    parking.took(partition, inheriting: inherited)
-                    if !inherited.isEmpty { try takeBackParked(partition, consumers, connection) }
-                    try consumers.consume(partition)
+                    if !inherited.isEmpty { try connection.declareParkedQueue(of: partition) }
+                    let since = leases.handedOverCleanly.contains(partition) ? Date.distantPast : now()
+                    try consumers.consume(partition, inheriting: inherited, since: since, in: &partitions)
                     if !inherited.isEmpty { try setMoving(partition, true, consumers, connection) }
-                    consumingSince[partition] = leases.handedOverCleanly.contains(partition) ? .distantPast : now()
                     mailbox.noteHandover()
                 }
             }
             // After a lost session: keep a partition only if its lock could be taken again.
-            for partition in consumers.consuming where !leases.held.contains(partition) {
+            for partition in partitions.consuming where !leases.held.contains(partition) {
                 if try !leases.tryAcquire(partition) { try stopConsuming(partition, consumers) }
             }
             try endFinishedParking(leases, consumers, connection)
@@ -379,9 +343,7 @@ final class PartitionKeeper {
     }
 
     private func stopConsuming(_ partition: JobPartition, _ consumers: PartitionConsumers) throws {
-        try consumers.cancel(partition)
-        consumingSince[partition] = nil
-        quietSince[partition] = nil
+        try consumers.cancel(partition, in: &partitions)
         mailbox.noteHandover()
     }
 
@@ -410,8 +372,8 @@ final class PartitionKeeper {
     /// long enough for a vanished holder's jobs to have come back.
     private func lookForDrainedPartitions(_ leases: any LeaseSession, _ consumers: PartitionConsumers,
                                           _ connection: any PartitionChannel) throws {
-        guard let draining = layout.draining, layout.drainingUnbound else { quietSince.removeAll(); return }
-        let mine = consumers.consuming.filter { $0.generation == draining.number && leases.held.contains($0) }
+        guard let draining = layout.draining, layout.drainingUnbound else { partitions.noDrain(); return }
+        let mine = partitions.consuming.filter { $0.generation == draining.number && leases.held.contains($0) }
         guard !mine.isEmpty else { return }
         let candidates = mine.filter { !knownDrained.contains($0) }.sorted()
         guard !candidates.isEmpty else { return }
@@ -421,15 +383,14 @@ final class PartitionKeeper {
         var recordedCount = knownDrained.count
         for partition in candidates {
             let settled = !retriesWait && !inHand.contains(partition)
-                && now.timeIntervalSince(consumingSince[partition] ?? now) >= staleConsumerBound
-            let parkedEmpty = try !consumers.isConsumingParked(partition)
+                && now.timeIntervalSince(partitions.consumingSince(partition) ?? now) >= staleConsumerBound
+            let parkedEmpty = try !partitions.consumesParkedQueue(partition)
                 || connection.queueDepth(partition.parkedQueue).messages == 0
             guard try settled && parkedEmpty && connection.queueDepth(partition.queue).messages == 0 else {
-                quietSince[partition] = nil
+                partitions.lookedBusy(partition)
                 continue
             }
-            guard let first = quietSince[partition] else { quietSince[partition] = now; continue }
-            guard now.timeIntervalSince(first) >= Self.drainQuietPeriod else { continue }
+            guard partitions.lookedDrained(partition, at: now, quietPeriod: Self.drainQuietPeriod) else { continue }
             let finished = try leases.recordDrained(partition, by: configuration.workerName)
             recordedCount += 1
             logger.info("partition \(partition.queue) drained (\(recordedCount) of \(draining.partitions) recorded)")
@@ -447,10 +408,10 @@ final class PartitionKeeper {
     /// Unlocks partitions no longer consumed once none of their jobs is in hand, so the next holder
     /// never races this worker for a user.
     func releaseDrainedPartitions() {
-        guard let leases, let consumers else { return }
+        guard let leases, consumers != nil else { return }
         let inHand = open.partitionsInHand
-        for partition in leases.held where !consumers.consuming.contains(partition) && !inHand.contains(partition) {
-            parking.letGo(partition)
+        for partition in leases.held where !partitions.consuming.contains(partition) && !inHand.contains(partition) {
+            partitions.released(partition)
             do { try leases.release(partition) } catch {
                 logger.warning("cannot release partition \(partition.queue): \(error)")
                 leases.close()

@@ -11,6 +11,7 @@ final class DrainBarriersTests: XCTestCase {
     private var open: OpenDeliveries!
     private var consumers: PartitionConsumers!
     private var barriers: DrainBarriers!
+    private var partitions = PartitionStateMachine()
     private var drained: Set<JobPartition> = []
     /// The consumer tag of each partition p0…p3 of generation 0.
     private var tag: [String] = []
@@ -22,7 +23,8 @@ final class DrainBarriersTests: XCTestCase {
         open = OpenDeliveries()
         open.beginGeneration()
         consumers = PartitionConsumers(connection: broker)
-        for index in 0..<4 { try! consumers.consume(p(index)) }
+        partitions = PartitionStateMachine()
+        for index in 0..<4 { try! consumers.consume(p(index), in: &partitions) }
         tag = (1...4).map { "ctag-\($0)" }  // the fake broker's, in turn
         barriers = DrainBarriers(open: open, logger: quietLogger)
         drained = []
@@ -30,14 +32,12 @@ final class DrainBarriersTests: XCTestCase {
     }
 
     private func sort(_ deliveries: [Delivery]) throws -> [UInt64] {
-        try barriers.sort(deliveries, consumers: consumers, isDrained: { self.drained.contains($0) }, on: broker)
+        try barriers.sort(deliveries, consumers: consumers, isDrained: { self.drained.contains($0) }, in: &partitions, on: broker)
             .map(\.deliveryTag)
     }
 
     private func pass() throws -> [[UInt64]] {
-        var delivered: [[UInt64]] = []
-        try barriers.passDrained(isDrained: { self.drained.contains($0) }, on: broker) { delivered.append($0.map(\.deliveryTag)) }
-        return delivered
+        try barriers.passDrained(isDrained: { self.drained.contains($0) }, in: &partitions, on: broker).map { $0.map(\.deliveryTag) }
     }
 
     func testTheConsumerTagsNameThePartitions() {
@@ -107,7 +107,7 @@ final class DrainBarriersTests: XCTestCase {
     func testAtShutdownWhatWaitsGoesBackInOrderBarrierFirst() throws {
         _ = try sort([Deliveries.job(1, consumer: tag[0]), Deliveries.barrier(2, consumer: tag[0], waitsFor: p(3)),
                       Deliveries.job(3, consumer: tag[0]), Deliveries.job(4, consumer: tag[0])])
-        try barriers.handBack(on: broker)
+        try barriers.handBack(in: &partitions, on: broker)
         XCTAssertEqual(broker.operations, [.reject(2, requeue: true), .reject(3, requeue: true), .reject(4, requeue: true)])
         XCTAssertEqual(open.count, 1, "job 1 went to a slot and is its to settle")
         drained = [p(3)]
@@ -116,7 +116,7 @@ final class DrainBarriersTests: XCTestCase {
 
     func testALostConnectionTakesItsParkedDeliveriesWithIt() throws {
         _ = try sort([Deliveries.barrier(1, consumer: tag[0], waitsFor: p(3)), Deliveries.job(2, consumer: tag[0])])
-        barriers.forgetAll()
+        partitions.disconnected()
         open.beginGeneration()
         drained = [p(3)]
         XCTAssertEqual(try pass(), [])
@@ -192,21 +192,22 @@ final class PartitionConsumersTests: XCTestCase {
     func testOneConsumerPerPartitionAndItsTagNamesIt() throws {
         let broker = FakeBroker()
         let consumers = PartitionConsumers(connection: broker)
+        var partitions = PartitionStateMachine()
         let p0 = JobPartition(generation: 0, index: 0), p1 = JobPartition(generation: 1, index: 1)
-        try consumers.consume(p0)
-        try consumers.consume(p0)
-        try consumers.consume(p1)
+        try consumers.consume(p0, in: &partitions)
+        try consumers.consume(p0, in: &partitions)
+        try consumers.consume(p1, in: &partitions)
         XCTAssertEqual(broker.consumedQueues, [p0.queue, p1.queue], "a partition consumed already is not consumed twice")
-        XCTAssertEqual(consumers.consuming, [p0, p1])
+        XCTAssertEqual(partitions.consuming, [p0, p1])
         XCTAssertEqual(consumers.partition(ofConsumer: "ctag-2"), p1)
         XCTAssertNil(consumers.partition(ofConsumer: "ctag-9"))
 
-        try consumers.cancel(p0)
-        try consumers.cancel(p0)
+        try consumers.cancel(p0, in: &partitions)
+        try consumers.cancel(p0, in: &partitions)
         XCTAssertEqual(broker.cancelledTags, ["ctag-1"])
-        XCTAssertEqual(consumers.consuming, [p1])
-        try consumers.cancelAll()
+        XCTAssertEqual(partitions.consuming, [p1])
+        try consumers.cancelAll(in: &partitions)
         XCTAssertEqual(broker.cancelledTags, ["ctag-1", "ctag-2"])
-        XCTAssertEqual(consumers.consuming, [])
+        XCTAssertEqual(partitions.consuming, [])
     }
 }
