@@ -37,12 +37,30 @@ public enum CancelStage: Sendable, Equatable {
     /// Trained, and refused at the commit.
     case commit
 
-    public var name: String {
+    public var name: CancelStageName {
         switch self {
-        case .queued: "queued"
-        case .training: "training"
-        case .commit: "commit"
+        case .queued: .queued
+        case .training: .training
+        case .commit: .commit
         }
+    }
+}
+
+/// The `cancel_stage` of a CANCELLED event and of a job's stored outcome. The raw values are what consumers
+/// read and what PostgreSQL holds (`attune_job_outcomes.cancel_stage`): they never change.
+public enum CancelStageName: String, Sendable, CaseIterable {
+    case queued
+    case training
+    case commit
+    /// The cancel came after the job's commit and changed nothing; the job's `completed` is its end.
+    case tooLate = "too_late"
+}
+
+extension Attune_V1_Event {
+    /// `cancel_stage` by name; nil when the event carries none (or one this release does not know).
+    var cancelStageName: CancelStageName? {
+        get { CancelStageName(rawValue: cancelStage) }
+        set { cancelStage = newValue?.rawValue ?? "" }
     }
 }
 

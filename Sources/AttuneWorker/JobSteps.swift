@@ -81,7 +81,7 @@ final class JobSteps {
     func run(_ incoming: [IncomingJob], report: @escaping (Attune_V1_Event) -> Void,
              isAbandoning: @escaping () -> Bool,
              cancellation: @escaping (String) -> String? = { _ in nil },
-             beforeCommit: () -> Void = {}) -> [(job: Attune_V1_TrainingJob, result: JobResult)] {
+             beforeCommit: () -> Void = {}) -> [FinishedJob] {
         self.cancellation = cancellation
         var jobs = incoming.map(\.placeholder)
         var results = [JobResult?](repeating: nil, count: incoming.count)
@@ -128,7 +128,7 @@ final class JobSteps {
             pending = later
             firstPass = false
         }
-        return zip(jobs, results).map { ($0, $1 ?? .handedBack) }
+        return zip(jobs, results).map { FinishedJob(job: $0, result: $1 ?? .handedBack) }
     }
 
     /// One round of look up, train, commit. Returns the candidates whose head moved, to train again.
@@ -413,7 +413,7 @@ final class JobSteps {
             if case .success(.committed) = outcome, entry.version.gated { return entry.candidate.job.jobID }
             return nil
         }
-        let held = gatedCommits.isEmpty ? [:] : ((try? store.heldReasons(jobIds: gatedCommits)) ?? [:])
+        let gate = readGate(of: gatedCommits)
         var again: [Candidate] = []
         for (entry, outcome) in zip(staged, outcomes) {
             let candidate = entry.candidate
@@ -421,7 +421,18 @@ final class JobSteps {
             if case .success(.committed) = outcome {} else { written.removeValue(forKey: candidate.key) }
             switch outcome {
             case .success(.committed(let version)):
-                settle(entry, committedAs: version, held: held[candidate.job.jobID], results: &results)
+                switch gate {
+                case .read(let held):
+                    settle(entry, committedAs: version, held: held[candidate.job.jobID], results: &results)
+                case .unread(let outcome) where entry.version.gated:
+                    // Committed, but whether the gate holds it is unknown: `completed` alone could tell a
+                    // producer that devices get a version they do not. The job goes the way of a failed
+                    // lookup (retried), and the slot still remembers the head it wrote.
+                    settle(entry, committedAs: version, results: &results)
+                    results[candidate.index] = .outcome(outcome)
+                case .unread:
+                    settle(entry, committedAs: version, results: &results)
+                }
             case .success(.duplicate(let existing)):
                 results[candidate.index] = .outcome(RepeatedJob.outcome(jobId: candidate.job.jobID,
                                                                         digest: candidate.digest, applied: existing))
@@ -436,6 +447,23 @@ final class JobSteps {
             }
         }
         return again
+    }
+
+    /// What the quality gate decided for a commit's gated versions.
+    private enum GateReading {
+        /// Why the gate holds each job's version, for those it holds.
+        case read([String: String])
+        /// The read failed: the outcome a failed store read gives.
+        case unread(JobOutcome)
+    }
+
+    private func readGate(of jobIds: [String]) -> GateReading {
+        guard !jobIds.isEmpty else { return .read([:]) }
+        do {
+            return .read(try store.heldReasons(jobIds: jobIds))
+        } catch {
+            return .unread(FailureClassifier.outcome(for: error, jobs: jobIds, log: failures))
+        }
     }
 
     /// A job this slot committed as `version`: its result, and the head and job id the slot remembers.
@@ -534,6 +562,13 @@ final class JobSteps {
         var seen = Set<T>()
         return values.filter { seen.insert($0).inserted }
     }
+}
+
+/// One delivery once the steps are done with it: its job as decoded (or as far as it could be, for a body
+/// that is not a job), and how it ended.
+struct FinishedJob {
+    let job: Attune_V1_TrainingJob
+    let result: JobResult
 }
 
 /// Lets one event through per interval; the first only once an interval has passed since the task

@@ -3,6 +3,10 @@ public import Foundation
 
 /// What the worker needs from the model registry: heads and applied job ids for a batch of jobs, the
 /// base models, and one commit for many versions. The PostgreSQL implementation is `ModelRegistry`.
+///
+/// No requirement has a default: a default would go on answering "nothing held", "no links" or "nothing
+/// recorded" in production the day a conformer's signature drifted from the requirement's, and every
+/// conformer (the test fakes too) says what it does for each.
 public protocol JobStore: AnyObject {
     /// Which of `jobIds` were applied, the heads of `heads` with their update states (not for a head
     /// still at the version `known` gives), and each model name's newest base version: one round trip.
@@ -29,27 +33,9 @@ public protocol JobStore: AnyObject {
     func recordOutcomes(_ updates: [JobOutcomeUpdate]) throws
 }
 
-extension JobStore {
-    /// A store without replicas: what it answers is as durable as it gets.
-    public func durablyApplied(jobIds: [String]) throws -> [String: PersonalVersionRecord] {
-        try lookup(jobIds: jobIds, heads: [], models: [], known: [:]).applied
-    }
-
-    /// A store of models without links.
-    public func linkedModelBytes(name: String, version: Int) throws -> [String: Data] { [:] }
-
-    /// A store without rebases.
-    public func rebaseJob(id: Int64, jobId: String, user: String) throws -> RebaseJobTarget? { nil }
-    public func retainedJobs(user: String, model: String) throws -> [(version: Int, job: Data)] { [] }
-    public func settleFailedRebaseJob(jobId: String, reason: String) throws {}
-
-    /// A store that keeps no outcomes.
-    public func recordOutcomes(_ updates: [JobOutcomeUpdate]) throws {}
-
-    /// A store without quality gates.
-    public func heldReasons(jobIds: [String]) throws -> [String: String] { [:] }
-}
-
+// `ModelRegistry` implements the rest with these exact signatures in `AttuneStore` (`lookup` and
+// `durablyApplied` in `+Batch`, `heldReasons` in `+QualityGate`, the rebase calls in `+Rebase`,
+// `retainedJobs` in `+SampleRetention`, `recordOutcomes` in `+JobOutcomes`, `linkedModelBytes` itself).
 extension ModelRegistry: JobStore {
     public func baseModelBytes(name: String, version: Int) throws -> Data {
         try baseModel(name: name, version: version).bytes

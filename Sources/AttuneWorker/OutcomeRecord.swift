@@ -17,7 +17,7 @@ enum OutcomeRecord {
         case (.outcome(.alreadyApplied), _):
             kind = .duplicate
         case (.outcome(.cancelled(let stage, let reason)), _):
-            kind = reason == JobLookup.forgottenReason ? .forgotten : .cancelled(stage: stage.name, reason: reason)
+            kind = reason == JobLookup.forgottenReason ? .forgotten : .cancelled(stage: stage.name.rawValue, reason: reason)
         case (.outcome(let outcome), .deadLetter(let reason)):
             let failedNow = if case .transient = outcome { 1 } else { 0 }
             kind = .failed(reason: reason, attempts: incoming.previousAttempts + failedNow)

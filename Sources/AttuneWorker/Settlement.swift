@@ -64,7 +64,7 @@ public enum Settlement {
             })
         case .outcome(.cancelled(let stage, let reason)):
             return SettlementDecision(action: .ack, event: events.make(.cancelled) {
-                $0.cancelStage = stage.name
+                $0.cancelStageName = stage.name
                 $0.reason = reason
                 if case .training(let epoch, let miniBatch) = stage {
                     $0.epoch = Int64(epoch); $0.miniBatch = Int64(miniBatch)

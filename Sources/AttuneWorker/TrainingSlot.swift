@@ -86,7 +86,7 @@ final class TrainingSlot {
 
     /// A connection PostgreSQL dropped (a restart) is found broken only when used: the jobs that failed
     /// transiently get one more try at once on a new connection before going to the retry queues.
-    private func processRetryingOnce(_ batch: [IncomingJob]) -> [(job: Attune_V1_TrainingJob, result: JobResult)] {
+    private func processRetryingOnce(_ batch: [IncomingJob]) -> [FinishedJob] {
         var finished = process(batch)
         let failed = finished.indices.filter { if case .outcome(.transient) = finished[$0].result { true } else { false } }
         guard !failed.isEmpty, !source.isAbandoning else { return finished }
@@ -95,7 +95,7 @@ final class TrainingSlot {
         return finished
     }
 
-    private func process(_ batch: [IncomingJob]) -> [(job: Attune_V1_TrainingJob, result: JobResult)] {
+    private func process(_ batch: [IncomingJob]) -> [FinishedJob] {
         do {
             let steps = try connectedSteps()
             let before = steps.retrains
@@ -116,7 +116,7 @@ final class TrainingSlot {
             let jobs = batch.map { $0.readable(configuration.limits) }
             let names = zip(batch, jobs).map { JobNames.name($1.jobID, delivery: $0.receipt.tag) }
             let outcome = FailureClassifier.outcome(for: error, jobs: names, log: failures)
-            return jobs.map { ($0, .outcome(outcome)) }
+            return jobs.map { FinishedJob(job: $0, result: .outcome(outcome)) }
         }
     }
 
@@ -133,7 +133,7 @@ final class TrainingSlot {
     /// commit wrote its own). A terminal outcome that cannot be written is not settled as such: the job goes
     /// to the longest retry queue with its attempt count unchanged, so that it ends later with its outcome on
     /// record rather than now without one.
-    private func recordOutcomes(_ batch: [IncomingJob], _ finished: [(job: Attune_V1_TrainingJob, result: JobResult)],
+    private func recordOutcomes(_ batch: [IncomingJob], _ finished: [FinishedJob],
                                 _ decided: [SettledJob]) -> [SettledJob] {
         let updates = batch.indices.compactMap { index in
             OutcomeRecord.update(for: batch[index], finished[index].job, finished[index].result, decided[index].decision,
@@ -168,21 +168,22 @@ final class TrainingSlot {
 
     /// A rebase job that is dead-lettered ends its user's part of the rebase, so that the rebase can end
     /// (`attune model rebase-status` lists the user with the reason).
-    private func recordRebaseFailures(_ finished: [(job: Attune_V1_TrainingJob, result: JobResult)], _ settled: [SettledJob]) {
-        for ((job, _), settlement) in zip(finished, settled) where job.hasRebase {
+    private func recordRebaseFailures(_ finished: [FinishedJob], _ settled: [SettledJob]) {
+        for (done, settlement) in zip(finished, settled) where done.job.hasRebase {
             guard case .deadLetter(let reason) = settlement.decision.action else { continue }
             do {
-                try steps?.settleFailedRebaseJob(jobId: job.jobID, reason: reason)
+                try steps?.settleFailedRebaseJob(jobId: done.job.jobID, reason: reason)
             } catch {
-                failures.warning("job \(job.jobID): could not record its rebase as failed (\(error)); `attune model rebase-status` keeps it pending")
+                failures.warning("job \(done.job.jobID): could not record its rebase as failed (\(error)); `attune model rebase-status` keeps it pending")
             }
         }
     }
 
-    private func count(_ finished: [(job: Attune_V1_TrainingJob, result: JobResult)], _ settled: [SettledJob],
+    private func count(_ finished: [FinishedJob], _ settled: [SettledJob],
                        since taken: DispatchTime) {
         let elapsed = DispatchTime.now().uptimeNanoseconds - taken.uptimeNanoseconds
-        for ((job, result), settlement) in zip(finished, settled) {
+        for (done, settlement) in zip(finished, settled) {
+            let job = done.job, result = done.result
             metrics.settled(result)
             metrics.jobDuration.recordNanoseconds(Int64(elapsed))
             if case .outcome(.committed(_, _, let seconds, _, let held)) = result {
@@ -198,9 +199,10 @@ final class TrainingSlot {
         }
     }
 
-    private func log(_ finished: [(job: Attune_V1_TrainingJob, result: JobResult)]) {
-        for (job, result) in finished {
-            switch result {
+    private func log(_ finished: [FinishedJob]) {
+        for done in finished {
+            let job = done.job
+            switch done.result {
             case .outcome(.committed(let version, let loss, _, _, let held)):
                 logger.debug("job \(job.jobID) committed \(job.model)/\(job.userID) v\(version) loss \(loss.map { "\($0)" } ?? "none")")
                 if let held { logger.info("job \(job.jobID): \(job.model)/\(job.userID) v\(version) held back from devices: \(held)") }
@@ -214,7 +216,7 @@ final class TrainingSlot {
             case .outcome(.operatorFault(let reason)):
                 logger.error("job \(job.jobID) waits for an operator, retried later: \(reason)")
             case .outcome(.cancelled(let stage, _)):
-                logger.info("job \(job.jobID) cancelled (\(stage.name)); nothing committed")
+                logger.info("job \(job.jobID) cancelled (\(stage.name.rawValue)); nothing committed")
             case .handedBack:
                 logger.info("job \(job.jobID) handed back uncommitted: the worker is shutting down")
             }

@@ -44,6 +44,7 @@ final class JobStepsTests: XCTestCase {
                 }
             }
             for model in models { result.newestBase[model] = 1 }
+            result.gatedModels = gatedModels.intersection(models)
             for (key, error) in unreadable where keys.contains(key) {
                 result.heads[key] = nil
                 result.unreadableHeads[key] = error
@@ -73,6 +74,24 @@ final class JobStepsTests: XCTestCase {
         }
 
         func baseModelBytes(name: String, version: Int) throws -> Data { modelBytes }
+
+        /// The digits model links to no other model.
+        func linkedModelBytes(name: String, version: Int) throws -> [String: Data] { [:] }
+
+        /// Models whose quality gate is on, and why it holds a job's version, by job id.
+        var gatedModels: Set<String> = []
+        var held: [String: String] = [:]
+
+        func heldReasons(jobIds: [String]) throws -> [String: String] { held.filter { jobIds.contains($0.key) } }
+
+        /// No rebase was published in memory: a rebase job names none.
+        func rebaseJob(id: Int64, jobId: String, user: String) throws -> RebaseJobTarget? { nil }
+        func retainedJobs(user: String, model: String) throws -> [(version: Int, job: Data)] { [] }
+        var failedRebaseJobs: [String: String] = [:]
+        func settleFailedRebaseJob(jobId: String, reason: String) throws { failedRebaseJobs[jobId] = reason }
+
+        var recordedOutcomes: [JobOutcomeUpdate] = []
+        func recordOutcomes(_ updates: [JobOutcomeUpdate]) throws { recordedOutcomes += updates }
 
         func record(_ v: NewPersonalVersion, number: Int) -> PersonalVersionRecord {
             PersonalVersionRecord(user: v.user, model: v.model, version: number, baseVersion: v.baseVersion,
