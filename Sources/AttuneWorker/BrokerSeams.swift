@@ -69,6 +69,71 @@ protocol CancelChannel: DeliveryChannel, ConsumerChannel, EventChannel {
     func announceCancel(jobId: String, reason: String) throws
 }
 
+/// Where `OutboxRelay` publishes a dead worker's terminal events again: a connection of its own, in confirm mode.
+protocol RepublishChannel: AnyObject {
+    /// Publishes `event` on `attune.events` with `headers`, returning once the broker confirmed it; throws when
+    /// it refused it (or the connection was lost first).
+    func publishConfirmed(_ event: Attune_V1_Event, headers: [String: String]) throws
+    func close()
+}
+
+/// One connection as `RabbitJobSource`'s loop drives it: what its parts do on it, and what the loop does itself.
+protocol BrokerConnection: PartitionChannel, SettlementChannel, CancelChannel {
+    /// The node it reached, for the log (credentials left out).
+    var endpoint: String { get }
+    /// The heartbeat interval agreed with the broker; 0 for none.
+    var heartbeatSeconds: Int { get }
+    /// The socket the loop sleeps on in poll(2); negative for none.
+    var socketDescriptor: Int32 { get }
+    /// Frames read off the socket and not handled yet: the loop must not sleep on them.
+    var hasBufferedInput: Bool { get }
+    /// The delayed retry queues (`JobQueues.declareRetryQueues`).
+    func declareRetryQueues(delaysMs: [Int]) throws
+    func enableConfirms() throws
+    /// Runs `body` with the frames it sends held back and flushed together.
+    func corked<T>(_ body: () throws -> T) rethrows -> T
+    /// The deliveries the broker sent since the last call, without waiting.
+    func availableDeliveries() throws -> [Delivery]
+    func close()
+}
+
+/// Opens `RabbitJobSource`'s connections. Each call after a lost connection may reach another node.
+protocol BrokerConnector: AnyObject {
+    func connect() throws -> any BrokerConnection
+}
+
+/// The nodes of `BrokerAddresses`, one after the other: a reconnect starts at the node after the one lost.
+final class RabbitConnector: BrokerConnector {
+    private let url: String
+    private let heartbeatSeconds: Int
+    private let connectionName: String
+    /// Parsed at the first connect, so that a malformed URL is reported by the loop like any refusal.
+    private var addresses: BrokerAddresses?
+
+    init(url: String, heartbeatSeconds: Int, connectionName: String) {
+        self.url = url
+        self.heartbeatSeconds = heartbeatSeconds
+        self.connectionName = connectionName
+    }
+
+    func connect() throws -> any BrokerConnection {
+        var addresses = try self.addresses ?? BrokerAddresses(url)
+        defer { self.addresses = addresses }
+        return try addresses.connect(heartbeatSeconds: heartbeatSeconds, connectionName: connectionName)
+    }
+}
+
+extension AMQPConnection: BrokerConnection, RepublishChannel {
+    func declareRetryQueues(delaysMs: [Int]) throws { try JobQueues(self).declareRetryQueues(delaysMs: delaysMs) }
+
+    func publishConfirmed(_ event: Attune_V1_Event, headers: [String: String]) throws {
+        let (body, contentType) = try EventCodec.encode(event, as: .json)
+        try publish(exchange: Topology.eventsExchange,
+                    routingKey: EventRouting.key(model: event.model, user: event.userID, kind: event.kind),
+                    body: body, contentType: contentType, headers: headers, messageId: event.jobID)
+    }
+}
+
 extension AMQPConnection: PartitionChannel, SettlementChannel, CancelChannel {
     func declarePartitionQueues(_ layout: PartitionLayout?) throws {
         if let layout { try JobQueues(self).declare(layout: layout) } else { try JobQueues(self).declare() }
@@ -196,3 +261,20 @@ protocol CancelRecords: AnyObject {
 extension ModelRegistry: CancelRecords {
     func closeSession() { connection.close() }
 }
+
+/// What `OutboxRelay` does in PostgreSQL (`ModelRegistry`, migration 0023's `attune_outbox`).
+protocol OutboxStore: AnyObject {
+    /// Deletes the rows of these jobs: the broker confirmed a terminal event of each.
+    func outboxConfirmed(_ jobIds: [String]) throws
+    /// Rows older than `grace`, at most `limit`, locked against other relays: `publish` gets their outcomes and
+    /// returns the ids whose events the broker confirmed, and only those rows are deleted, in the same
+    /// transaction. Returns how many were published.
+    func republishStaleOutbox(olderThan grace: TimeInterval, limit: Int,
+                              _ publish: ([JobOutcomeRecord]) throws -> [String]) throws -> Int
+    /// Rows not confirmed yet, and the age of the oldest.
+    func outboxBacklog() throws -> (rows: Int, oldestSeconds: Double)
+    /// Ends the session; a failure leaves it in no known state.
+    func closeSession()
+}
+
+extension ModelRegistry: OutboxStore {}

@@ -38,13 +38,6 @@ final class CancelRequests {
         requestsTag = try connection.consume(queue: Topology.cancelQueue)
     }
 
-    /// Records cancels in the model registry at `databaseURL`.
-    convenience init(connection: AMQPConnection, databaseURL: String, workerName: String, logger: Logger) throws {
-        try self.init(connection: connection, workerName: workerName, logger: logger) {
-            ModelRegistry(connection: try PostgresConnection(url: databaseURL))
-        }
-    }
-
     /// Handles the deliveries that are cancel requests or announcements. Returns the rest (the jobs) and
     /// the tags of requests left unacked until PostgreSQL takes them.
     func take(_ deliveries: [Delivery], remember: (String, String) -> Void) throws
@@ -147,7 +140,7 @@ final class CancelRequests {
         job.userID = user
         job.model = model
         return EventFactory(job: job, worker: worker).make(.cancelled) {
-            $0.cancelStage = "too_late"
+            $0.cancelStageName = .tooLate
             $0.version = Int64(version)
             $0.reason = "job \(request.jobID) was committed as version \(version) of \(model) for \(user) before the cancel arrived; nothing changed"
         }

@@ -12,18 +12,55 @@ import CoreMetrics
 /// ids it saw confirmed here, and this thread deletes their rows a batch at a time. A row nobody confirmed
 /// within the grace period belongs to a worker that died in between: this thread (in whichever worker gets
 /// there first) publishes its event again, marked `x-attune-republished`, with confirms, then deletes it.
+///
+/// The thread only hands ids to `OutboxRounds` and sleeps; PostgreSQL and the broker are reached through
+/// `OutboxStore` and `RepublishChannel` (`BrokerSeams.swift`), opened by `Seams`.
 final class OutboxRelay: Sendable {
+    /// Where the relay's thread opens its store session and its broker connections, and its pace.
+    struct Seams: Sendable {
+        /// A new store session: at start, and after a failure (the old one may be dead).
+        var openStore: @Sendable () throws -> any OutboxStore
+        /// A broker connection in confirm mode, opened only for a sweep that found rows to publish.
+        var openBroker: @Sendable () throws -> any RepublishChannel
+        /// How long confirmed ids gather between rounds: one DELETE for many jobs.
+        var roundInterval: TimeInterval = 0.5
+        /// The pause after a failed round, growing while failures last.
+        var backoff = Backoff(initial: 0.5, maximum: 10)
+
+        /// PostgreSQL and RabbitMQ at `configuration`'s URLs.
+        static func servers(_ configuration: WorkerConfiguration) -> Seams {
+            Seams(openStore: {
+                ModelRegistry(connection: try PostgresConnection(url: configuration.databaseURL),
+                              keys: configuration.storageKeys)
+            }, openBroker: {
+                let connection = try BrokerAddresses.connect(configuration.amqpURL,
+                                                             heartbeatSeconds: configuration.heartbeatSeconds,
+                                                             connectionName: "\(configuration.workerName)-outbox")
+                do {
+                    try connection.enableConfirms()
+                } catch {
+                    connection.close()
+                    throw error
+                }
+                return connection
+            })
+        }
+    }
+
     private let configuration: WorkerConfiguration
     private let logger: Logger
     private let metrics: WorkerMetrics
+    private let seams: Seams
     private let pending = Mutex<(confirmed: [String], stopping: Bool)>(([], false))
     private let wakeup = DispatchSemaphore(value: 0)
     private let finished = DispatchSemaphore(value: 0)
 
-    init(configuration: WorkerConfiguration, logger: Logger, metrics: WorkerMetrics) {
+    /// - Parameter seams: PostgreSQL and RabbitMQ at `configuration`'s URLs unless given.
+    init(configuration: WorkerConfiguration, logger: Logger, metrics: WorkerMetrics, seams: Seams? = nil) {
         self.configuration = configuration
         self.logger = logger
         self.metrics = metrics
+        self.seams = seams ?? .servers(configuration)
     }
 
     /// Called from the broker thread: these jobs' terminal events reached the broker.
@@ -48,74 +85,24 @@ final class OutboxRelay: Sendable {
     }
 
     private func run() {
-        var store: ModelRegistry?
-        var lastSweep = Date.distantPast
-        var backoff = Backoff(initial: 0.5, maximum: 10)
+        let rounds = OutboxRounds(configuration: configuration, seams: seams, logger: logger, metrics: metrics)
+        defer { rounds.close() }
         while true {
             let (ids, stopping) = pending.withLock { state in
                 defer { state.confirmed.removeAll() }
                 return (state.confirmed, state.stopping)
             }
-            do {
-                if store == nil {
-                    store = ModelRegistry(connection: try PostgresConnection(url: configuration.databaseURL),
-                                          keys: configuration.storageKeys)
-                }
-                try store!.outboxConfirmed(ids)
-                if !stopping, Date().timeIntervalSince(lastSweep) >= configuration.outboxSweepSeconds {
-                    lastSweep = Date()
-                    let republished = try republishStale(store!)
-                    if republished > 0 {
-                        metrics.eventsRepublished.increment(by: Int64(republished))
-                        logger.warning("published again the terminal events of \(republished) job(s) whose worker stopped before the broker confirmed them")
-                    }
-                    // The backlog left after the sweep, for alerts: rows piling up mean events that reach no one.
-                    let backlog = try store!.outboxBacklog()
-                    metrics.outboxBacklogRows.record(backlog.rows)
-                    metrics.outboxOldestSeconds.record(backlog.oldestSeconds)
-                }
-                backoff.reset()
-            } catch {
+            let pause: TimeInterval
+            switch rounds.round(confirmed: ids, sweeping: !stopping) {
+            case .done:
+                pause = seams.roundInterval
+            case .failed(let backoff):
                 // The ids come back next round: deleting a row twice is harmless, keeping one only republishes.
                 pending.withLock { $0.confirmed = ids + $0.confirmed }
-                logger.warning("outbox: \(error); trying again")
-                store?.connection.close()
-                store = nil
-                if stopping { break }
-                _ = wakeup.wait(timeout: .now() + backoff.next())
-                continue
+                pause = backoff
             }
             if stopping { break }
-            _ = wakeup.wait(timeout: .now() + 0.5)
-        }
-        store?.connection.close()
-    }
-
-    private func connectBroker() throws -> AMQPConnection {
-        let connection = try BrokerAddresses.connect(configuration.amqpURL, heartbeatSeconds: configuration.heartbeatSeconds,
-                                                     connectionName: "\(configuration.workerName)-outbox")
-        try connection.enableConfirms()
-        return connection
-    }
-
-    /// A broker connection only while there is something to publish: an idle one would need heartbeats
-    /// from a thread that sleeps.
-    private func republishStale(_ store: ModelRegistry) throws -> Int {
-        try store.republishStaleOutbox(olderThan: configuration.outboxGraceSeconds) { outcomes in
-            let broker = try connectBroker()
-            defer { broker.close() }
-            var published: [String] = []
-            for outcome in outcomes {
-                for event in Self.events(for: outcome, worker: configuration.workerName) {
-                    let (body, contentType) = try EventCodec.encode(event, as: .json)
-                    try broker.publish(exchange: Topology.eventsExchange,
-                                       routingKey: EventRouting.key(model: event.model, user: event.userID, kind: event.kind),
-                                       body: body, contentType: contentType,
-                                       headers: [Topology.republishedHeader: "true"], messageId: event.jobID)
-                }
-                published.append(outcome.jobId)
-            }
-            return published
+            _ = wakeup.wait(timeout: .now() + pause)
         }
     }
 
@@ -142,11 +129,96 @@ final class OutboxRelay: Sendable {
         case .failed:
             return [events.make(.failed) { $0.reason = outcome.reason ?? ""; $0.willRetry = false }]
         case .cancelled:
-            return [events.make(.cancelled) { $0.cancelStage = outcome.cancelStage ?? "queued"; $0.reason = outcome.reason ?? "" }]
+            return [events.make(.cancelled) { $0.cancelStageName = outcome.cancelStage.flatMap(CancelStageName.init(rawValue:)) ?? .queued; $0.reason = outcome.reason ?? "" }]
         case .forgotten:
-            return [events.make(.cancelled) { $0.cancelStage = "queued"; $0.reason = JobLookup.forgottenReason }]
+            return [events.make(.cancelled) { $0.cancelStageName = .queued; $0.reason = JobLookup.forgottenReason }]
         case .unknown, .retrying:
             return []
         }
+    }
+}
+
+/// The relay thread's own work, one round at a time: delete the confirmed rows, and when a sweep is due,
+/// publish overdue rows again and read the backlog. Holds the store session between rounds and drops it
+/// after a failure, so the next round opens another.
+final class OutboxRounds {
+    enum Ending: Equatable {
+        case done
+        /// Nothing of the round can be trusted to have happened; wait `pause` before the next.
+        case failed(pause: TimeInterval)
+    }
+
+    private let grace: TimeInterval
+    private let sweepInterval: TimeInterval
+    private let workerName: String
+    private let seams: OutboxRelay.Seams
+    private let logger: Logger
+    private let metrics: WorkerMetrics
+    private var store: (any OutboxStore)?
+    private var lastSweep = Date.distantPast
+    private var backoff: Backoff
+
+    init(configuration: WorkerConfiguration, seams: OutboxRelay.Seams, logger: Logger, metrics: WorkerMetrics) {
+        grace = configuration.outboxGraceSeconds
+        sweepInterval = configuration.outboxSweepSeconds
+        workerName = configuration.workerName
+        self.seams = seams
+        self.logger = logger
+        self.metrics = metrics
+        backoff = seams.backoff
+    }
+
+    /// - Parameter sweeping: false when stopping: the confirmed rows go, overdue ones wait for another worker.
+    func round(confirmed ids: [String], sweeping: Bool, now: Date = Date()) -> Ending {
+        do {
+            let store = try self.store ?? seams.openStore()
+            self.store = store
+            if !ids.isEmpty { try store.outboxConfirmed(ids) }
+            if sweeping, now.timeIntervalSince(lastSweep) >= sweepInterval {
+                lastSweep = now
+                try sweep(store)
+            }
+            backoff.reset()
+            return .done
+        } catch {
+            logger.warning("outbox: \(error); trying again")
+            close()
+            return .failed(pause: backoff.next())
+        }
+    }
+
+    func close() {
+        store?.closeSession()
+        store = nil
+    }
+
+    private func sweep(_ store: any OutboxStore) throws {
+        let republished = try store.republishStaleOutbox(olderThan: grace, limit: 200) { outcomes in
+            try republish(outcomes)
+        }
+        if republished > 0 {
+            metrics.eventsRepublished.increment(by: Int64(republished))
+            logger.warning("published again the terminal events of \(republished) job(s) whose worker stopped before the broker confirmed them")
+        }
+        // The backlog left after the sweep, for alerts: rows piling up mean events that reach no one.
+        let backlog = try store.outboxBacklog()
+        metrics.outboxBacklogRows.record(backlog.rows)
+        metrics.outboxOldestSeconds.record(backlog.oldestSeconds)
+    }
+
+    /// Returns the ids whose every event the broker confirmed: only their rows are deleted. A broker
+    /// connection only while there is something to publish: an idle one would need heartbeats from a thread
+    /// that sleeps.
+    private func republish(_ outcomes: [JobOutcomeRecord]) throws -> [String] {
+        let broker = try seams.openBroker()
+        defer { broker.close() }
+        var published: [String] = []
+        for outcome in outcomes {
+            for event in OutboxRelay.events(for: outcome, worker: workerName) {
+                try broker.publishConfirmed(event, headers: [Topology.republishedHeader: "true"])
+            }
+            published.append(outcome.jobId)
+        }
+        return published
     }
 }

@@ -23,10 +23,34 @@ import CoreMetrics
 ///   layout and a repartition's drain;
 /// - `OpenDeliveries` and `BrokerSettler`: the deliveries in hand, and settling them on the broker.
 /// The parts reach the broker and PostgreSQL through the seams of `BrokerSeams.swift`, so they are unit-tested
-/// without either; here they are handed this connection and PostgreSQL.
+/// without either; the loop itself opens its connections through a `BrokerConnector` and its parts' stores
+/// through `Seams`, so it is too.
 ///
 /// Unchecked: other threads touch only `mailbox`, `cancels` and `connected` (each thread-safe); the rest is the broker thread's.
 final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
+    /// What the loop opens: broker connections, the lease store, cancel records, the outbox relay's sessions,
+    /// and how it waits between attempts.
+    struct Seams {
+        var broker: any BrokerConnector
+        /// nil: PostgreSQL at the configuration's URL (`PartitionKeeper`).
+        var leases: (any LeaseStore)?
+        var cancelRecords: () throws -> any CancelRecords
+        var outbox: OutboxRelay.Seams
+        /// Capped at 10 s: a broker restart takes 10-20 s, and a worker should be back soon after it.
+        var reconnectBackoff = Backoff(initial: 0.5, maximum: 10)
+        /// Waits before a reconnect; nil: a pause a stop cuts short (`SlotMailbox.pause`).
+        var waitBeforeReconnect: ((TimeInterval) -> Void)?
+
+        /// RabbitMQ and PostgreSQL at `configuration`'s URLs.
+        static func servers(_ configuration: WorkerConfiguration) -> Seams {
+            Seams(broker: RabbitConnector(url: configuration.amqpURL, heartbeatSeconds: configuration.heartbeatSeconds,
+                                          connectionName: configuration.workerName),
+                  leases: nil,
+                  cancelRecords: { ModelRegistry(connection: try PostgresConnection(url: configuration.databaseURL)) },
+                  outbox: .servers(configuration))
+        }
+    }
+
     private let configuration: WorkerConfiguration
     private let logger: Logger
     private let metrics: WorkerMetrics
@@ -39,9 +63,8 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
     private var servedOnce = false
 
     // The broker thread's own.
-    /// The broker URLs, one or a cluster's nodes; a reconnect starts at the node after the one lost.
-    private var brokers: BrokerAddresses?
-    private var connection: AMQPConnection?
+    private let seams: Seams
+    private var connection: (any BrokerConnection)?
     private var cancelRequests: CancelRequests?
     private let open = OpenDeliveries()
     private let partitions: PartitionKeeper
@@ -49,13 +72,18 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
     private let outbox: OutboxRelay
     private var mostInHand = 0
 
-    init(configuration: WorkerConfiguration, logger: Logger, metrics: WorkerMetrics = WorkerMetrics(slotCount: 1)) {
+    /// - Parameter seams: RabbitMQ and PostgreSQL at `configuration`'s URLs unless given.
+    init(configuration: WorkerConfiguration, logger: Logger, metrics: WorkerMetrics = WorkerMetrics(slotCount: 1),
+         seams: Seams? = nil) {
         self.configuration = configuration
         self.logger = logger
         self.metrics = metrics
+        let seams = seams ?? .servers(configuration)
+        self.seams = seams
         mailbox = SlotMailbox(slotCount: max(1, configuration.concurrency))
-        partitions = PartitionKeeper(configuration: configuration, logger: logger, mailbox: mailbox, open: open)
-        let outbox = OutboxRelay(configuration: configuration, logger: logger, metrics: metrics)
+        partitions = PartitionKeeper(configuration: configuration, logger: logger, mailbox: mailbox, open: open,
+                                     leaseStore: seams.leases)
+        let outbox = OutboxRelay(configuration: configuration, logger: logger, metrics: metrics, seams: seams.outbox)
         self.outbox = outbox
         settler = BrokerSettler(open: open, logger: logger, events: configuration.events,
                                terminalConfirmed: outbox.confirmed)
@@ -98,8 +126,7 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
     func run() {
         outbox.start()
         defer { outbox.stop() }
-        // Capped at 10 s: a broker restart takes 10-20 s, and a worker should be back soon after it.
-        var backoff = Backoff(initial: 0.5, maximum: 10)
+        var backoff = seams.reconnectBackoff
         while true {
             do {
                 try connect()
@@ -119,12 +146,12 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
                 // Once it has served, other nodes or a quick fix may bring it back: it keeps trying, loudly.
                 logger.error("configuration error, not an outage: retrying until an operator fixes it: \(error)")
                 if mailbox.isStopping && !slotsHoldWork() { break }
-                pause(backoff.next())
+                waitBeforeReconnect(backoff.next())
             } catch {
                 logger.warning("lost the broker connection, reconnecting: \(error)")
                 disconnect()
                 if mailbox.isStopping && !slotsHoldWork() { break }
-                pause(backoff.next())
+                waitBeforeReconnect(backoff.next())
             }
         }
         disconnect()
@@ -135,14 +162,16 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
         mailbox.markDrained()
     }
 
+    private func waitBeforeReconnect(_ seconds: TimeInterval) {
+        if let wait = seams.waitBeforeReconnect { wait(seconds) } else { pause(seconds) }
+    }
+
     private func connect() throws {
-        if brokers == nil { brokers = try BrokerAddresses(configuration.amqpURL) }
-        let connection = try brokers!.connect(heartbeatSeconds: configuration.heartbeatSeconds,
-                                              connectionName: configuration.workerName)
+        let connection = try seams.broker.connect()
         logger.info("connected to the broker at \(connection.endpoint)")
         do {
             try partitions.declareQueues(on: connection)
-            try JobQueues(connection).declareRetryQueues(delaysMs: configuration.retry.delaysMs)
+            try connection.declareRetryQueues(delaysMs: configuration.retry.delaysMs)
             try connection.enableConfirms()
             // For the cancel requests' consumer; the partition consumers get theirs as they start (PartitionKeeper).
             try connection.setPrefetch(UInt16(clamping: configuration.prefetch ?? configuration.deliveryBudget))
@@ -154,8 +183,8 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
         self.connection = connection
         partitions.connected(connection)
         do {
-            cancelRequests = try CancelRequests(connection: connection, databaseURL: configuration.databaseURL,
-                                                workerName: configuration.workerName, logger: logger)
+            cancelRequests = try CancelRequests(connection: connection, workerName: configuration.workerName,
+                                                logger: logger, openRecords: seams.cancelRecords)
         } catch {
             connection.close()
             throw error
@@ -201,7 +230,7 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
         }
     }
 
-    private func sleepUntilNews(_ connection: AMQPConnection) {
+    private func sleepUntilNews(_ connection: any BrokerConnection) {
         if connection.hasBufferedInput { return }
         guard mailbox.goingIdle() else { return }
         // Wake in time to send a heartbeat and to look at the partitions.
@@ -223,7 +252,7 @@ final class RabbitJobSource: DrivenJobSource, @unchecked Sendable {
     private func slotsHoldWork() -> Bool { mailbox.inboxesHoldJobs || !open.isEmpty }
 
     /// Past the shutdown deadline: jobs no slot has started go back to their queues at once.
-    private func handBackWaitingJobs(_ connection: AMQPConnection) throws {
+    private func handBackWaitingJobs(_ connection: any BrokerConnection) throws {
         for job in mailbox.emptyInboxes() where job.receipt.generation == open.generation {
             try open.putBack(job.receipt.tag, on: connection)
         }
