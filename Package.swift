@@ -87,9 +87,9 @@ let package = Package(
                                                      .product(name: "Logging", package: "swift-log"),
                                                      .product(name: "Metrics", package: "swift-metrics")]),
         // `attune doctor`'s checks: facts from both servers and the training runtime, judged by pure functions.
-        .target(name: "AttuneDoctor", dependencies: ["AttuneSpec", "AttuneStore", "AttuneQueue", "AttuneTraining", "AttuneWorker"]),
+        .target(name: "AttuneDoctor", dependencies: ["AttuneSpec", "AttuneStore", "AttuneQueue", "AttuneTraining"]),
         // The worker's HTTP side (metrics, health): Hummingbird and swift-prometheus stay out of the worker.
-        .target(name: "AttuneHTTP", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), .product(name: "NIOFoundationEssentialsCompat", package: "swift-nio"), "AttuneCodecs", "AttuneQueue", .product(name: "HummingbirdCore", package: "hummingbird"), "AttuneSpec", "AttuneStore", "AttuneTraining", "AttuneWorker",
+        .target(name: "AttuneHTTP", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), .product(name: "NIOFoundationEssentialsCompat", package: "swift-nio"), "AttuneCodecs", "AttuneQueue", .product(name: "HummingbirdCore", package: "hummingbird"), "AttuneSpec", "AttuneStore", "AttuneTraining",
                                                    .product(name: "Hummingbird", package: "hummingbird"),
                                                    .product(name: "HummingbirdAuth", package: "hummingbird-auth"),
                                                    .product(name: "JWTKit", package: "jwt-kit"),

@@ -45,16 +45,15 @@ echo "== starting throwaway PostgreSQL and RabbitMQ in $work"
 services=$(scripts/services.sh start "$work" 2>"$work/services.log") || { cat "$work/services.log" >&2; exit 1; }
 eval "$services"
 "$attune" migrate >/dev/null
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 
 "$attune" model import examples/models/digits-pretrained.mlmodel --name digits >/dev/null 2>&1
 ports=()
 for i in 1 2; do
-  port=$(free_port); ports+=("$port")
+  port=$(scripts/free-port); ports+=("$port")
   "$attune" worker --name "bench-w$i" --metrics-port "$port" --metrics-host 127.0.0.1 >"$work/worker$i.log" 2>&1 & pids+=($!)
 done
 echo "bench-operator-password" | "$attune" operator add --file "$work/operators" ops >/dev/null
-admin=$(free_port)
+admin=$(scripts/free-port)
 "$attune" serve --host 127.0.0.1 --port 0 --admin-port "$admin" --operators "$work/operators" \
   --worker-metrics-ports "$(IFS=,; echo "${ports[*]}")" >"$work/serve.log" 2>&1 & serve=$!; pids+=($serve)
 for _ in $(seq 100); do curl -sf -o /dev/null -u ops:bench-operator-password "http://127.0.0.1:$admin/api/session" && break; sleep 0.2; done

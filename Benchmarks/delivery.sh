@@ -26,7 +26,6 @@ if ((${#missing[@]})); then
     { apt-get update -qq >&2; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; }
 fi
 source scripts/fleet-session.sh delivery-bench
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 
 echo "== alice's personal model: one job through a worker"
 "$attune" model import examples/models/digits-pretrained.mlmodel --name digits >/dev/null
@@ -40,7 +39,7 @@ done
 "$attune" app key create --app bench --model digits > "$work/bench.jwk" 2>/dev/null
 token=$("$attune" token device --key-file "$work/bench.jwk" --user alice --ttl 1h)
 
-device_port=$(free_port)
+device_port=$(scripts/free-port)
 "$attune" serve --host 127.0.0.1 --port "$device_port" --no-dashboard >"$work/serve.log" 2>&1 & pids+=($!)
 attune_url=http://127.0.0.1:$device_port/v1/models/digits/users/alice
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$device_port/healthz" >/dev/null && break; sleep 0.1; done
@@ -51,7 +50,7 @@ cmp -s "$work/served.mlmodel" "$work/alice.mlmodel" || { echo "served bytes diff
 # event loops, no access log (serve keeps none either).
 mkdir -p "$work/nginx/www" "$work/nginx/tmp"
 cp "$work/alice.mlmodel" "$work/nginx/www/alice.mlmodel"
-nginx_port=$(free_port)
+nginx_port=$(scripts/free-port)
 cat >"$work/nginx/nginx.conf" <<EOF
 worker_processes auto;
 pid $work/nginx/nginx.pid;

@@ -2,7 +2,6 @@ import AttuneQueue
 import AttuneSpec
 public import AttuneStore
 import AttuneTraining
-public import AttuneWorker
 public import Foundation
 
 /// `attune doctor`: the facts of one deployment, gathered with the same URLs and keys as a worker, judged by
@@ -17,7 +16,7 @@ public struct Doctor {
     public let taskCapSeconds: Double
 
     public init(databaseURL: String, amqpURL: String, keys: StorageKeys, migrations: URL?,
-                taskCapSeconds: Double = WorkerConfiguration.defaultMaxTaskSeconds) {
+                taskCapSeconds: Double) {
         self.databaseURL = databaseURL
         self.amqpURL = amqpURL
         self.keys = keys
@@ -104,10 +103,8 @@ public struct Doctor {
         results.append(attempt("synchronous standby") {
             let hosts = Self.hostCount(databaseURL)
             guard hosts > 1 else { return DeploymentChecks.standby(hosts: hosts, synchronousStandbys: nil) }
-            let count = try? database.query("""
-                SELECT count(*)::int AS n FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')
-                """).rows.first?.int("n")
-            return DeploymentChecks.standby(hosts: hosts, synchronousStandbys: count ?? nil)
+            let count = try? ServerFacts.synchronousStandbys(on: database)
+            return DeploymentChecks.standby(hosts: hosts, synchronousStandbys: count)
         })
         results.append(kernels())
         if let layout {
@@ -120,7 +117,7 @@ public struct Doctor {
         }
         results.append(attempt("clock skew") {
             let before = Date()
-            let server = try database.query("SELECT extract(epoch FROM clock_timestamp())::float8 AS t").rows[0].double("t")
+            let server = try ServerFacts.clock(on: database).timeIntervalSince1970
             let after = Date()
             // The server read its clock about halfway through the round trip.
             let here = (before.timeIntervalSince1970 + after.timeIntervalSince1970) / 2

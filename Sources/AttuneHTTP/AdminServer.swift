@@ -54,13 +54,11 @@ struct OperatorMiddleware<Context: RequestContext>: RouterMiddleware {
         if let basic = request.headers.basic {
             let operators = self.operators, producers = self.producers
             let (name, password) = (basic.username, basic.password)
-            let caller: Caller = await withCheckedContinuation { done in
-                // bcrypt takes tens of milliseconds: off the event loop.
-                Thread {
-                    if operators.verify(name: name, password: password) { return done.resume(returning: .operator) }
-                    done.resume(returning: producers?.verify(name: name, password: password) == true ? .producer : .nobody)
-                }.start()
-            }
+            // bcrypt takes tens of milliseconds: off the event loop, on a few threads however many log in.
+            let caller: Caller = (try? await PasswordChecks.pool.run { _ in
+                if operators.verify(name: name, password: password) { return Caller.operator }
+                return producers?.verify(name: name, password: password) == true ? .producer : .nobody
+            }) ?? .nobody
             switch caller {
             case .operator:
                 return try await next(request, context)
@@ -80,4 +78,9 @@ struct OperatorMiddleware<Context: RequestContext>: RouterMiddleware {
     }
 
     private enum Caller { case `operator`, producer, nobody }
+}
+
+/// bcrypt's threads: two, however many log in at once (a guessing client waits its turn rather than starting threads).
+enum PasswordChecks {
+    static let pool = BlockingPool<Void>(name: "passwords", limits: .init(size: 2, wait: .seconds(5)), open: {})
 }

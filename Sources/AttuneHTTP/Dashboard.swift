@@ -129,13 +129,11 @@ enum Dashboard {
         Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
     }
 
-    /// rabbitmq-c blocks: the dead-letter listing runs on a thread of its own.
-    static func onThread<T>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        // The result is made on the thread and handed over by the continuation (`sending`), never shared.
-        try await withCheckedThrowingContinuation { (done: CheckedContinuation<T, Error>) in
-            Thread {
-                do { done.resume(returning: try body()) } catch { done.resume(throwing: error) }
-            }.start()
-        }
+    /// rabbitmq-c blocks: the dashboard's broker calls (queue depths, the dead-letter page, replays) run on a
+    /// few threads of their own, however many tabs and actions ask at once.
+    static let brokerCalls = BlockingPool<Void>(name: "broker", limits: .init(size: 4, wait: .seconds(10)), open: {})
+
+    static func onThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await brokerCalls.run { _ in try body() }
     }
 }

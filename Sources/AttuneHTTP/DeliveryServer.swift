@@ -21,8 +21,16 @@ public enum DeliveryServer {
         router.add(middleware: HardeningMiddleware(headers: HTTPHardening.deviceHeaders, logger: logger, countsDeliveries: true))
         router.get("healthz") { _, _ in "ok\n" }
         router.get("readyz") { _, _ -> Response in
-            // The reason stays in the probe: devices learn only that the server is not ready.
-            let ready = await OperationsServer.databaseProblem(delivery.databaseURL) == nil
+            // The reason stays in the probe: devices learn only that the server is not ready. The probe takes a
+            // pooled connection like any read; a pool busy serving reads is not a database that is down.
+            let ready: Bool
+            do {
+                ready = try await delivery.withRegistry { try $0.ping() }
+            } catch is PoolBusy {
+                ready = true
+            } catch {
+                ready = false
+            }
             return text(ready ? .ok : .serviceUnavailable, ready ? "ready\n" : "not ready: PostgreSQL does not answer\n")
         }
         for method in [HTTPRequest.Method.get, .head] {

@@ -72,6 +72,11 @@ struct HardeningMiddleware<Context: RequestContext>: RouterMiddleware {
         } else {
             do {
                 response = try await next(request, context)
+            } catch let busy as PoolBusy {
+                // Over the pool's limit the request waited as long as it may; the client asks again later.
+                logger.warning("request \(request.method) \(request.uri.path) not served: \(busy)")
+                response = Self.plain(.serviceUnavailable, "the server is busy; try again in \(busy.retryAfter) s\n")
+                response.headers[.retryAfter] = "\(busy.retryAfter)"
             } catch let error as any HTTPResponseError {
                 // Hummingbird's own errors (404, 405, …) carry a status and a short message of ours.
                 response = Self.plain(error.status, error.status.code == 404 ? "not found\n" : "\(error.status.reasonPhrase)\n")

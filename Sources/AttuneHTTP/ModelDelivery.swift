@@ -16,13 +16,10 @@ public struct DeliveredModel: Sendable, Equatable {
     public let version: Int
 }
 
-/// Reads heads and builds `.mlmodel` files for `attune serve`, on a few PostgreSQL connections of its own
-/// (libpq blocks, so each call runs on a thread, never on the server's event loops).
+/// Reads heads and builds `.mlmodel` files for `attune serve`, on a bounded pool of PostgreSQL connections of
+/// its own (libpq blocks, so each call runs on one of the pool's threads, never on the server's event loops).
 public final class ModelDelivery: Sendable {
     private struct State {
-        /// Idle registries (libpq connections, not Sendable): a registry taken out is one thread's alone
-        /// until it is put back.
-        var idle: [ModelRegistry] = []
         /// Decoded base models by "name@version": immutable once imported.
         var bases: [String: (spec: CoreML_Specification_Model, model: UpdatableModel)] = [:]
         /// Set in `init` (it reads through `self`), replaced only by tests.
@@ -34,13 +31,21 @@ public final class ModelDelivery: Sendable {
     private let keys: StorageKeys
     private let state = Mutex(State())
     let cache: DeliveryCache
+    /// Every read of serve's that misses the cache, devices' and the dashboard's alike.
+    let registries: BlockingPool<ModelRegistry>
 
     /// Device tokens, checked in memory against the keys last read.
     public var tokens: DeviceTokenVerifier { state.withLock { $0.tokens! } }
 
-    public init(databaseURL: String, keys: StorageKeys = .none) {
+    /// The default pool: serve's share of PostgreSQL's 100 connections beside a fleet's workers.
+    public static let defaultPool = BlockingPool<ModelRegistry>.Limits(size: 10, wait: .seconds(2))
+
+    public init(databaseURL: String, keys: StorageKeys = .none, pool: BlockingPool<ModelRegistry>.Limits = defaultPool) {
         self.databaseURL = databaseURL
         self.keys = keys
+        registries = BlockingPool(name: "database", limits: pool, open: {
+            ModelRegistry(connection: try PostgresConnection(url: databaseURL), keys: keys)
+        }, keepsResource: { !($0 is DatabaseError) })
         cache = DeliveryCache()
         let verifier = DeviceTokenVerifier(load: { [unowned self] in try await self.withRegistry { try $0.deviceKeySet() } })
         state.withLock { $0.tokens = verifier }
@@ -68,6 +73,7 @@ public final class ModelDelivery: Sendable {
 
     public func stop() {
         state.withLock { $0.notifications }?.stop()
+        registries.closeIdle()
     }
 
     /// Which version a device should have now; nil if the model does not exist (or the user was forgotten). `attributes` (the device's
@@ -155,35 +161,10 @@ public final class ModelDelivery: Sendable {
         return decoded
     }
 
-    /// Returns a registry to the pool; the caller gives it up (`sending`). A value captured by `withLock`'s
-    /// closure counts as shared, so it enters the state as the `sending` result of a lock of its own.
-    private func putBack(_ registry: sending ModelRegistry) {
-        let handoff = Mutex<ModelRegistry?>(registry)
-        state.withLock { $0.idle.append(handoff.withLock { $0.take()! }) }
-    }
-
-    /// Runs `body` on a thread with a connection from the pool (a new one when all are busy); a connection
-    /// that failed is dropped rather than returned.
+    /// Runs `body` on one of the pool's threads with that thread's connection, waiting at most the pool's
+    /// wait for one (then `PoolBusy`: 503 with `Retry-After`). A connection that failed is dropped, and the
+    /// thread opens a new one for its next call.
     public func withRegistry<T: Sendable>(_ body: @escaping @Sendable (ModelRegistry) throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { done in
-            Thread {
-                do {
-                    let registry = try self.state.withLock({ $0.idle.popLast() })
-                        ?? ModelRegistry(connection: PostgresConnection(url: self.databaseURL), keys: self.keys)
-                    do {
-                        let value = try body(registry)
-                        self.putBack(registry)
-                        done.resume(returning: value)
-                    } catch let error as DatabaseError {
-                        done.resume(throwing: error)
-                    } catch {
-                        self.putBack(registry)
-                        done.resume(throwing: error)
-                    }
-                } catch {
-                    done.resume(throwing: error)
-                }
-            }.start()
-        }
+        try await registries.run(body)
     }
 }

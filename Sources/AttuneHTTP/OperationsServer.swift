@@ -1,5 +1,4 @@
 import AttuneStore
-public import AttuneWorker
 import Foundation
 public import Hummingbird
 public import Logging
@@ -24,7 +23,9 @@ public enum OperationsServer {
     }
 
     /// The HTTP application, a service for the command's service group.
-    public static func application(host: String, port: Int, registry: PrometheusCollectorRegistry, worker: Worker,
+    /// - Parameter brokerConnected: whether the worker's broker connection is open now (its readiness).
+    public static func application(host: String, port: Int, registry: PrometheusCollectorRegistry,
+                                   brokerConnected: @escaping @Sendable () -> Bool,
                                    databaseURL: String, logger: Logger) -> some ApplicationProtocol {
         let router = Router()
         router.get("metrics") { _, _ -> Response in
@@ -35,7 +36,7 @@ public enum OperationsServer {
         }
         router.get("healthz") { _, _ in "ok\n" }
         router.get("readyz") { _, _ -> Response in
-            let problems = await readiness(worker: worker, databaseURL: databaseURL)
+            let problems = await readiness(brokerConnected: brokerConnected(), databaseURL: databaseURL)
             let text = problems.isEmpty ? "ready\n" : problems.map { "not ready: \($0)\n" }.joined()
             return Response(status: problems.isEmpty ? .ok : .serviceUnavailable,
                             headers: [.contentType: "text/plain; charset=utf-8"],
@@ -49,34 +50,19 @@ public enum OperationsServer {
     }
 
     /// What keeps the worker from working, in words; empty when it can.
-    static func readiness(worker: Worker, databaseURL: String) async -> [String] {
+    static func readiness(brokerConnected: Bool, databaseURL: String) async -> [String] {
         var problems: [String] = []
-        if !worker.isBrokerConnected { problems.append("no connection to RabbitMQ") }
+        if !brokerConnected { problems.append("no connection to RabbitMQ") }
         if let database = await databaseProblem(databaseURL) { problems.append(database) }
         return problems
     }
 
-    /// Why PostgreSQL does not answer `SELECT 1` on a fresh connection within 2 s, in its public words; nil
-    /// when it does. (Worker and `attune serve` readiness.)
+    /// Why PostgreSQL does not answer on a fresh connection within 2 s, in its public words; nil when it does.
+    /// The probe's port is the operators' (never the device port), and a probe comes every few seconds.
     static func databaseProblem(_ databaseURL: String) async -> String? {
-        // libpq blocks: probe on a thread of its own, with a short connect timeout.
-        await withCheckedContinuation { done in
-            Thread {
-                do {
-                    let connection = try PostgresConnection(url: withConnectTimeout(databaseURL))
-                    _ = try connection.query("SELECT 1")
-                    done.resume(returning: nil)
-                } catch let error as DatabaseError {
-                    done.resume(returning: "PostgreSQL does not answer (\(error.publicDescription))")
-                } catch {
-                    done.resume(returning: "PostgreSQL does not answer")
-                }
-            }.start()
-        }
+        (try? await probes.run { _ in ServerFacts.databaseProblem(url: databaseURL) }) ?? "PostgreSQL's probe is still running"
     }
 
-    static func withConnectTimeout(_ url: String) -> String {
-        guard !url.contains("connect_timeout=") else { return url }
-        return url + (url.contains("?") ? "&" : "?") + "connect_timeout=2"
-    }
+    /// libpq blocks: probes run on one thread of their own, one at a time.
+    static let probes = BlockingPool<Void>(name: "probes", limits: .init(size: 1, wait: .seconds(5)), open: {})
 }

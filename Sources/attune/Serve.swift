@@ -29,6 +29,10 @@ struct Serve: AsyncParsableCommand {
     var producers: String?
     @Option(help: "Seconds a connection may take to send a complete request head (after opening or after its last answer).")
     var idleTimeout: Int = 15
+    @Option(help: "PostgreSQL connections serve holds at most, each on a thread of its own: every read that misses the cache, devices' and the dashboard's, takes one (count them within PostgreSQL's max_connections beside the workers').")
+    var databasePoolSize: Int = ModelDelivery.defaultPool.size
+    @Option(help: "Seconds a read may wait for one of those connections; past it the request gets 503 with Retry-After.")
+    var databasePoolWait: Double = 2
     @OptionGroup var broker: BrokerOptions
     @Flag(help: "No admin listener at all.") var noDashboard = false
     @Option(help: "Ports the workers serve /metrics on (their --metrics-port), comma-separated: the dashboard reads each worker's slots and rates there, at the address its PostgreSQL session comes from.")
@@ -42,7 +46,9 @@ struct Serve: AsyncParsableCommand {
         let keys = try StorageKeys.load(environment: ProcessInfo.processInfo.environment)
         keys.logSummary(to: logger)
         let metrics = OperationsServer.bootstrapMetrics()
-        let delivery = ModelDelivery(databaseURL: database.resolved(), keys: keys)
+        let pool = BlockingPool<ModelRegistry>.Limits(size: databasePoolSize, wait: .milliseconds(Int(databasePoolWait * 1000)))
+        let delivery = ModelDelivery(databaseURL: database.resolved(), keys: keys, pool: pool)
+        logger.info("reading PostgreSQL on at most \(pool.size) connections; a read waits at most \(databasePoolWait) s for one")
         var services: [any Service] = [DeliveryServer.application(host: host, port: port, delivery: delivery,
                                                                             idle: .seconds(idleTimeout), logger: logger)]
         if !noDashboard, let credentials = operatorCredentials(logger: logger) {
@@ -54,6 +60,15 @@ struct Serve: AsyncParsableCommand {
         defer { delivery.stop() }
         try await ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint],
                                                     logger: logger)).run()
+    }
+
+    func validate() throws {
+        guard (1...1_000).contains(databasePoolSize) else {
+            throw ValidationError("--database-pool-size: 1 to 1000 connections (and within PostgreSQL's max_connections)")
+        }
+        guard databasePoolWait >= 0, databasePoolWait <= 60 else {
+            throw ValidationError("--database-pool-wait: 0 to 60 seconds")
+        }
     }
 
     func metricsPorts() throws -> [Int] {

@@ -110,7 +110,7 @@ struct WorkerCommand: AsyncParsableCommand {
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: WorkerService(worker: worker))]
         if let metricsPort, let registry {
             services.append(.init(service: OperationsServer.application(
-                host: metricsHost, port: metricsPort, registry: registry, worker: worker,
+                host: metricsHost, port: metricsPort, registry: registry, brokerConnected: { worker.isBrokerConnected },
                 databaseURL: configuration.databaseURL, logger: Logger(label: "attune.http"))))
         }
         // The service group owns the signals: the first SIGTERM or SIGINT starts a graceful shutdown, and

@@ -49,8 +49,7 @@ import_once pyclient_doodles "$root/examples/models/LinkedDrawingClassifier.mlmo
 "$attune" topology declare >/dev/null
 
 "$attune" worker --name pyclient-worker --no-migrate >"$work/worker.log" 2>&1 & pids+=($!)
-free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
-admin_port=$(free_port); device_port=$(free_port)
+admin_port=$("$root/scripts/free-port"); device_port=$("$root/scripts/free-port")
 export ATTUNE_ADMIN_URL=http://127.0.0.1:$admin_port ATTUNE_ADMIN_USER=pyclient
 export ATTUNE_ADMIN_PASSWORD="python client test $(date +%s%N)"
 printf '%s\n' "$ATTUNE_ADMIN_PASSWORD" | "$attune" operator add --file "$work/operators" "$ATTUNE_ADMIN_USER" >/dev/null
