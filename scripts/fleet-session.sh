@@ -2,9 +2,14 @@
 # release binary into $attune, starts throwaway servers in the temporary folder $work, and on exit
 # sends SIGTERM to every process listed in $pids, stops the servers and removes the folder.
 scripts/install-deps.sh
-echo "== building (release)"
-swift build -c release --product attune 2>&1 | tail -n 1
-attune=$PWD/.build/release/attune
+if [ -n "${ATTUNE_BIN:-}" ]; then
+  # A binary built elsewhere (a benchmark comparing two builds names it).
+  attune=$ATTUNE_BIN
+else
+  echo "== building (release)"
+  swift build -c release --product attune 2>&1 | tail -n 1
+  attune=$PWD/.build/release/attune
+fi
 work=$(mktemp -d "/tmp/attune-${1:-session}.XXXXXX")
 chmod 755 "$work"
 pids=()

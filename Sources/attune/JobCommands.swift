@@ -1,5 +1,6 @@
 import ArgumentParser
 import AttuneSpec
+import AttuneHTTP
 import AttuneStore
 import Foundation
 

@@ -190,21 +190,4 @@ final class JobOutcomeTests: XCTestCase {
         XCTAssertEqual(outcomes[0].user, "ann")
         XCTAssertEqual(try registry.pruneJobOutcomes(olderThan: 30 * 86_400), 0)
     }
-
-    func testTheJSONAProducerReadsNamesOnlyWhatApplies() throws {
-        try commit("j-json")
-        let completed = try JSONSerialization.jsonObject(with: JobOutcomeRecord.json(registry.jobOutcomes(["j-json"]), single: true)) as! [String: Any]
-        XCTAssertEqual(completed["state"] as? String, "completed")
-        XCTAssertEqual(completed["version"] as? Int, 1)
-        XCTAssertEqual(completed["duplicate"] as? Bool, false)
-        XCTAssertEqual(completed["userId"] as? String, "ann")
-        XCTAssertNil(completed["reason"])
-        XCTAssertNil(completed["deadLettered"])
-        XCTAssertNotNil(completed["updatedAt"] as? String)
-
-        let many = try JSONSerialization.jsonObject(with: JobOutcomeRecord.json(registry.jobOutcomes(["nope", "j-json"]), single: false)) as! [String: Any]
-        let jobs = try XCTUnwrap(many["jobs"] as? [[String: Any]])
-        XCTAssertEqual(jobs.count, 2)
-        XCTAssertEqual(jobs[0] as NSDictionary, ["jobId": "nope", "state": "unknown"] as NSDictionary)
-    }
 }
