@@ -38,22 +38,21 @@ serve_with() {
   echo "serve ($label) did not start: $(tail -5 "$work/serve-$label.log")" >&2; exit 1
 }
 
-cases=("attune")
-serve_with "$attune" attune --database-pool-size "$pool_size"; attune_pid=$serve_pid attune_url=$serve_url
-if [ -n "$baseline" ]; then
-  cases+=("baseline")
-  serve_with "$baseline" baseline; baseline_pid=$serve_pid baseline_url=$serve_url
-fi
+binaries=("$attune") labels=("attune") flags=("--database-pool-size $pool_size")
+if [ -n "$baseline" ]; then binaries+=("$baseline") labels+=("baseline") flags+=(""); fi
 
 echo "$devices devices at once, each a new user (its head not cached), $(nproc) cores shared by the devices, serve and PostgreSQL"
 echo "attune: $("$attune" --version 2>/dev/null | head -1), --database-pool-size $pool_size${baseline:+; baseline: $("$baseline" --version 2>/dev/null | head -1)}"
+echo "each burst has a serve of its own, started for it and stopped after it, so the sessions counted are that serve's alone"
 results=$work/results.jsonl
 for round in $(seq "$rounds"); do
-  for label in "${cases[@]}"; do
-    pid_var=${label}_pid url_var=${label}_url
-    "$python" Benchmarks/python/device_burst.py --url "${!url_var}" --pid "${!pid_var}" --database-url "$ATTUNE_DATABASE_URL" \
-      --key-file "$work/burst.jwk" --devices "$devices" --prefix "$label-r$round" --label "$label" | tee -a "$results" >/dev/null
-    sleep 2
+  for i in "${!labels[@]}"; do
+    label=${labels[$i]}
+    # shellcheck disable=SC2086
+    serve_with "${binaries[$i]}" "$label-$round" ${flags[$i]}
+    "$python" Benchmarks/python/device_burst.py --url "$serve_url" --pid "$serve_pid" --database-url "$ATTUNE_DATABASE_URL" \
+      --key-file "$work/burst.jwk" --devices "$devices" --prefix "$label-r$round" --label "$label" >>"$results"
+    kill -TERM "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
   done
 done
 "$python" - "$results" <<'EOF'
