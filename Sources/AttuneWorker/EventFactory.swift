@@ -52,7 +52,7 @@ extension Attune_V1_Event {
         switch kind {
         case .completed, .held: true
         case .failed: !willRetry
-        case .cancelled: cancelStage != "too_late"
+        case .cancelled: cancelStage != CancelStageName.tooLate.rawValue
         default: false
         }
     }
