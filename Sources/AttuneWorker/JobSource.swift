@@ -74,11 +74,3 @@ protocol DrivenJobSource: JobSource {
     var startFailure: (any Error)? { get }
 }
 
-extension DrivenJobSource {
-    var startFailure: (any Error)? { nil }
-}
-
-extension JobSource {
-    public var handovers: Int { 0 }
-    public func cancellation(of jobId: String) -> String? { nil }
-}

@@ -199,6 +199,7 @@ final class CancelRequestsTests: XCTestCase {
     /// (first before the job trains, then at each mini-batch).
     final class CancellingSource: JobSource, @unchecked Sendable {
         // Unchecked: the slot under test calls it from the test's thread and its training thread, one at a time.
+        var handovers: Int { 0 }
         private let heard: HeardCancels
         private var pending: [IncomingJob]
         private(set) var settled: [SettledJob] = []

@@ -432,6 +432,9 @@ final class JobStepsTests: XCTestCase {
 
 /// Hands one batch to slot 0, then reports that it stops; keeps what it was asked to settle.
 private final class OneBatchSource: JobSource, @unchecked Sendable {
+    // Explicit, as every conformer's: the protocol has no defaults to fall back on.
+    var handovers: Int { 0 }
+    func cancellation(of jobId: String) -> String? { nil }
     private var batch: [IncomingJob]?
     private(set) var settled: [SettledJob] = []
 

@@ -14,6 +14,9 @@ final class TrainingSlotTests: XCTestCase {
     /// Hands out its deliveries once, then says the source is done; records what the slot settles.
     final class ListSource: JobSource, @unchecked Sendable {
         // Unchecked: the slot under test calls it from the test's own thread only.
+        // Explicit, as every conformer's: the protocol has no defaults to fall back on.
+        var handovers: Int { 0 }
+        func cancellation(of jobId: String) -> String? { nil }
         private var pending: [IncomingJob]
         private(set) var settled: [SettledJob] = []
         private(set) var progress: [Attune_V1_Event] = []

@@ -14,6 +14,10 @@ final class WorkerTests: XCTestCase {
     /// Deliveries for slot 0; the other slots wait until the source stops. `run()` returns once stopped.
     final class MemorySource: DrivenJobSource, @unchecked Sendable {
         // Unchecked: every field is behind `condition`.
+        // Explicit, as every conformer's: the protocol has no defaults to fall back on.
+        var handovers: Int { 0 }
+        func cancellation(of jobId: String) -> String? { nil }
+        var startFailure: (any Error)? { nil }
         private let condition = NSCondition()
         private var pending: [IncomingJob]
         private var stopped = false
