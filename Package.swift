@@ -75,9 +75,7 @@ let package = Package(
                                                        "CPUFeatures"]),
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
                                                     .product(name: "Crypto", package: "swift-crypto"),
-                                                    .product(name: "Logging", package: "swift-log"),
-                                                   .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                                                   .product(name: "NIOHTTP1", package: "swift-nio")]),
+                                                    .product(name: "Logging", package: "swift-log")]),
         // What travels on the broker, encoded and decoded, without the AMQP client: the fuzzer links this alone.
         .target(name: "AttuneCodecs", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneSpec", .product(name: "Crypto", package: "swift-crypto")]),
         .target(name: "AttuneQueue", dependencies: ["AttuneSpec", "AttuneCodecs", "CRabbitMQ",
@@ -101,6 +99,9 @@ let package = Package(
                                                    .product(name: "Metrics", package: "swift-metrics"),
                                                    .product(name: "Prometheus", package: "swift-prometheus"),
                                                    .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                                                   // FleetWatch reads each worker's /metrics.
+                                                   .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                                                   .product(name: "NIOHTTP1", package: "swift-nio"),
                                                    .product(name: "Logging", package: "swift-log")]),
         // Benchmarks/training.sh's Swift side: built alone in release, without the server modules.
         .target(name: "BenchProbes", path: "Benchmarks/BenchProbes"),
