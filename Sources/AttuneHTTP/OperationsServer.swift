@@ -60,7 +60,12 @@ public enum OperationsServer {
     /// Why PostgreSQL does not answer on a fresh connection within 2 s, in its public words; nil when it does.
     /// The probe's port is the operators' (never the device port), and a probe comes every few seconds.
     static func databaseProblem(_ databaseURL: String) async -> String? {
-        (try? await probes.run { _ in ServerFacts.databaseProblem(url: databaseURL) }) ?? "PostgreSQL's probe is still running"
+        // Not `try?`: the probe's nil (no problem) must not read as a refused probe.
+        do {
+            return try await probes.run { _ in ServerFacts.databaseProblem(url: databaseURL) }
+        } catch {
+            return "PostgreSQL's probe is still running"
+        }
     }
 
     /// libpq blocks: probes run on one thread of their own, one at a time.
