@@ -18,7 +18,8 @@ public enum DeliveryServer {
     public static func application(host: String, port: Int, delivery: ModelDelivery, idle: Duration = .seconds(15),
                                    logger: Logger) -> some ApplicationProtocol {
         let router = Router()
-        router.add(middleware: HardeningMiddleware(headers: HTTPHardening.deviceHeaders, logger: logger, countsDeliveries: true))
+        router.add(middleware: HardeningMiddleware(headers: HTTPHardening.deviceHeaders, logger: logger, countsDeliveries: true,
+                                                   uploadLimit: delivery.maxUploadBytes))
         router.get("healthz") { _, _ in "ok\n" }
         router.get("readyz") { _, _ -> Response in
             // The reason stays in the probe: devices learn only that the server is not ready. The probe takes a
@@ -44,6 +45,10 @@ public enum DeliveryServer {
                     try await serveBase(request, context, delivery, withBody: method == .get)
                 }
             }
+        }
+        // A device's own training, into the same URL it fetches from (DeviceUploads).
+        router.put("v1/models/:name/users/:user") { request, context in
+            try await keyFaultsAsUnavailable(logger) { try await DeviceUploads.receive(request, context, delivery) }
         }
         router.get("v1/collections/:name/users/:user") { request, context in
             try await manifest(request, context, delivery, personal: true)

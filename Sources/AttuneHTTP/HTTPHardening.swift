@@ -58,6 +58,8 @@ struct HardeningMiddleware<Context: RequestContext>: RouterMiddleware {
     var countsDeliveries = false
     /// The paths that take a body (a POST), each with its largest `Content-Length`; every other path takes none.
     var bodies: [String: Int] = [:]
+    /// The device port's uploads: a PUT to a personal model's path with a `Content-Length` up to this; nil: none.
+    var uploadLimit: Int? = nil
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         var response: Response
@@ -65,7 +67,7 @@ struct HardeningMiddleware<Context: RequestContext>: RouterMiddleware {
             response = Self.plain(.uriTooLong, "the request's path and query are longer than \(HTTPHardening.maxTarget) bytes\n")
         } else if Self.hasBody(request), !acceptsBody(request) {
             // Refusing a body up front means no slow upload can hold a connection.
-            response = Self.plain(.contentTooLarge, bodies[request.uri.path].map {
+            response = Self.plain(.contentTooLarge, (bodies[request.uri.path] ?? uploadLimit(request)).map {
                 "this request's body must come with a Content-Length of at most \($0) bytes\n"
             } ?? "no request here takes a body\n")
             response.headers[.connection] = "close"
@@ -99,9 +101,17 @@ struct HardeningMiddleware<Context: RequestContext>: RouterMiddleware {
 
     /// A POST to a path that takes a body, with a length declared within its limit (never chunked).
     private func acceptsBody(_ request: Request) -> Bool {
-        guard request.method == .post, let limit = bodies[request.uri.path],
+        guard let limit = request.method == .post ? bodies[request.uri.path] : uploadLimit(request),
               let length = request.headers[.contentLength].flatMap({ Int($0) }) else { return false }
         return length <= limit
+    }
+
+    /// The upload limit for a PUT to `/v1/models/NAME/users/USER`; nil for any other request.
+    private func uploadLimit(_ request: Request) -> Int? {
+        guard request.method == .put, let uploadLimit else { return nil }
+        let parts = request.uri.path.split(separator: "/", omittingEmptySubsequences: false)
+        guard parts.count == 6, parts[1] == "v1", parts[2] == "models", parts[4] == "users" else { return nil }
+        return uploadLimit
     }
 
     static func hasBody(_ request: Request) -> Bool {

@@ -40,8 +40,14 @@ public final class ModelDelivery: Sendable {
     /// The default pool: serve's share of PostgreSQL's 100 connections beside a fleet's workers.
     public static let defaultPool = BlockingPool<ModelRegistry>.Limits(size: 10, wait: .seconds(2))
 
-    public init(databaseURL: String, keys: StorageKeys = .none, pool: BlockingPool<ModelRegistry>.Limits = defaultPool) {
+    /// The largest body a device may upload (`attune serve --max-upload-bytes`): 413 above it.
+    public let maxUploadBytes: Int
+    public static let defaultMaxUploadBytes = 16 << 20
+
+    public init(databaseURL: String, keys: StorageKeys = .none, pool: BlockingPool<ModelRegistry>.Limits = defaultPool,
+                maxUploadBytes: Int = defaultMaxUploadBytes) {
         self.databaseURL = databaseURL
+        self.maxUploadBytes = maxUploadBytes
         self.keys = keys
         registries = BlockingPool(name: "database", limits: pool, open: {
             ModelRegistry(connection: try PostgresConnection(url: databaseURL), keys: keys)
@@ -149,7 +155,7 @@ public final class ModelDelivery: Sendable {
         "\"\(model)@\(base)/\(user)/v\(version)\""
     }
 
-    private func base(_ registry: ModelRegistry, _ name: String, _ version: Int) throws
+    func base(_ registry: ModelRegistry, _ name: String, _ version: Int) throws
         -> (spec: CoreML_Specification_Model, model: UpdatableModel) {
         let key = "\(name)@\(version)"
         if let cached = state.withLock({ $0.bases[key] }) { return cached }

@@ -9,7 +9,7 @@ struct Model: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Base models and users' personal versions.",
         subcommands: [Import.self, Export.self, List.self, Describe.self, History.self, Evaluate.self, Predict.self, Retention.self,
-                      Gate.self, Release.self, Rebase.self, RebaseStatus.self, RebaseCancel.self,
+                      Gate.self, Release.self, Uploads.self, Rebase.self, RebaseStatus.self, RebaseCancel.self,
                       Prune.self, Rollback.self])
 }
 

@@ -33,6 +33,8 @@ struct Serve: AsyncParsableCommand {
     var databasePoolSize: Int = ModelDelivery.defaultPool.size
     @Option(help: "Seconds a read may wait for one of those connections; past it the request gets 503 with Retry-After.")
     var databasePoolWait: Double = 2
+    @Option(help: "The largest body a device may upload (bytes; 413 above it): its own training, PUT to its model's URL once `attune model uploads` lets it.")
+    var maxUploadBytes: Int = ModelDelivery.defaultMaxUploadBytes
     @OptionGroup var broker: BrokerOptions
     @Flag(help: "No admin listener at all.") var noDashboard = false
     @Option(help: "Ports the workers serve /metrics on (their --metrics-port), comma-separated: the dashboard reads each worker's slots and rates there, at the address its PostgreSQL session comes from.")
@@ -47,7 +49,7 @@ struct Serve: AsyncParsableCommand {
         keys.logSummary(to: logger)
         let metrics = OperationsServer.bootstrapMetrics()
         let pool = BlockingPool<ModelRegistry>.Limits(size: databasePoolSize, wait: .milliseconds(Int(databasePoolWait * 1000)))
-        let delivery = ModelDelivery(databaseURL: database.resolved(), keys: keys, pool: pool)
+        let delivery = ModelDelivery(databaseURL: database.resolved(), keys: keys, pool: pool, maxUploadBytes: maxUploadBytes)
         logger.info("reading PostgreSQL on at most \(pool.size) connections; a read waits at most \(databasePoolWait) s for one")
         var services: [any Service] = [DeliveryServer.application(host: host, port: port, delivery: delivery,
                                                                             idle: .seconds(idleTimeout), logger: logger)]
@@ -65,6 +67,9 @@ struct Serve: AsyncParsableCommand {
     func validate() throws {
         guard (1...1_000).contains(databasePoolSize) else {
             throw ValidationError("--database-pool-size: 1 to 1000 connections (and within PostgreSQL's max_connections)")
+        }
+        guard (1...(1 << 30)).contains(maxUploadBytes) else {
+            throw ValidationError("--max-upload-bytes must be between 1 and 1073741824")
         }
         guard databasePoolWait >= 0, databasePoolWait <= 60 else {
             throw ValidationError("--database-pool-wait: 0 to 60 seconds")
