@@ -252,6 +252,7 @@ enum DeviceUploads {
             switch try registry.commitVersions([version])[0] {
             case .success(.committed(let committed)):
                 delivery.cache.invalidate("\(upload.model)/\(upload.user)")
+                delivery.announce?(upload.jobId)
                 let held = gated ? try registry.heldReasons(jobIds: [upload.jobId])[upload.jobId] : nil
                 return .created(version: committed, etag: ModelDelivery.etag(upload.model, lineBase, upload.user, committed),
                                 parent: headVersion, replayed: false, held: held)

@@ -43,10 +43,14 @@ public final class ModelDelivery: Sendable {
     /// The largest body a device may upload (`attune serve --max-upload-bytes`): 413 above it.
     public let maxUploadBytes: Int
     public static let defaultMaxUploadBytes = 16 << 20
+    /// Told the job id of each device upload committed, to publish its `completed` event now (`OutboxPublisher`);
+    /// nil leaves it to the workers' outbox relay.
+    let announce: (@Sendable (String) -> Void)?
 
     public init(databaseURL: String, keys: StorageKeys = .none, pool: BlockingPool<ModelRegistry>.Limits = defaultPool,
-                maxUploadBytes: Int = defaultMaxUploadBytes) {
+                maxUploadBytes: Int = defaultMaxUploadBytes, announce: (@Sendable (String) -> Void)? = nil) {
         self.databaseURL = databaseURL
+        self.announce = announce
         self.maxUploadBytes = maxUploadBytes
         self.keys = keys
         registries = BlockingPool(name: "database", limits: pool, open: {

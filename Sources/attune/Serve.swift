@@ -2,6 +2,7 @@ import ArgumentParser
 import AttuneHTTP
 import AttuneSpec
 import AttuneStore
+import AttuneWorker
 import Foundation
 import Logging
 import ServiceLifecycle
@@ -48,8 +49,12 @@ struct Serve: AsyncParsableCommand {
         let keys = try StorageKeys.load(environment: ProcessInfo.processInfo.environment)
         keys.logSummary(to: logger)
         let metrics = OperationsServer.bootstrapMetrics()
+        // A device upload's `completed` event, published as soon as it commits (the workers' relay otherwise).
+        let events = OutboxPublisher(databaseURL: database.resolved(), keys: keys, amqpURL: broker.resolved(),
+                                     name: "serve-\(ProcessInfo.processInfo.hostName)", logger: logger)
         let pool = BlockingPool<ModelRegistry>.Limits(size: databasePoolSize, wait: .milliseconds(Int(databasePoolWait * 1000)))
-        let delivery = ModelDelivery(databaseURL: database.resolved(), keys: keys, pool: pool, maxUploadBytes: maxUploadBytes)
+        let delivery = ModelDelivery(databaseURL: database.resolved(), keys: keys, pool: pool, maxUploadBytes: maxUploadBytes,
+                                     announce: { [events] in events.publish(jobId: $0) })
         logger.info("reading PostgreSQL on at most \(pool.size) connections; a read waits at most \(databasePoolWait) s for one")
         var services: [any Service] = [DeliveryServer.application(host: host, port: port, delivery: delivery,
                                                                             idle: .seconds(idleTimeout), logger: logger)]

@@ -22,23 +22,13 @@ final class DeliveryTests: XCTestCase {
         return String(decoding: result.out, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
-    /// A device key for `app` (`attune app key create`): its private JWK.
     private func deviceKey(_ fleet: FleetHarness, app: String, models: [String]) throws -> String {
-        let result = try attune(fleet, ["app", "key", "create", "--app", app] + models.flatMap { ["--model", $0] })
-        XCTAssertEqual(result.status, 0)
-        return String(decoding: result.out, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        try fleet.deviceKey(app: app, models: models)
     }
 
-    /// A user's token signed with `jwk`, as the application's backend makes it (`attune token device`).
     private func userToken(_ fleet: FleetHarness, jwk: String, user: String, ttl: String = "10m",
                            models: [String] = []) throws -> String {
-        let file = NSTemporaryDirectory() + "/jwk-\(UUID().uuidString).json"
-        try Data(jwk.utf8).write(to: URL(fileURLWithPath: file))
-        defer { try? FileManager.default.removeItem(atPath: file) }
-        let result = try attune(fleet, ["token", "device", "--key-file", file, "--user", user, "--ttl", ttl]
-                                    + models.flatMap { ["--model", $0] })
-        XCTAssertEqual(result.status, 0)
-        return String(decoding: result.out, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        try fleet.userToken(jwk: jwk, user: user, ttl: ttl, models: models)
     }
 
     /// - Parameter keys: the server's ATTUNE_KEYS; nil: the test's own environment.
@@ -48,34 +38,9 @@ final class DeliveryTests: XCTestCase {
         return (server, server.devicePort)
     }
 
-    private struct Answer {
-        let status: Int
-        let body: Data
-        let headers: [String: String]
-    }
-
     private func fetch(_ port: Int, _ path: String, token: String?, ifNoneMatch: String? = nil,
-                       method: String = "GET") throws -> Answer {
-        var request = URLRequest(url: URL(string: "http://127.0.0.1:\(port)\(path)")!)
-        request.httpMethod = method
-        request.cachePolicy = .reloadIgnoringLocalCacheData
-        if let token { request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization") }
-        if let ifNoneMatch { request.setValue(ifNoneMatch, forHTTPHeaderField: "If-None-Match") }
-        final class Box: @unchecked Sendable { var answer: Result<Answer, any Error>? }
-        let box = Box(), done = DispatchSemaphore(value: 0)
-        URLSession(configuration: .ephemeral).dataTask(with: request) { data, response, error in
-            if let error { box.answer = .failure(error) } else {
-                let http = response as? HTTPURLResponse
-                var headers: [String: String] = [:]
-                for (key, value) in http?.allHeaderFields ?? [:] {
-                    headers[String(describing: key).lowercased()] = String(describing: value)
-                }
-                box.answer = .success(Answer(status: http?.statusCode ?? 0, body: data ?? Data(), headers: headers))
-            }
-            done.signal()
-        }.resume()
-        guard done.wait(timeout: .now() + 30) == .success else { throw Unreachable("no answer for \(path) within 30 s") }
-        return try XCTUnwrap(box.answer).get()
+                       method: String = "GET") throws -> DeviceAnswer {
+        try deviceRequest(port, path, method: method, token: token, headers: ifNoneMatch.map { ["If-None-Match": $0] } ?? [:])
     }
 
     private func exported(_ fleet: FleetHarness, _ arguments: [String]) throws -> Data {
@@ -206,7 +171,7 @@ final class DeliveryTests: XCTestCase {
         }
         try fleet.publish(job(rows: 0..<40, wrongLabels: false))
         _ = try fleet.events(untilEnded: 1)
-        func poll(until status: Int, ifNoneMatch tag: String?) throws -> Answer {
+        func poll(until status: Int, ifNoneMatch tag: String?) throws -> DeviceAnswer {
             var answer = try fetch(port, path, token: mine, ifNoneMatch: tag)
             let deadline = Date().addingTimeInterval(2)
             while answer.status != status && Date() < deadline {
