@@ -72,7 +72,9 @@ if [ $# -eq 0 ]; then
 fi
 # The producers' side, on servers of their own (each starts a worker that takes every partition): the
 # least-privilege producer user against the broker's permissions, the Go example (Debian's amqp091-go, no module
-# download) and the Python client (mypy --strict, then pytest against a real worker and serve). About a minute.
+# download) and the Python client (mypy --strict, then pytest against a real worker and serve). Then the devices'
+# side: the Swift client for apps (clients/swift, its own package, against a real serve) and the race of four
+# devices of one user and the fleet's jobs on that user's line (scripts/device-race.sh). About three minutes.
 if [ $# -eq 0 ]; then
   (
     eval "$(scripts/services.sh start "$work/producers" 2>"$work/producers-services.log")"
@@ -81,8 +83,17 @@ if [ $# -eq 0 ]; then
     "$ATTUNE_PYTHON" scripts/producer-user-test.py
     examples/go/run-test.sh
     clients/python/run-tests.sh -q
+    took "the producers' side"
+    if ! ATTUNE_SWIFT_CLIENT_SCRATCH=$work/swift-client clients/swift/run-tests.sh >"$work/swift-client.log" 2>&1; then
+      grep -E "error|failed|Fail" "$work/swift-client.log" | head -n 40 >&2
+      tail -n 20 "$work/swift-client.log" >&2
+      echo "the Swift client's tests failed" >&2
+      exit 1
+    fi
+    grep -E "Executed [0-9]+ tests" "$work/swift-client.log" | tail -n 1
+    took "the Swift client"
   )
-  took "the producers' side"
+  phase_start=$(date +%s)
 fi
 # The operator's drills, each on servers of its own: backup and restore (a dump restored into a new server
 # byte-identical, nothing opening without the keys, a forgotten user staying forgotten, pgBackRest's

@@ -219,4 +219,36 @@ final class DeviceUploadTests: XCTestCase {
         // And the key those refusals carried is still free: the first upload that passes takes it.
         XCTAssertEqual(try device.put(good, ifMatch: tag, key: "k").status, 201)
     }
+
+    /// The quality gate judges what the device reports of its own validation as it judges a job's: a version below
+    /// the floor is committed but held, and the devices keep the version they had. Forget takes the line away
+    /// from uploads as from fetches.
+    func testTheGateHoldsALowUploadAndAForgottenUserTakesNone() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let (server, device, user, _) = try setUp(fleet)
+        defer { server.stop() }
+        try fleet.registry.setUploadPolicy(model: fleet.model, UploadPolicy(maxChangeNorm: 50, maxStaleVersions: 8))
+        try fleet.registry.setQualityGate(model: fleet.model, minAccuracy: 0.9, maxDrop: nil)
+        let base = try device.get()
+        let tag = try XCTUnwrap(base.headers["etag"])
+
+        let low = try device.put(try state(of: base.body, plus: 0.01), ifMatch: tag, key: "low",
+                                 extra: ["Attune-Validation-Accuracy": "0.5", "Attune-Validation-Samples": "20"])
+        XCTAssertEqual(low.status, 201)
+        XCTAssertTrue((try json(low)["held"] as? String ?? "").contains("below the floor 0.9"))
+        XCTAssertEqual(try device.get(ifNoneMatch: tag).status, 304, "a held version is not served")
+        // The device trained from what it was served: its next upload carries its change onto the held head.
+        let good = try device.put(try state(of: base.body, plus: 0.02), ifMatch: tag, key: "good",
+                                  extra: ["Attune-Validation-Accuracy": "0.95"])
+        XCTAssertEqual(good.status, 201, String(decoding: good.body, as: UTF8.self))
+        XCTAssertNil(try json(good)["held"])
+        let served = try device.get(ifNoneMatch: tag)
+        XCTAssertEqual(served.headers["etag"], "\"\(fleet.model)@1/\(user)/v2\"")
+
+        XCTAssertEqual(try fleet.attuneOutput(["user", "forget", "--user", user]).status, 0)
+        let forgotten = try device.put(try state(of: base.body, plus: 0.03), ifMatch: try XCTUnwrap(served.headers["etag"]), key: "after")
+        XCTAssertEqual(forgotten.status, 404)
+        XCTAssertEqual(try fleet.registry.history(user: user, model: fleet.model).count, 0)
+    }
 }
