@@ -46,3 +46,31 @@ extension ModelRegistry {
                 try row.bool("gated"))
     }
 }
+
+/// A version a device uploaded, with the state it was applied onto: what a rebase carries to the new base as
+/// the device's change (`state` minus `parentState`).
+public struct DeviceChange: Sendable {
+    public let version: Int
+    /// The base both states are on.
+    public let baseVersion: Int
+    public let parentVersion: Int
+    public let state: Data
+    /// nil when the parent is version 0: the base's own tensors.
+    public let parentState: Data?
+}
+
+extension ModelRegistry {
+    /// The user's versions that devices uploaded, oldest first, each with its parent's state. Throws
+    /// `RegistryError.prunedVersion` when a state it needs was pruned (the change can no longer be told).
+    public func deviceChanges(user: String, model: String) throws -> [DeviceChange] {
+        let versions = try connection.query("""
+            SELECT version, parent_version, base_version FROM attune_personal_versions
+            WHERE user_id = $1 AND model = $2 AND worker LIKE 'device:%' ORDER BY version
+            """, [user, model]).rows.map { (try $0.int("version"), try $0.int("parent_version"), try $0.int("base_version")) }
+        return try versions.map { version, parent, base in
+            DeviceChange(version: version, baseVersion: base, parentVersion: parent,
+                         state: try personalVersion(user: user, model: model, version: version).state,
+                         parentState: parent > 0 ? try personalVersion(user: user, model: model, version: parent).state : nil)
+        }
+    }
+}

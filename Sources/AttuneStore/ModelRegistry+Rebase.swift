@@ -5,8 +5,8 @@ public import Foundation
 /// the new base and commits the result here, switching the line's base under the head's lock.
 extension ModelRegistry {
     /// Starts a rebase of `model` onto `baseVersion`, fixing the users it moves: every user whose head is
-    /// on another base. Users without kept jobs are settled as `stayed` at once when `withoutSamples` is
-    /// `.stay`. Throws `RebaseError.alreadyRunning` while another rebase of the model runs.
+    /// on another base. Users without kept jobs (or versions their devices uploaded, carried as changes) are
+    /// settled as `stayed` at once when `withoutSamples` is `.stay`. Throws `RebaseError.alreadyRunning` while another rebase of the model runs.
     public func startRebase(model: String, baseVersion: Int, withoutSamples: RebaseWithoutSamples) throws -> RebaseRecord {
         let conn = connection
         do {
@@ -22,8 +22,10 @@ extension ModelRegistry {
                 try conn.query("""
                     WITH lines AS (
                         SELECT h.user_id, h.version, h.base_version,
-                               (SELECT count(*) FROM attune_retained_jobs r
-                                 WHERE r.user_id = h.user_id AND r.model = h.model)::integer AS kept
+                               ((SELECT count(*) FROM attune_retained_jobs r
+                                  WHERE r.user_id = h.user_id AND r.model = h.model)
+                                + (SELECT count(*) FROM attune_personal_versions v
+                                   WHERE v.user_id = h.user_id AND v.model = h.model AND v.worker LIKE 'device:%'))::integer AS kept
                         FROM attune_personal_heads h
                         WHERE h.model = $2 AND h.version > 0 AND h.base_version <> $3
                         FOR UPDATE OF h)

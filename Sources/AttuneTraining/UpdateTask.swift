@@ -29,14 +29,17 @@ public struct UpdateResult: Sendable {
     /// The result of a sequence of tasks (a rebase's replay of kept jobs) as one: its last task's state,
     /// loss and validation, its tasks' epochs, samples and time summed. `last` nil: no task ran, `state`
     /// is the base's own.
-    public init(replaying results: [UpdateResult], from state: Attune_V1_UpdateState, durationSeconds: Double) {
-        self.state = results.last?.state ?? state
+    /// `endingOn`: the state the replay ended on when steps that are not tasks (a device's change) came after
+    /// the last task; the last task's validation then no longer measures it and is dropped.
+    public init(replaying results: [UpdateResult], from state: Attune_V1_UpdateState, durationSeconds: Double,
+                endingOn ending: Attune_V1_UpdateState? = nil) {
+        self.state = ending ?? results.last?.state ?? state
         finalLoss = results.last?.finalLoss ?? 0
         hasLoss = results.last?.hasLoss ?? false
         epochs = results.reduce(0) { $0 + $1.epochs }
         samples = results.reduce(0) { $0 + $1.samples }
         self.durationSeconds = durationSeconds
-        validation = results.last?.validation
+        validation = ending == nil || ending == results.last?.state ? results.last?.validation : nil
     }
 
     init(state: Attune_V1_UpdateState, finalLoss: Double, epochs: Int, samples: Int, durationSeconds: Double,

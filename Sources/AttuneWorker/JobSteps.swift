@@ -350,40 +350,75 @@ final class JobSteps {
         // Jobs kept past the head (none today: the head is read in the same batch) are not the line's yet.
         let kept = try store.retainedJobs(user: job.userID, model: job.model)
             .filter { $0.version <= head.version }
-            .map { try Attune_V1_TrainingJob(serializedBytes: $0.job) }
+            .map { (version: $0.version, job: try Attune_V1_TrainingJob(serializedBytes: $0.job)) }
+        // What devices trained carries over as their changes, in its place among the jobs.
+        let changes = try store.deviceChanges(user: job.userID, model: job.model).filter { $0.version <= head.version }
         // Every kept job checked against the new base before any of them trains.
-        let steps = try kept.enumerated().map { index, keptJob in
-            (batch: try model.prepareBatch(keptJob.samples, maxSamples: configuration.limits.maxSamples),
-             parameters: try model.resolveParameters(keptJob.parameters),
-             validation: index == kept.count - 1
-                 ? try model.prepareValidation(keptJob.validationSamples, trainingSamples: keptJob.samples.count,
-                                               maxSamples: configuration.limits.maxSamples)
-                 : nil)
+        let lastJob = kept.last?.version
+        var steps: [(version: Int, step: ReplayStep)] = try kept.map { kept in
+            let keptJob = kept.job
+            return (kept.version, .train(batch: try model.prepareBatch(keptJob.samples, maxSamples: configuration.limits.maxSamples),
+                                         parameters: try model.resolveParameters(keptJob.parameters),
+                                         validation: kept.version == lastJob
+                                             ? try model.prepareValidation(keptJob.validationSamples, trainingSamples: keptJob.samples.count,
+                                                                           maxSamples: configuration.limits.maxSamples)
+                                             : nil))
         }
+        steps += try changes.map { ($0.version, .applyChange(try deviceChange($0, model: job.model))) }
+        steps.sort { $0.version < $1.version }
         let events = EventFactory(job: job, worker: configuration.workerName)
         report(events.make(.trainingBegin) {
             $0.version = Int64(head.version)
-            $0.samples = Int64(steps.reduce(0) { $0 + $1.batch.count })
-            $0.epochs = Int64(steps.reduce(0) { $0 + $1.parameters.epochs })
+            $0.samples = Int64(steps.reduce(0) { if case .train(let batch, _, _) = $1.step { $0 + batch.count } else { $0 } })
+            $0.epochs = Int64(steps.reduce(0) { if case .train(_, let parameters, _) = $1.step { $0 + parameters.epochs } else { $0 } })
         })
         let started = Date()
         var results: [UpdateResult] = []
-        for step in steps {
-            let task = UpdateTask(model: model, state: results.last?.state, batch: step.batch,
-                                  parameters: step.parameters, validation: step.validation)
-            results.append(try run(task, of: job, started: started, isAbandoning: isAbandoning) { _ in })
+        var state: Attune_V1_UpdateState?
+        for (_, step) in steps {
+            switch step {
+            case let .train(batch, parameters, validation):
+                let task = UpdateTask(model: model, state: state, batch: batch, parameters: parameters, validation: validation)
+                results.append(try run(task, of: job, started: started, isAbandoning: isAbandoning) { _ in })
+                state = results.last?.state
+            case let .applyChange(change):
+                do {
+                    state = try model.applyingChange(of: change.state, from: change.parent, onto: state)
+                } catch {
+                    throw JobRejection(description: "the change a device made as version \(change.version) does not fit base \(target.baseVersion): \(error)")
+                }
+            }
         }
         let result = UpdateResult(replaying: results, from: model.initialState(),
-                                  durationSeconds: Date().timeIntervalSince(started))
+                                  durationSeconds: Date().timeIntervalSince(started), endingOn: state)
         var version = NewPersonalVersion(
             user: job.userID, model: job.model, baseVersion: target.baseVersion, parentVersion: head.version,
             jobId: job.jobID, state: try result.state.serializedData(), loss: result.loss,
             samples: result.samples, epochs: result.epochs, durationSeconds: result.durationSeconds,
             worker: configuration.workerName, jobDigest: candidate.digest,
-            parameters: #"{"rebase":\#(rebaseId),"replayedJobs":\#(kept.count)}"#,
+            parameters: #"{"rebase":\#(rebaseId),"replayedJobs":\#(kept.count),"deviceChanges":\#(changes.count)}"#,
             validation: result.validation?.recordJSON)
-        version.rebase = RebaseStep(rebaseId: rebaseId, replayedJobs: kept.count)
+        version.rebase = RebaseStep(rebaseId: rebaseId, replayedJobs: kept.count + changes.count)
         return Staged(candidate: candidate, version: version, result: result)
+    }
+
+    /// One step of a rebase's replay, in version order.
+    private enum ReplayStep {
+        case train(batch: TrainingBatch, parameters: ResolvedParameters, validation: TrainingBatch?)
+        case applyChange(DecodedDeviceChange)
+    }
+
+    private struct DecodedDeviceChange {
+        let version: Int
+        let state: Attune_V1_UpdateState
+        /// The state the device's version was applied onto, on its own base (that base's tensors for version 0).
+        let parent: Attune_V1_UpdateState
+    }
+
+    private func deviceChange(_ change: DeviceChange, model: String) throws -> DecodedDeviceChange {
+        let parent = try change.parentState.map { try Attune_V1_UpdateState(serializedBytes: $0) }
+            ?? baseModel(name: model, version: change.baseVersion).initialState()
+        return DecodedDeviceChange(version: change.version, state: try Attune_V1_UpdateState(serializedBytes: change.state), parent: parent)
     }
 
     /// Commits what was trained; returns the candidates to train again from a moved head.

@@ -27,6 +27,8 @@ public protocol JobStore: AnyObject {
     func rebaseJob(id: Int64, jobId: String, user: String) throws -> RebaseJobTarget?
     /// The jobs kept for a user's line, oldest version first (what a rebase replays).
     func retainedJobs(user: String, model: String) throws -> [(version: Int, job: Data)]
+    /// The versions devices uploaded, oldest first, with their parents' states (what a rebase carries as changes).
+    func deviceChanges(user: String, model: String) throws -> [DeviceChange]
     /// A rebase job dead-lettered: its user is settled as failed, with the reason.
     func settleFailedRebaseJob(jobId: String, reason: String) throws
     /// How jobs that committed nothing ended, with an outbox row for each terminal one (one statement).
@@ -35,7 +37,7 @@ public protocol JobStore: AnyObject {
 
 // `ModelRegistry` implements the rest with these exact signatures in `AttuneStore` (`lookup` and
 // `durablyApplied` in `+Batch`, `heldReasons` in `+QualityGate`, the rebase calls in `+Rebase`,
-// `retainedJobs` in `+SampleRetention`, `recordOutcomes` in `+JobOutcomes`, `linkedModelBytes` itself).
+// `retainedJobs` in `+SampleRetention`, `deviceChanges` in `+DeviceUploads`, `recordOutcomes` in `+JobOutcomes`, `linkedModelBytes` itself).
 extension ModelRegistry: JobStore {
     public func baseModelBytes(name: String, version: Int) throws -> Data {
         try baseModel(name: name, version: version).bytes

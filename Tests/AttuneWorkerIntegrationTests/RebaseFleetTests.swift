@@ -94,6 +94,44 @@ final class RebaseFleetTests: XCTestCase {
         }
     }
 
+    /// A version a device uploaded has no samples to keep: the rebase carries its change (its state minus the
+    /// state it was applied onto) to the new base. `dee` has only such a version and `--without-samples stay`, so
+    /// she is rebased, not left behind, onto the new base's tensors plus her device's change.
+    func testARebaseCarriesADevicesChangeOntoTheNewBase() throws {
+        let fleet = try FleetHarness()
+        defer { fleet.stop() }
+        let database = ["--database-url", fleet.databaseURL]
+        let old = try UpdatableModel(spec: ModelFile.decode(Data(contentsOf: Paths.digitsModel)))
+        var uploaded = old.initialState()
+        for index in uploaded.tensors.indices { uploaded.tensors[index].values = uploaded.tensors[index].values.map { $0 + 0.01 } }
+        let committed = try fleet.registry.commitVersions([NewPersonalVersion(
+            user: "dee", model: fleet.model, baseVersion: 1, parentVersion: 0, jobId: "device-rebase-test", state: try uploaded.serializedData(),
+            loss: nil, samples: 0, epochs: 0, durationSeconds: 0, worker: "device:phone")])
+        guard case .success(.committed(1)) = committed[0] else { return XCTFail("\(committed)") }
+
+        let newBase = try Self.writeNewBase()
+        defer { try? FileManager.default.removeItem(at: newBase) }
+        fleet.startWorker(fleet.configuration())
+        let started = try ChildProcess.run(Paths.attuneExecutable, ["model", "rebase", "--name", fleet.model, "--base", newBase.path,
+                                                                    "--without-samples", "stay", "--amqp-url", fleet.amqpURL] + database)
+        XCTAssertEqual(started.status, 0, started.output)
+        let status = try ChildProcess.run(Paths.attuneExecutable, ["model", "rebase-status", "--name", fleet.model,
+                                                                   "--wait", "--timeout", "60"] + database)
+        XCTAssertTrue(status.output.contains("1 users: 1 rebased, 0 moved, 0 stayed, 0 failed"), status.output)
+
+        let history = try fleet.registry.history(user: "dee", model: fleet.model)
+        XCTAssertEqual(history.map(\.baseVersion), [1, 2])
+        let rebased = try Attune_V1_UpdateState(serializedBytes: fleet.registry.personalVersion(user: "dee", model: fleet.model, version: 2).state)
+        // The new base's tensors, read from its file, plus 0.01 everywhere.
+        let plain = try UpdatableModel(spec: ModelFile.decode(Data(contentsOf: newBase))).initialState()
+        XCTAssertEqual(rebased.tensors.map(\.name), plain.tensors.map(\.name))
+        for (tensor, start) in zip(rebased.tensors, plain.tensors) {
+            XCTAssertEqual(tensor.values.count, start.values.count)
+            let worst = zip(tensor.values, start.values).map { abs(Double($0) - Double($1) - 0.01) }.max() ?? 0
+            XCTAssertLessThan(worst, 1e-5, tensor.name)
+        }
+    }
+
     func testABaseThatCannotTakeTheKeptSamplesIsRefusedBeforeAnythingStarts() throws {
         let fleet = try FleetHarness()
         defer { fleet.stop() }

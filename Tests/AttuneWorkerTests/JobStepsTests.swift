@@ -87,6 +87,7 @@ final class JobStepsTests: XCTestCase {
         /// No rebase was published in memory: a rebase job names none.
         func rebaseJob(id: Int64, jobId: String, user: String) throws -> RebaseJobTarget? { nil }
         func retainedJobs(user: String, model: String) throws -> [(version: Int, job: Data)] { [] }
+        func deviceChanges(user: String, model: String) throws -> [DeviceChange] { [] }
         var failedRebaseJobs: [String: String] = [:]
         func settleFailedRebaseJob(jobId: String, reason: String) throws { failedRebaseJobs[jobId] = reason }
 
