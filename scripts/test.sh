@@ -133,9 +133,9 @@ if [ $# -eq 0 ]; then
   ATTUNE_HA_FAST=1 scripts/fault-suite.sh --debug --ha --jobs 300 --users 20 --hot 2 --workers 3 --kills 2 --sigterms 1 \
     --bad 4 --republish 8 --samples 40 --pg-terminates 4 --timeout 300
   took "the fault suite on the PostgreSQL HA pair"
-  # A fleet past the old cap of 16: 48 worker processes of one slot on the 64 partitions, 600 users so that every
+  # A fleet past the old cap of 16: 48 worker processes of one slot on the 64 partitions, 320 users so that every
   # partition gets jobs, a RabbitMQ restart and 2 termination rounds; fails unless every worker commits.
-  scripts/fault-suite.sh --debug --workers 48 --partitions 64 --every-worker-commits --jobs 2000 --users 600 --hot 0 \
+  scripts/fault-suite.sh --debug --workers 48 --partitions 64 --every-worker-commits --jobs 1000 --users 320 --hot 0 \
     --kills 0 --sigterms 0 --bad 4 --republish 8 --samples 20 --pg-terminates 2 --pg-restarts 0 --pg-crashes 0 \
     --pg-kills 0 --timeout 300
   took "the fault suite with 48 workers"
