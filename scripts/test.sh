@@ -92,6 +92,13 @@ if [ $# -eq 0 ]; then
     fi
     grep -E "Executed [0-9]+ tests" "$work/swift-client.log" | tail -n 1
     took "the Swift client"
+    if ! scripts/device-race.sh >"$work/device-race.log" 2>&1; then
+      tail -n 40 "$work/device-race.log" >&2
+      echo "the device race failed" >&2
+      exit 1
+    fi
+    tail -n 12 "$work/device-race.log"
+    took "the device race"
   )
   phase_start=$(date +%s)
 fi
