@@ -41,7 +41,7 @@ for _ in $(seq 100); do curl -sf "$url/readyz" >/dev/null && break; sleep 0.1; d
 curl -sf "$url/readyz" >/dev/null || { echo "serve did not start: $(tail -5 "$work/serve.log")" >&2; exit 1; }
 
 build=release
-case "$attune" in */debug/*) build="debug (figures of a debug build: not what a release serves)" ;; esac
+case "$attune" in *debug*) build="debug (figures of a debug build: not what a release serves)" ;; esac
 echo "attune: $("$attune" --version 2>/dev/null | head -1), $build; serve --database-pool-size $pool_size; $(nproc) cores shared by the load generator, serve and PostgreSQL"
 echo "open loop: $rate uploads/s for $seconds s over $users users (each its own token; uploads of one user in turn, each naming the ETag its previous one was answered)"
 for content in state mlmodel; do

@@ -1169,23 +1169,22 @@ class Race:
         print(f"uploads sent: {len(attempts)} PUTs; 412 refusals: {refused} (then retrained: {counts['retrained']}, "
               f"merged: {counts['merged']}, 409 too stale: {counts['409']}); 503 busy: {counts['503']}; "
               f"GETs: {counts['get_200']} x 200, {counts['get_304']} x 304")
-        print(f"lost updates: {len(lost_updates)} (checked from the stored states: {min(a.content_checks, len(plain))} "
-              f"uploads stored exactly as sent, {min(a.content_checks, len(merged))} merges equal to their head plus "
-              f"their change, {fleet_checked} fleet jobs' versions trained on their device-made parent (largest gap "
-              f"{max(fleet_gaps, default=0):.2g} against NumPy), {stale_checked} of the uploads accepted under a stale "
-              f"If-Match: {carried} of them carried onto the head)")
-        print(f"uploads accepted under a stale If-Match (201 where a 412 was due): {len(stale_accepts)}")
-        print(f"versions no write explains: {len(unaccounted)}; jobs in two versions: {len(twice)}; "
-              f"fleet jobs not completed once: {a.fleet_jobs - len(completed_fleet)}")
         print(f"lost answers: {len(lost)} (retried under the same key: {lost_replayed} replayed, {lost_fresh} applied by "
               f"the retry, {lost_412} refused 412 then resolved by the policy; refused although the first request "
               f"committed: {len(late_commits)})")
         print(f"replays: {len(self.replays)} (same ETag and version: {len(self.replays) - len(replay_bad)}, marked "
               f"Idempotent-Replayed: {replay_marked}); extra versions: {max(0, n - expected_n)}")
-        if content_bad:
-            print(f"stored states wrong: {len(content_bad)}")
-        for what, expected, status, _ in security:
-            print(f"refusal: {what}: {status} (expected {expected})")
+        wrong = [f"{what} {status} (expected {expected})" for what, expected, status, _ in security if status != expected]
+        print(f"refusals: {', '.join(f'{what} {status}' for what, _, status, _ in security)}: "
+              + ("all as the contract says" if not wrong else f"{len(wrong)} NOT as the contract says"))
+        print(f"content: {min(a.content_checks, len(plain))} uploads stored exactly as sent, {min(a.content_checks, len(merged))} "
+              f"merges equal to their head plus their change, {fleet_checked} fleet jobs' versions trained on their "
+              f"device-made parent (largest gap {max(fleet_gaps, default=0):.2g} against NumPy), {stale_checked} uploads "
+              f"accepted under a stale If-Match ({carried} carried onto the head); wrong: {len(content_bad)}")
+        print(f"lost updates: {len(lost_updates)}")
+        print(f"uploads accepted under a stale If-Match (201 where a 412 was due): {len(stale_accepts)}")
+        print(f"versions no write explains: {len(unaccounted)}; jobs in two versions: {len(twice)}; "
+              f"fleet jobs not completed once: {a.fleet_jobs - len(completed_fleet)}")
         if self.failures:
             print(f"FAILED: {len(self.failures)} violation(s)")
             for f in self.failures[:40]:
