@@ -2,20 +2,24 @@
 # The device-upload race test: devices of ONE user train on the device and upload (PUT) while fleet jobs for that
 # same user are trained by a worker, and then every write is accounted for.
 #   eval "$(scripts/services.sh start DIR)"     # throwaway servers: sets ATTUNE_DATABASE_URL and ATTUNE_AMQP_URL
-#   scripts/device-race.sh [--devices 4] [--uploads 200] [--fleet-jobs 200] [--workers 1] [--seed N]
+#   scripts/device-race.sh [--devices 4] [--uploads 150] [--fleet-jobs 400] [--workers 1] [--seed N]
 # Migrates, imports the digits model under a name of its own (device_race_digits) with uploads enabled
-# (--max-change-norm 100), declares the topology, starts the workers and `attune serve` on free ports, then runs
-# Tests/python/device_simulator.py race: 4 simulated devices of one new user (two retrain on a 412, two merge with
-# If-Match: * and Attune-Trained-From), 200 accepted uploads each, 2% of the answers lost and retried under the same
-# Idempotency-Key, 5% of the accepted uploads sent again (the same ETag expected), and 200 fleet jobs published with
-# the Python client, interleaved with the uploads: 1,000 writes. It then checks from `attune model history --json`,
-# `attune model export` and PostgreSQL's job outcomes that every accepted upload (201) and every fleet job is in
-# exactly one version, that the versions are 1..N each on the version before, that no upload accepted under an ETag
-# landed on another parent (a lost update), that replays and retries made no version, that stored states hold
-# what was uploaded (or, for a merge, the head plus the device's change), and that another user's token gets 403, a
-# forged token 401 and a used key with another body 422. Prints its figures; exits 1 on any violation.
+# (--max-change-norm 100), declares the topology, starts the workers and `attune serve` on free ports (from a copy of
+# the binary), then runs Tests/python/device_simulator.py race: 4 simulated devices of one new user (two retrain on
+# a 412, two merge with If-Match: * and Attune-Trained-From), 150 accepted uploads each, 2% of the answers lost and
+# retried under the same Idempotency-Key, 5% of the accepted uploads sent again (the same ETag expected), and 400
+# fleet jobs for the same user published with the Python client, interleaved with the uploads: 1,000 writes. It then
+# checks from `attune model history --json`, PostgreSQL's job outcomes and `attune model export` that every accepted
+# upload (201) and every fleet job is in exactly one version; that the versions are 1..N, each on the version before;
+# that no upload sent with If-Match of a version the head had moved past was accepted (a 412 was due); that no
+# version is unexplained (a replay, or a lost answer's retry, that made a second version); that stored states hold
+# what was uploaded, a merge's head plus its change, and a fleet job's samples trained on its (device-made) parent,
+# as NumPy trains them (else: a lost update); and that the refusals are the contract's: another user's token 403, a
+# forged token 401, a used key with another body 422, 428, 400, 415, 422 for a missing tensor, a NaN and a change
+# above the norm limit, 413. Prints its figures, the deciding ones last; exits 1 on any violation.
 # Env: ATTUNE_BIN (default .build/debug/attune), ATTUNE_PYTHON (default .venv/bin/python), ATTUNE_KEYS or
-# ATTUNE_KEYS_FILE (default: a fixed test key). About 30 to 60 s with a debug build on 2 cores.
+# ATTUNE_KEYS_FILE (default: a fixed test key). About a minute with a debug build on 2 idle cores (most of it serve's
+# debug build answering some 1,900 PUTs and 1,600 GETs).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 : "${ATTUNE_DATABASE_URL:?set it (and ATTUNE_AMQP_URL): eval \"\$(scripts/services.sh start DIR)\"}"

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -58,11 +59,17 @@ class Pool:
         self.peak_busy = max(self.peak_busy, self.busy)
         try:
             for attempt in (1, 2):
-                reused = bool(self.idle)
+                # serve closes a connection idle for 15 s (--idle-timeout): drop those idle 10 s before using them.
+                now = time.monotonic()
+                for stale in [c for c in self.idle if now - c[2] > 10]:
+                    self.idle.remove(stale)
+                    stale[1].close()
+                reused = bool(self.idle) and attempt == 1
                 if reused:
-                    reader, writer = self.idle.pop()
+                    reader, writer, _ = self.idle.pop()
                 else:
                     reader, writer = await asyncio.open_connection(self.host, self.port)
+                    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     self.opened += 1
                 try:
                     head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
@@ -87,13 +94,13 @@ class Pool:
                 if response_headers.get("connection", "").lower() == "close":
                     writer.close()
                 else:
-                    self.idle.append((reader, writer))
+                    self.idle.append((reader, writer, time.monotonic()))
                 return status, response_headers, data
         finally:
             self.busy -= 1
 
     def close(self):
-        for _, writer in self.idle:
+        for _, writer, _ in self.idle:
             writer.close()
 
 
