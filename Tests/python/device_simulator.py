@@ -916,6 +916,15 @@ class Race:
         far = [(n, s, v + np.float32(10.0)) for n, s, v in tensors]  # a change of norm ~490, above the limit of 100
         check("a change above --max-change-norm", 422, renewed(), encode_update_state(far))
         check("a body above --max-upload-bytes", 413, renewed(), b"\0" * (16 << 20 | 1))
+        # Last: uploads turned off for the model (`attune model uploads --off`; the contract's draft said --disable).
+        for flag in ("--off", "--disable"):
+            off = subprocess.run([a.attune, "model", "uploads", "--name", a.model, flag], capture_output=True, text=True)
+            if off.returncode == 0:
+                check("uploads off for the model", 403, renewed(), body)
+                break
+        else:
+            checks.append(("uploads off for the model", 403, 0, "attune model uploads --off failed: " + off.stderr[-160:]))
+        subprocess.run([a.attune, "model", "uploads", "--name", a.model, "--max-change-norm", "100"], capture_output=True)
         conn.close()
         return checks
 
