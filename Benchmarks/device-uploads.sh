@@ -11,15 +11,18 @@
 #      merge (If-Match: * with Attune-Trained-From), and the held-out accuracy of the user's final head (and the base's).
 # Uses ATTUNE_BIN if set (point it at a release build), else builds a release binary. Nothing is asserted.
 #
-#   Benchmarks/device-uploads.sh [--rate 100] [--seconds 20] [--users 400] [--writers 6] [--rounds 5] [--pool-size 10]
+#   Benchmarks/device-uploads.sh [--rate 100] [--seconds 20] [--users 400] [--repeats 1] [--writers 6] [--rounds 5]
+#                                [--pool-size 10]
+# --repeats N runs the two latency rows N times, alternating (state, mlmodel, state, …), to show the run-to-run spread.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rate=100 seconds=20 users=400 writers=6 rounds=5 pool_size=10
+rate=100 seconds=20 users=400 repeats=1 writers=6 rounds=5 pool_size=10
 while (($#)); do
   case "$1" in
     --rate) rate=$2; shift ;;
     --seconds) seconds=$2; shift ;;
     --users) users=$2; shift ;;
+    --repeats) repeats=$2; shift ;;
     --writers) writers=$2; shift ;;
     --rounds) rounds=$2; shift ;;
     --pool-size) pool_size=$2; shift ;;
@@ -44,9 +47,12 @@ build=release
 case "$attune" in *debug*) build="debug (figures of a debug build: not what a release serves)" ;; esac
 echo "attune: $("$attune" --version 2>/dev/null | head -1), $build; serve --database-pool-size $pool_size; $(nproc) cores shared by the load generator, serve and PostgreSQL"
 echo "open loop: $rate uploads/s for $seconds s over $users users (each its own token; uploads of one user in turn, each naming the ETag its previous one was answered)"
-for content in state mlmodel; do
-  "$python" Benchmarks/python/device_uploads.py latency --url "$url" --key-file "$work/uploads.jwk" --model digits \
-    --rate "$rate" --seconds "$seconds" --users "$users" --prefix "lat-$content" --content "$content" >>"$work/latency.jsonl"
+for repeat in $(seq "$repeats"); do
+  for content in state mlmodel; do
+    "$python" Benchmarks/python/device_uploads.py latency --url "$url" --key-file "$work/uploads.jwk" --model digits \
+      --rate "$rate" --seconds "$seconds" --users "$users" --prefix "lat-$content-$repeat" --content "$content" \
+      >>"$work/latency.jsonl"
+  done
 done
 "$python" Benchmarks/python/device_uploads.py sizes >"$work/sizes.json"
 "$python" Benchmarks/python/device_uploads.py policies --url "$url" --key-file "$work/uploads.jwk" --model digits \
@@ -60,15 +66,15 @@ policies = [json.loads(line) for line in open(sys.argv[3])]
 def count(statuses, test):
     return sum(n for s, n in statuses.items() if s.isdigit() and test(int(s)))
 print()
-print("| body | rate /s (achieved) | uploads | p50 ms | p90 ms | p99 ms | max ms | 2xx | 412 | 5xx | other | connections |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| body | rate /s (achieved) | uploads | p50 ms | p90 ms | p99 ms | max ms | 2xx | 412 | 5xx | other | connections | generator late ms |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in latency:
     st = r["statuses"]
     other = r["uploads"] - count(st, lambda s: 200 <= s < 300) - st.get("412", 0) - count(st, lambda s: s >= 500)
     body = {"state": "state only", "mlmodel": "whole .mlmodel"}[r["content"]] + f" ({r['body_bytes']:,} B)"
     print(f"| {body} | {r['rate']:g} ({r['achieved_rate']:g}) | {r['uploads']} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} "
           f"| {r['p99_ms']:.1f} | {r['max_ms']:.1f} | {count(st, lambda s: 200 <= s < 300)} | {st.get('412', 0)} "
-          f"| {count(st, lambda s: s >= 500)} | {other} | {r['connections']} (peak {r['peak_in_flight']} in flight) |")
+          f"| {count(st, lambda s: s >= 500)} | {other} | {r['connections']} (peak {r['peak_in_flight']} in flight) | {r['generator_late_ms']:.1f} |")
     if other:
         print(f"|   other answers: {', '.join(f'{n}x {s}' for s, n in sorted(st.items()) if not (s.isdigit() and (200 <= int(s) < 300 or int(s) == 412 or int(s) >= 500)))} |")
 print()
