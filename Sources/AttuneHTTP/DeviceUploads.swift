@@ -100,7 +100,9 @@ enum DeviceUploads {
         } catch let refusal as Refusal {
             return DeliveryServer.text(refusal.status, refusal.reason + "\n")
         }
-        let answer = try await delivery.withRegistry { registry in try commit(upload, registry, delivery) }
+        let answer = try await delivery.withRegistry { registry in
+            try registry.whileHoldingUpload(jobId: upload.jobId) { try commit(upload, registry, delivery) }
+        }
         return respond(answer, upload, delivery)
     }
 
@@ -188,9 +190,15 @@ enum DeviceUploads {
             return .forbidden("device uploads are not enabled for model \(upload.model); an operator enables them with attune model uploads")
         }
         for _ in 0..<4 {
-            guard let deployed = try registry.deployedBase(model: upload.model, attributes: upload.attributes),
-                  case .head(let delivered) = try registry.deliveryLine(user: upload.user, model: upload.model) else { return .notFound }
-            let head = try registry.head(user: upload.user, model: upload.model)
+            // One snapshot: a commit landing between these reads would make the served version look older than
+            // the head, and an If-Match on it would be carried onto the head instead of refused.
+            let line = try registry.connection.transaction(snapshot: true) {
+                (deployed: try registry.deployedBase(model: upload.model, attributes: upload.attributes),
+                 delivered: try registry.deliveryLine(user: upload.user, model: upload.model),
+                 head: try registry.head(user: upload.user, model: upload.model))
+            }
+            guard let deployed = line.deployed, case .head(let delivered) = line.delivered else { return .notFound }
+            let head = line.head
             let lineBase = head?.baseVersion ?? deployed
             let headVersion = head?.version ?? 0
             // What a GET answers now (ModelDelivery.current): the delivered version while it is on the deployed base.

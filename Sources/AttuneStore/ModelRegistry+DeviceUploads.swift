@@ -74,3 +74,17 @@ extension ModelRegistry {
         }
     }
 }
+
+extension ModelRegistry {
+    /// Advisory lock class of device uploads, one lock per job id (beside the leases' 417001 and 417002 and the
+    /// commit's and cancel's 417003).
+    static let uploadClass: Int32 = 417_004
+
+    /// Runs `body` holding this session's lock on `jobId`: two requests carrying one idempotency key (a retry
+    /// sent while the first is still deciding) take turns, so the second finds the first's version.
+    public func whileHoldingUpload<T>(jobId: String, _ body: () throws -> T) throws -> T {
+        try connection.query("SELECT pg_advisory_lock($1, hashtext($2))", [Int(Self.uploadClass), jobId])
+        defer { _ = try? connection.query("SELECT pg_advisory_unlock($1, hashtext($2))", [Int(Self.uploadClass), jobId]) }
+        return try body()
+    }
+}
