@@ -101,7 +101,10 @@ enum DeviceUploads {
             return DeliveryServer.text(refusal.status, refusal.reason + "\n")
         }
         let answer = try await delivery.withRegistry { registry in
-            try registry.whileHoldingUpload(jobId: upload.jobId) { try commit(upload, registry, delivery) }
+            // As a worker does: a commit that notifies inside it holds PostgreSQL's one notify lock through its
+            // flush, so uploads committing together would wait for each other's flushes.
+            if !registry.notifiesHeadsAfterCommit { try registry.notifyHeadsAfterCommit() }
+            return try registry.whileHoldingUpload(jobId: upload.jobId) { try commit(upload, registry, delivery) }
         }
         return respond(answer, upload, delivery)
     }

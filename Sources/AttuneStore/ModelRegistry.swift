@@ -13,7 +13,7 @@ public final class ModelRegistry {
     /// Users' data keys this connection has read (see `UserDataKeys`).
     let userKeys = UserKeyCache()
     /// Whether `commitVersions` notifies the heads it moved after its commit (`notifyHeadsAfterCommit()`).
-    private(set) var notifiesHeadsAfterCommit = false
+    public private(set) var notifiesHeadsAfterCommit = false
 
     public init(connection: PostgresConnection, keys: StorageKeys = .none) {
         self.connection = connection
