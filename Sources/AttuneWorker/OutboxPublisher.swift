@@ -42,16 +42,8 @@ public final class OutboxPublisher: Sendable {
             let registry = try self.registry ?? ModelRegistry(connection: try PostgresConnection(url: databaseURL), keys: keys)
             self.registry = registry
             guard let outcome = try registry.jobOutcomes([jobId]).first else { return }
-            let broker = try self.broker ?? {
-                let connection = try BrokerAddresses.connect(amqpURL, heartbeatSeconds: 30, connectionName: "\(name)-outbox")
-                do {
-                    try connection.enableConfirms()
-                } catch {
-                    connection.close()
-                    throw error
-                }
-                return connection
-            }()
+            let broker = try self.broker
+                ?? OutboxRelay.Seams.confirmedConnection(amqpURL, heartbeatSeconds: 30, name: "\(name)-outbox")
             self.broker = broker
             for event in OutboxRelay.events(for: outcome, worker: outcome.worker ?? name) {
                 try broker.publishConfirmed(event, headers: [:])

@@ -33,17 +33,22 @@ final class OutboxRelay: Sendable {
                 ModelRegistry(connection: try PostgresConnection(url: configuration.databaseURL),
                               keys: configuration.storageKeys)
             }, openBroker: {
-                let connection = try BrokerAddresses.connect(configuration.amqpURL,
-                                                             heartbeatSeconds: configuration.heartbeatSeconds,
-                                                             connectionName: "\(configuration.workerName)-outbox")
-                do {
-                    try connection.enableConfirms()
-                } catch {
-                    connection.close()
-                    throw error
-                }
-                return connection
+                try confirmedConnection(configuration.amqpURL, heartbeatSeconds: configuration.heartbeatSeconds,
+                                        name: "\(configuration.workerName)-outbox")
             })
+        }
+
+        /// A broker connection in confirm mode, closed again if confirms cannot be turned on. The relay's and
+        /// `OutboxPublisher`'s.
+        static func confirmedConnection(_ url: String, heartbeatSeconds: Int, name: String) throws -> AMQPConnection {
+            let connection = try BrokerAddresses.connect(url, heartbeatSeconds: heartbeatSeconds, connectionName: name)
+            do {
+                try connection.enableConfirms()
+            } catch {
+                connection.close()
+                throw error
+            }
+            return connection
         }
     }
 
