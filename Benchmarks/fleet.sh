@@ -6,7 +6,7 @@
 #   Benchmarks/fleet.sh --ha [--jobs N] [--ha-configs WxS[,WxS...]] [--ha-pairs P] [--ha-set NAME=VALUE] [--out FILE]
 #   Benchmarks/fleet.sh --only latency|slots|scale|big|outbox [--jobs N] [--out FILE]
 #   Benchmarks/fleet.sh --only hot [--jobs N] [--hot-jobs H] [--hot-rate F] [--hot-seconds S] [--attune-worker-args="..."] [--out FILE]
-#   Benchmarks/fleet.sh [--ha] --only celery [--jobs N] [--rounds R] [--celery-prefetch 1,4] [--attune-worker-args="..."] [--out FILE]
+#   Benchmarks/fleet.sh [--ha] --only celery [--jobs N] [--rounds R] [--celery-profiles long,short] [--celery-prefetch 1,4] [--attune-worker-args="..."] [--out FILE]
 #   Benchmarks/fleet.sh --only costs [--jobs N] [--out FILE]
 #   Benchmarks/fleet.sh [--ha] --only notify [--jobs N] [--out FILE]
 #   Benchmarks/fleet.sh --only parking [--jobs N] [--out FILE]
@@ -25,9 +25,14 @@
 # at half of it, then one user's H jobs (default 10,000) dumped into the running fleet while the others' jobs are paced
 # at F x the peak for S s: their latency in that user's partition and elsewhere, and how long the backlog took to drain
 # (Benchmarks/python/bench_hot.py; about 2 minutes plus the build).
-# --only celery: a Celery 5 peer (Benchmarks/python/celery_worker.py, -c 2, 4, 8) beside the pika peer (2 processes,
-# prefetch 16) and Attune (1x2, 2x1, 1x4, 2x2), 6,000 jobs each, --rounds rounds (default 2); with --ha, each round
-# on the single server and then on the pg_auto_failover pair. Prints Attune's best / Celery's best and / the pika peer.
+# --only celery: a Celery 5 peer (Benchmarks/python/celery_worker.py, -c 2, 4, 8) in two profiles beside the pika peer
+# (2 processes, prefetch 16) and Attune (1x2, 2x1, 1x4, 2x2), 6,000 jobs each, --rounds rounds (default 2); with --ha,
+# each round on the single server and then on the pg_auto_failover pair. The profiles (--celery-profiles, default both):
+# long, the long-task configuration (-O fair, prefetch multiplier 1, each job's `completed` event published; with
+# --celery-prefetch 1,4 once per multiplier); short, Celery's short-task defaults (prefetch multiplier 4, default
+# scheduling, no events: it publishes no `completed`, so does less work than Attune; the bench reads its jobs' ends from
+# the worker's counters). Prints both profiles' settings, every run, and Attune's best / the best Celery run of any
+# profile and -c (naming that column) and / the pika peer.
 # --only costs: where one job's cost goes: N jobs (default 6000) drained through Attune 1 worker x 2 slots and the
 # pika peer (2 processes, prefetch 16), three drains each (the servers' counters and perf stat; tcpdump and perf record
 # of the worker's socket syscalls; perf record -g): CPU, transactions, statements, WAL, fsyncs, round trips, AMQP frames

@@ -165,10 +165,90 @@ def render_big(args, runs, jobs, best_peer):
     return lines
 
 
-def render_celery(args, runs, jobs, databases, attune_extra, prefetches, minutes):
-    """--only celery's tables: `runs` is [{round, db, key, kind, result, versions}] (kind: celery, pika or
-    attune); every row, then per round and database the best of each fleet and Attune's ratios to the peers,
-    and with two databases each fleet's HA / single."""
+def _celery_settings(profile):
+    """Every setting of a Celery profile, in the report's order: (setting, value). What is not in the profile is
+    celery_worker.py's app.conf and CeleryFleet.command, the same for every profile."""
+    prefetch = (f"{profile.prefetch}" if profile.prefetch is not None
+                else "4 (Celery's default: neither --prefetch-multiplier nor the setting given)")
+    return [
+        ("pool", "prefork, -c 2, 4 and 8, one psycopg connection a child"),
+        ("prefetch multiplier (prefetch count = multiplier x -c)", prefetch),
+        ("scheduling", "-O fair" if profile.fair else "Celery's default (no -O)"),
+        ("`completed` event from the task", "one a job, through Celery's producer pool, as Attune's"
+         if profile.publishes_completed else "none (less work a job than Attune)"),
+        ("`failed` event from the task", "on a failure" if profile.publishes_completed else "none"),
+        ("acks late (task_acks_late)", "on: acked after the commit"),
+        ("reject on worker lost", "on: a dead child's job is delivered again"),
+        ("acks on failure", "on"),
+        ("Celery's task events (worker_send_task_events, -E)", "off (Celery's default)"),
+        ("gossip, mingle, heartbeat", "off (--without-*)"),
+        ("result backend", "none (task_ignore_result)"),
+        ("serializer", "JSON"),
+        ("queue", "celerybench.jobs, durable classic, jobs persistent"),
+    ]
+
+
+def _celery_settings_table(profiles):
+    """Both (all) profiles' settings side by side, each row saying whether the profiles differ in it."""
+    columns = [_celery_settings(profile) for profile in profiles]
+    lines = ["| setting | " + " | ".join(profile.name for profile in profiles) + " | |",
+             "| --- | " + " | ".join("---" for _ in profiles) + " | --- |"]
+    for row, (setting, _) in enumerate(columns[0]):
+        values = [column[row][1] for column in columns]
+        same = "shared" if len(set(values)) == 1 else "**differs**"
+        lines.append(f"| {setting} | " + " | ".join(values) + f" | {same} |")
+    return lines
+
+
+def _celery_effective(runs, profiles):
+    """What each profile's worker said it ran with (celery_worker.py's `celery worker settings` line, the last
+    run's), and a note when the profiles' scheduling turned out the same in effect."""
+    said = {}
+    for x in runs:
+        if x["kind"] == "celery" and x.get("effective"):
+            said[x["profile"].name] = x["effective"]
+    lines = [f"- {profile.name}: {said.get(profile.name, 'no settings line in its log')}" for profile in profiles]
+    strategies = {text.split("pool scheduling ")[1].split(",")[0] for text in said.values() if "pool scheduling " in text}
+    if len(said) > 1 and len(strategies) == 1:
+        lines.append(f"  (every profile's pool ran the {strategies.pop()} strategy: Celery 5's prefork pool maps its "
+                     "default profile to the same strategy as -O fair, so the profiles differ in prefetch and events)")
+    return ["What each profile's Celery worker reported at start, read from its own consumer and pool (its last "
+            "run: prefetch count = multiplier x -c):"] + lines
+
+
+def _celery_verdict(runs, databases, names):
+    """Attune's best run against the best Celery run of every profile and concurrency (and round), per database,
+    and each profile's best, so the comparison is with the strongest Celery column, not one that suits Attune."""
+    def best(db, keep):
+        rows = [x for x in runs if x["db"] == db and keep(x)]
+        return max(rows, key=lambda x: x["result"]["rate"] or 0) if rows else None
+
+    def where(x):
+        return f"{fmt(x['result']['rate'], '.1f')} jobs/s ({x['result']['label']}, round {x['round']})"
+
+    lines = []
+    for db in databases:
+        attune, celery = best(db, lambda x: x["kind"] == "attune"), best(db, lambda x: x["kind"] == "celery")
+        if not attune or not celery:
+            continue
+        profile_bests = []
+        for profile in dict.fromkeys(x["profile"] for x in runs if x["kind"] == "celery"):
+            top = best(db, lambda x, profile=profile: x["kind"] == "celery" and x["profile"] == profile)
+            profile_bests.append(f"{profile.short} {where(top)}")
+        v = ratio(attune["result"]["rate"], celery["result"]["rate"])
+        column = f"{celery['profile'].name}, -c {celery['result']['label'].rsplit('-c ', 1)[-1]}"
+        lines.append(f"**{names[db]}: Attune best / Celery best = {fmt(v, '.2f')}{'x' if v else ''}**. Attune best: "
+                     f"{where(attune)}. Celery best over every profile, -c and round: "
+                     f"{fmt(celery['result']['rate'], '.1f')} jobs/s, the column {column} (round {celery['round']}). "
+                     f"Each profile's best: {'; '.join(profile_bests)}.")
+    return lines
+
+
+def render_celery(args, runs, jobs, databases, attune_extra, profiles, minutes):
+    """--only celery's tables: `runs` is [{round, db, key, kind, result, versions, profile, reported, effective}]
+    (kind: celery, pika or attune; profile, reported and effective for Celery's runs); the Celery profiles'
+    settings, every row, then per round and database the best of each fleet and Attune's ratios to the peers, with
+    two databases each fleet's HA / single, and the verdict against the best Celery column."""
     names = {"single": "single", "ha": "HA pair"}
     kinds = (("celery", "Celery best"), ("pika", "pika peer"), ("attune", "Attune best"))
     rounds = sorted({x["round"] for x in runs})
@@ -180,25 +260,38 @@ def render_celery(args, runs, jobs, databases, attune_extra, prefetches, minutes
         "before its workers start and begins from empty queues and tables. Database: one durable PostgreSQL"
         + (" (single), then the pg_auto_failover pair (HA pair: a primary and its synchronous standby, both durable, "
            "on the same cores)" if "ha" in databases else "") + ".",
-        "Celery: celery_worker.py, Celery 5 prefork -c N, acks late, reject on worker lost, prefetch multiplier "
-        f"{'/'.join(str(q) for q in prefetches)}, -O fair, no result backend, one `completed` event a job. pika peer: "
-        "python_worker.py, 2 processes, prefetch 16, training_begin + 10 epoch_end + completed events a job. Attune: "
-        + (" ".join(attune_extra) if attune_extra else "every progress event (no --events in this build)") + ".",
+        "Celery: celery_worker.py, Celery 5 prefork, in " + str(len(profiles)) + " profile"
+        + ("s" if len(profiles) > 1 else "") + " (settings below). pika peer: python_worker.py, 2 processes, prefetch "
+        "16, training_begin + 10 epoch_end + completed events a job. Attune: "
+        + (" ".join(attune_extra) if attune_extra else "every progress event (no --events in this build)")
+        + ", at least one `completed` event a job.",
+    ]
+    if any(not profile.publishes_completed for profile in profiles):
+        lines.append("NOTE: the short-task profile does LESS work than Attune: its task publishes no `completed` "
+                     "event (Attune publishes one a job, as does the long-task profile); the bench sees its jobs end "
+                     "through the worker's own shared counters (a job counts once committed) instead of events.")
+    lines += [
         "jobs/s: jobs completed between the 10% and 90% marks of a queue drained from full; CPU s/job: CPU used between "
         "those marks / jobs completed between them (worker: the fleet's process trees, Celery's main process and its "
         "children included). versions: rows committed, of the jobs (job ids are unique: each job applied once). "
+        "worker count: the jobs the Celery worker itself counted done (its shutdown line). "
         "others' load: cores busy outside the bench meanwhile.",
         "",
+    ]
+    lines += _celery_settings_table(profiles) + [""] + _celery_effective(runs, profiles)
+    lines += [
+        "",
         "| round | database | configuration | jobs/s | worker CPU s/job | broker CPU s/job | db CPU s/job | versions | "
-        "retrains | others' load |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "worker count | retrains | others' load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for x in runs:
         r, cpu = x["result"], x["result"].get("cpu") or {}
+        count = x.get("reported")
         lines.append(
             f"| {x['round']} | {names[x['db']]} | {r['label']} | {fmt(r['rate'], '.1f')} | {fmt(cpu.get('workers'), '.5f')} | "
             f"{fmt(cpu.get('broker'), '.5f')} | {fmt(cpu.get('db'), '.5f')} | {x['versions']} of {r['jobs']} | "
-            f"{fmt(r['retrains'])} | {fmt(r.get('others'), '.2f')} |")
+            f"{count['jobs'] if count else ''} | {fmt(r['retrains'])} | {fmt(r.get('others'), '.2f')} |")
 
     def best(round_, db, kind):
         rows = [x["result"] for x in runs if x["round"] == round_ and x["db"] == db and x["kind"] == kind]
@@ -211,8 +304,8 @@ def render_celery(args, runs, jobs, databases, attune_extra, prefetches, minutes
         return f"{fmt(r['rate'], '.1f')} ({short})"
 
     times = lambda v: fmt(v, '.2f') + ("x" if v else "")  # noqa: E731
-    lines += ["", "| round | database | Celery best | pika peer | Attune best | Attune / Celery | Attune / pika peer |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "| round | database | Celery best (any profile, any -c) | pika peer | Attune best | Attune / Celery | "
+              "Attune / pika peer |", "| --- | --- | --- | --- | --- | --- | --- |"]
     summary = {db: {"celery": [], "pika": []} for db in databases}
     for round_ in rounds:
         for db in databases:
@@ -235,12 +328,14 @@ def render_celery(args, runs, jobs, databases, attune_extra, prefetches, minutes
         lines.append(f"{names[db]}: Attune best / Celery best, each round: "
                      f"{', '.join(times(v) for v in summary[db]['celery'])}; Attune best / pika peer: "
                      f"{', '.join(times(v) for v in summary[db]['pika'])}.")
+    lines += _celery_verdict(runs, databases, names)
     results = [x["result"] for x in runs]
     incomplete = [f"round {x['round']} {names[x['db']]} {x['result']['label']}" for x in runs
-                  if x["result"].get("done", 0) < x["result"]["jobs"] or x["versions"] != x["result"]["jobs"]]
+                  if x["result"].get("done", 0) < x["result"]["jobs"] or x["versions"] != x["result"]["jobs"]
+                  or (x.get("reported") and x["reported"]["jobs"] + x["reported"]["failed"] != x["result"]["jobs"])]
     failed = [f"{r['label']}: {r['failed']}" for r in results if r.get("failed")]
     if incomplete:
-        lines.append("INCOMPLETE (fewer `completed` events or versions than jobs): " + "; ".join(incomplete))
+        lines.append("INCOMPLETE (fewer `completed` events, versions or worker counts than jobs): " + "; ".join(incomplete))
     if failed:
         lines.append("failed events: " + "; ".join(failed))
     lines.append(f"The mode took {minutes:.1f} minutes.")

@@ -6,34 +6,51 @@ Celery's JSON serializer). It runs python_worker.py's Trainer, the pika peer's c
 applied, load the user's head weights (lo_get) or the base's, train NumPy float32, and commit in one transaction
 (lock the head row, check the job id and the head again, lo_from_bytea, insert the version, move the head; a
 head moved meanwhile means training again from the new one, a retrain), on its own copy of the tables (schema
-`celerybench`). Then it publishes the job's `completed` event to `attune.events` (the pika peer's routing key
-and body; no training_begin or epoch_end: a Celery app reports no progress by default) through Celery's own
-producer pool, and returns; the worker's main process acks the message once the child reports the task done.
+`celerybench`). Then, unless CELERYBENCH_EVENTS=none, it publishes the job's `completed` event to `attune.events`
+(the pika peer's routing key and body; no training_begin or epoch_end: a Celery app reports no progress by
+default) through Celery's own producer pool, and returns; the worker's main process acks the message once the child reports the task done.
 
 The settings, and why (in `app.conf` below): acks late and reject on a lost worker, so a job is acked only once
-it is committed and a job whose process died is delivered again (the job id makes the second run a skip);
-prefetch multiplier 1 (Celery's advice with acks late); no result backend (the version row is the result);
-JSON only. The worker runs as
+it is committed and a job whose process died is delivered again (the job id makes the second run a skip); no
+result backend (the version row is the result); JSON only; Celery's task events off (its default). The fleet
+bench runs two profiles of it (bench_fleets.py's CeleryProfile):
+
+- long-task: prefetch multiplier 1 (Celery's advice for long tasks with acks late), `-O fair`, and the task
+  publishes each job's `completed` event, as Attune does:
 
     CELERYBENCH_BASE=digits-base.npz CELERYBENCH_AMQP_URL=amqp://... CELERYBENCH_DATABASE_URL=postgresql://... \\
-        celery -A celery_worker worker --pool prefork -c 4 -Q celerybench.jobs -O fair \\
+        celery -A celery_worker worker --pool prefork -c 4 --prefetch-multiplier 1 -Q celerybench.jobs -O fair \\
                --without-gossip --without-mingle --without-heartbeat -n celerybench@%h --loglevel WARNING
 
-(from this folder; ATTUNE_AMQP_URL / ATTUNE_DATABASE_URL are read when the CELERYBENCH_ ones are not set;
+- short-task defaults: Celery's defaults, where a team with many short tasks starts: the default prefetch
+  multiplier (4), the default scheduling (no -O), and no event at all: CELERYBENCH_EVENTS=none, so the task publishes no
+  `completed` (it does less work per job than Attune); the fleet bench then sees completions through
+  CELERYBENCH_COUNTS (below) instead of events.
+
+(From this folder; ATTUNE_AMQP_URL / ATTUNE_DATABASE_URL are read when the CELERYBENCH_ ones are not set;
 CELERYBENCH_SCHEMA, CELERYBENCH_QUEUE and CELERYBENCH_PREFETCH change the schema, the queue and the prefetch
-multiplier). Prefork: NumPy and psycopg hold the GIL for most of a job, so processes are the parallelism, and
-each opens its one psycopg connection in worker_process_init. `-O fair` hands a task only to an idle child
-(the default profile may queue a task in a busy child's pipe while another is free). Gossip, mingle and
+multiplier, which is Celery's default when neither it nor --prefetch-multiplier is given.) Prefork: NumPy and
+psycopg hold the GIL for most of a job, so processes are the parallelism, and each opens its one psycopg
+connection in worker_process_init. `-O fair` hands a task only to an idle child; note that Celery 5's prefork
+pool maps the default profile to the same fair strategy (celery.concurrency.asynpool.SCHED_STRATEGIES), so the
+worker reports the strategy it really runs at start (`celery worker settings: ...`). Gossip, mingle and
 heartbeat are worker-to-worker chatter for remote control and monitoring that a bench of one worker has no use
-for (many deployments turn them off; remote control's pidbox queue stays, as in a default deployment).
+for (many deployments turn them off; remote control's pidbox queue stays, as in a default deployment); with them
+off and task events off, the worker's event dispatcher is disabled.
+
+CELERYBENCH_COUNTS=FILE: the worker's counters (jobs done, retrains, failed: three int64) live in this file,
+mapped shared by the main process and its children, so the fleet bench can watch jobs complete without any event
+(a job counts once its transaction committed, before its ack).
 
 On SIGTERM the worker shuts down warm: running tasks finish and are acked, prefetched ones go back to the queue,
-and the main process prints `celery worker stopped: N jobs, R retrains` (what the fleet bench reads).
+and the main process prints `celery worker stopped: N jobs, R retrains, F failed` (what the fleet bench reads).
 
 The fleet bench publishes the jobs itself (`task_message`, below: Celery's own protocol-2 headers, persistent,
 with publisher confirms), all of them before the worker starts.
 """
+import ctypes
 import json
+import mmap
 import multiprocessing
 import os
 import sys
@@ -42,6 +59,7 @@ import sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from celery import Celery, signals  # noqa: E402
+from celery.concurrency.asynpool import SCHED_STRATEGY_TO_NAME  # noqa: E402
 from celery.utils.log import get_task_logger  # noqa: E402
 from kombu import Connection, Exchange, Queue  # noqa: E402
 
@@ -51,6 +69,10 @@ TASK = "celerybench.train"
 QUEUE = os.environ.get("CELERYBENCH_QUEUE", "celerybench.jobs")
 SCHEMA = os.environ.get("CELERYBENCH_SCHEMA", "celerybench")
 AMQP_URL = os.environ.get("CELERYBENCH_AMQP_URL") or os.environ.get("ATTUNE_AMQP_URL") or "amqp://"
+# "completed": the task publishes each job's completed (or failed) event, as Attune does; "none": no event at all.
+PUBLISH_EVENTS = os.environ.get("CELERYBENCH_EVENTS", "completed") != "none"
+COUNTS_FILE = os.environ.get("CELERYBENCH_COUNTS")
+JOBS, RETRAINS, FAILED = range(3)  # the shared counters' slots
 
 app = Celery("celerybench", broker=AMQP_URL, set_as_current=True)
 logger = get_task_logger(__name__)
@@ -72,31 +94,65 @@ app.conf.update(
     # marked failed, and the job is lost. The job id makes a second delivery of a committed job a skip.
     # (Celery's warning applies: a job that kills its process every time would loop.)
     task_reject_on_worker_lost=True,
-    # Prefetch multiplier 1: the worker reserves at most one unacked message per child (prefetch = multiplier x
-    # concurrency). With acks late a reserved message is held, unacked, until its task ends, so a larger
-    # multiplier only parks jobs behind busy children that another worker could run; Celery's docs advise 1
-    # with acks late for long tasks. The fleet bench can try others (--celery-prefetch 1,4; 4 was no faster).
-    worker_prefetch_multiplier=int(os.environ.get("CELERYBENCH_PREFETCH", "1")),
-    # A task that raises is acked (failed, reported by a `failed` event) rather than redelivered for ever.
+    # A task that raises is acked (failed; the long-task profile reports it by a `failed` event) rather than
+    # redelivered for ever.
     task_acks_on_failure_or_timeout=True,
     worker_send_task_events=False,
     task_send_sent_event=False,
     broker_connection_retry_on_startup=True,
 )
+if os.environ.get("CELERYBENCH_PREFETCH"):
+    # The long-task profile's multiplier 1: the worker reserves at most one unacked message per child (prefetch =
+    # multiplier x concurrency). With acks late a reserved message is held, unacked, until its task ends, so a
+    # larger multiplier only parks jobs behind busy children that another worker could run; Celery's docs advise
+    # 1 with acks late for long tasks. Unset (the short-task profile), Celery's default of 4 applies.
+    app.conf.worker_prefetch_multiplier = int(os.environ["CELERYBENCH_PREFETCH"])
 
 
 class _State:
     trainer = None  # this child's Trainer (model and psycopg connection), made in worker_process_init
-    counters = None  # jobs, retrains: shared by the main process and its children (made before they fork)
+    counters = None  # jobs, retrains, failed: shared by the main process and its children (made before they fork)
+    lock = None  # guards the counters' increments across the children
 
 
 state = _State()
 
 
+def _shared_counters(path):
+    """Three int64 in a shared mapping the forked children inherit: of the file `path` when given (so the fleet
+    bench can read them while the worker runs), else anonymous."""
+    size = 8 * 3
+    if path:
+        with open(path, "w+b") as f:
+            f.truncate(size)
+            memory = mmap.mmap(f.fileno(), size)  # the mapping outlives the file object
+    else:
+        memory = mmap.mmap(-1, size)
+    return (ctypes.c_int64 * 3).from_buffer(memory)  # keeps `memory` alive
+
+
 @signals.worker_init.connect
 def _worker_init(**_):
-    # In the main process, before the pool forks: the children inherit the shared counters.
-    state.counters = multiprocessing.get_context("fork").Array("q", 2)
+    # In the main process, before the pool forks: the children inherit the shared counters and their lock.
+    state.counters = _shared_counters(COUNTS_FILE)
+    state.lock = multiprocessing.get_context("fork").Lock()
+
+
+@signals.worker_ready.connect
+def _worker_ready(sender, **_):
+    """What the worker really runs with, read from its own consumer and pool rather than from our flags, so the
+    fleet bench can show that a profile's settings took (e.g. that no -O still means the fair strategy)."""
+    pool = getattr(sender.pool, "_pool", None)
+    strategy = SCHED_STRATEGY_TO_NAME.get(getattr(pool, "sched_strategy", None), "unknown")
+    dispatcher = getattr(sender, "event_dispatcher", None)
+    conf = sender.app.conf
+    print(f"celery worker settings: prefetch multiplier {sender.prefetch_multiplier}, prefetch count "
+          f"{getattr(sender.qos, 'value', '?')}, pool scheduling {strategy}, event dispatcher "
+          f"{'on' if dispatcher is not None and dispatcher.enabled else 'off'}, task events "
+          f"{'on' if conf.worker_send_task_events else 'off'}, completed events "
+          f"{'published' if PUBLISH_EVENTS else 'none'}, acks late {conf.task_acks_late}, reject on worker lost "
+          f"{conf.task_reject_on_worker_lost}, result backend {conf.result_backend or 'none'}",
+          file=sys.stderr, flush=True)
 
 
 @signals.worker_process_init.connect
@@ -115,12 +171,12 @@ def _process_shutdown(**_):
 @signals.worker_shutdown.connect
 def _worker_shutdown(**_):
     if state.counters is not None:
-        print(f"celery worker stopped: {state.counters[0]} jobs, {state.counters[1]} retrains",
-              file=sys.stderr, flush=True)
+        print(f"celery worker stopped: {state.counters[JOBS]} jobs, {state.counters[RETRAINS]} retrains, "
+              f"{state.counters[FAILED]} failed", file=sys.stderr, flush=True)
 
 
 def _count(index):
-    with state.counters.get_lock():
+    with state.lock:
         state.counters[index] += 1
 
 
@@ -136,9 +192,11 @@ def publish_event(job, kind, **fields):
 @app.task(name=TASK, bind=True)
 def train_job(self, job):
     try:
-        version, extra = state.trainer.run(job, retrained=lambda: _count(1))
+        version, extra = state.trainer.run(job, retrained=lambda: _count(RETRAINS))
     except Exception as error:
-        publish_event(job, "failed", error=repr(error)[:500], willRetry=False)
+        if PUBLISH_EVENTS:
+            publish_event(job, "failed", error=repr(error)[:500], willRetry=False)
+        _count(FAILED)
         raise
     if (self.request.delivery_info or {}).get("redelivered"):
         # Only after a lost child or connection (or a warm shutdown that handed back what it had reserved).
@@ -147,8 +205,9 @@ def train_job(self, job):
                        else f"trained and committed as version {version}")
     # The event goes out before the ack (the main process acks when this returns): a child lost in between
     # has its job delivered again, and the second run reports a duplicate.
-    publish_event(job, "completed", version=str(version), **extra)
-    _count(0)
+    if PUBLISH_EVENTS:
+        publish_event(job, "completed", version=str(version), **extra)
+    _count(JOBS)
 
 
 # The driver's side: the queue and the messages.

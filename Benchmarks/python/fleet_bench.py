@@ -70,7 +70,8 @@ def parse_args():
                         "default 600) on Attune 1 worker x 2 slots and x 1 slot and the peer's 2 processes at "
                         "prefetch 1 and 4: jobs/s and jobs/s per core (no pgbench); outbox: Attune 1 worker x 2 slots "
                         "with the terminal events' outbox (migration 0023's trigger) and without it, the same jobs in "
-                        "turn, three pairs; celery: the Celery peer (celery_worker.py) at -c 2, 4 and 8 beside the pika "
+                        "turn, three pairs; celery: the Celery peer (celery_worker.py) in each --celery-profiles profile "
+                        "(long-task and short-task defaults) at -c 2, 4 and 8 beside the pika "
                         "peer (2 processes, prefetch 16) and Attune 1 worker x 2 slots, 2 x 1, 1 x 4 and 2 x 2, --jobs "
                         "(default 6000) each, --rounds rounds; with --ha-url, each round on the single server and then "
                         "on the HA set; hot: Attune 1 worker x 2 slots' peak (--jobs, default 6000), p50/p99/p99.9 at "
@@ -81,8 +82,14 @@ def parse_args():
                         "prefetch 16): CPU, statements, WAL, fsyncs, round trips, AMQP frames and bytes per job and "
                         "perf profiles, from the servers' counters, perf and tcpdump (bench_costs.py)")
     p.add_argument("--rounds", type=int, default=2, help="--only celery: how many rounds (default 2)")
+    p.add_argument("--celery-profiles", default="long,short",
+                   help="--only celery: the Celery peer's profiles, comma-separated (default long,short): long, the "
+                        "long-task configuration (-O fair, prefetch multiplier 1, publishes each job's completed "
+                        "event); short, Celery's short-task defaults (prefetch multiplier 4, default scheduling, no "
+                        "events)")
     p.add_argument("--celery-prefetch", default="1",
-                   help="--only celery: the Celery peer's prefetch multipliers to try, comma-separated (default 1)")
+                   help="--only celery: the long-task profile's prefetch multipliers to try, comma-separated "
+                        "(default 1; the short-task profile keeps Celery's default, 4)")
     p.add_argument("--attune-worker-args", default="",
                    help="--only celery and hot: more flags for every `attune worker` (one string, split as a shell "
                         "would)")
@@ -371,19 +378,21 @@ def latency_only(ctx, rows, n):
 
 
 def celery_only(ctx, rows):
-    """The Celery comparison: the same jobs (--jobs, default 6,000, the uniform mix) on the Celery peer at -c 2, 4
-    and 8 (for each --celery-prefetch multiplier), the pika peer at its usual best (2 processes, prefetch 16) and
-    Attune 1 worker x 2 slots, 2 x 1, 1 x 4 and 2 x 2, in turn, each queued whole before its workers start and
-    drained from empty queues and tables; --rounds rounds. With --ha-url every round runs on the single durable
-    server and then on the pg_auto_failover pair (each peer gets its schema there too). Attune's workers report
-    only terminal events when `attune worker` has --events (the Celery peer sends only `completed`)."""
+    """The Celery comparison: the same jobs (--jobs, default 6,000, the uniform mix) on the Celery peer in each
+    --celery-profiles profile (long-task: -O fair, prefetch multiplier 1 or each --celery-prefetch, a `completed`
+    event a job; short-task defaults: prefetch multiplier 4, default scheduling, no events) at -c 2, 4 and 8, the
+    pika peer at its usual best (2 processes, prefetch 16) and Attune 1 worker x 2 slots, 2 x 1, 1 x 4 and 2 x 2, in
+    turn, each queued whole before its workers start and drained from empty queues and tables; --rounds rounds.
+    With --ha-url every round runs on the single durable server and then on the pg_auto_failover pair (each peer
+    gets its schema there too). Attune's workers report only terminal events when `attune worker` has --events.
+    Attune is judged against the best Celery run of any profile and concurrency."""
     import copy
     import shlex
 
     import psycopg
 
     import celery_worker
-    from bench_fleets import CELERY_QUEUE, CELERY_SCHEMA, CeleryFleet, CeleryPublisher, celery_target
+    from bench_fleets import CELERY_QUEUE, CELERY_SCHEMA, CeleryFleet, CeleryPublisher, celery_profiles, celery_target
     from bench_report import render_celery
 
     args, began = ctx.args, time.monotonic()
@@ -393,9 +402,10 @@ def celery_only(ctx, rows):
     if not attune_extra:
         log("attune worker has no --events; its rows send every progress event")
     attune_extra += shlex.split(args.attune_worker_args)
-    prefetches = [int(q) for q in args.celery_prefetch.split(",")]
+    profiles = celery_profiles(args.celery_profiles.split(","), [int(q) for q in args.celery_prefetch.split(",")])
 
-    log(f"creating the Celery peer's tables (schema {CELERY_SCHEMA}) and its queue ({CELERY_QUEUE})")
+    log(f"creating the Celery peer's tables (schema {CELERY_SCHEMA}) and its queue ({CELERY_QUEUE}); profiles: "
+        + "; ".join(profile.name for profile in profiles))
     create_schema_copy(args, CELERY_SCHEMA)
     celery_worker.declare_queue(args.amqp_url)
     publishers = {"celery": CeleryPublisher(args.amqp_url)}
@@ -421,8 +431,8 @@ def celery_only(ctx, rows):
             fleet.label += ", " + " ".join(attune_extra)
         return fleet
 
-    configs = [(f"c{c}" + (f"p{q}" if q != 1 else ""), "celery", lambda c=c, q=q: CeleryFleet(args, c, q),
-                celery_target) for q in prefetches for c in (2, 4, 8)]
+    configs = [(f"c{c}{profile.key}", "celery", lambda c=c, profile=profile: CeleryFleet(args, c, profile),
+                celery_target) for profile in profiles for c in (2, 4, 8)]
     configs.append(("py", "pika", lambda: PythonFleet(args, 2, 16), peer_target))
     configs += [(f"a{w}{s}", "attune", lambda w=w, s=s: attune(w, s), attune_target)
                 for w, s in ((1, 2), (2, 1), (1, 4), (2, 2))]
@@ -445,6 +455,16 @@ def celery_only(ctx, rows):
             return conn.execute(f"SELECT count(*) FROM {schema}.attune_personal_versions WHERE job_id NOT LIKE %s",
                                 (HISTORY_JOBS,)).fetchone()[0]
 
+    def watched(fleet):
+        """The context throughput() reads completions through: the event listener, or, for a Celery profile that
+        publishes no event, that fleet's counter of the worker's own counts."""
+        counter = getattr(fleet, "counter", None)
+        if counter is None:
+            return ctx
+        run_ctx = copy.copy(ctx)
+        run_ctx.listener = counter
+        return run_ctx
+
     runs, plain = [], ctx.publisher
     try:
         for i in range(args.rounds):
@@ -454,19 +474,31 @@ def celery_only(ctx, rows):
                     clear()
                     ctx.publisher = publishers.get(kind, plain)
                     tag = f"{key}-{db}{i}"
-                    r = throughput(ctx, make(), target, make_jobs(rows, tag, n, "uniform", seed=1), f"celery-{tag}")
+                    fleet = make()
+                    r = throughput(watched(fleet), fleet, target, make_jobs(rows, tag, n, "uniform", seed=1),
+                                   f"celery-{tag}")
                     runs.append({"round": i + 1, "db": db, "key": key, "kind": kind, "result": r,
-                                 "versions": versions(schemas[kind])})
-                best = {kind: max((x["result"]["rate"] or 0 for x in runs
-                                   if x["round"] == i + 1 and x["db"] == db and x["kind"] == kind), default=0)
-                        for kind in schemas}
-                log(f"round {i + 1}, {db}: Attune best / Celery best {fmt(ratio(best['attune'], best['celery']), '.2f')}, "
-                    f"Attune best / pika peer {fmt(ratio(best['attune'], best['pika']), '.2f')}")
+                                 "versions": versions(schemas[kind]), "profile": getattr(fleet, "profile", None),
+                                 "reported": getattr(fleet, "reported", None),
+                                 "effective": getattr(fleet, "effective", None)})
+                log_round_best(runs, i + 1, db)
     finally:
         ctx.publisher = plain
         args.active_url, ctx.servers.db_roots = args.database_url, [ctx.servers.postmaster]
     minutes = (time.monotonic() - began) / 60
-    print_report(args, render_celery(args, runs, n, [db for db, _, _ in databases], attune_extra, prefetches, minutes))
+    print_report(args, render_celery(args, runs, n, [db for db, _, _ in databases], attune_extra, profiles, minutes))
+
+
+def log_round_best(runs, round_, db):
+    """Attune's best against the best Celery run of any profile and concurrency in this round, and the pika peer."""
+    def best(kind):
+        rows = [x["result"] for x in runs if x["round"] == round_ and x["db"] == db and x["kind"] == kind]
+        return max(rows, key=lambda r: r["rate"] or 0, default={"rate": None, "label": "none"})
+
+    attune, celery, pika = best("attune"), best("celery"), best("pika")
+    log(f"round {round_}, {db}: Attune best / Celery best ({celery['label']}) "
+        f"{fmt(ratio(attune['rate'], celery['rate']), '.2f')}, Attune best / pika peer "
+        f"{fmt(ratio(attune['rate'], pika['rate']), '.2f')}")
 
 
 if __name__ == "__main__":
