@@ -361,8 +361,88 @@ type event struct {
 	CancelStage string `json:"cancelStage"`
 }
 
+// epochs holds the fields that report epochs, decoded apart from event so that a surprise in them never
+// costs the job's outcome: an EPOCH_END's own, and a terminal event's epochMetrics.
+type epochs struct {
+	Epoch              string         `json:"epoch"`
+	Epochs             string         `json:"epochs"`
+	Loss               protoDouble    `json:"loss"`
+	ValidationLoss     *protoDouble   `json:"validationLoss"`
+	ValidationAccuracy *protoDouble   `json:"validationAccuracy"`
+	EpochMetrics       []epochMetrics `json:"epochMetrics"`
+}
+
+// epochMetrics is one entry of a terminal event's epochMetrics (event contract 2): the epochs of a job whose
+// task ended within the worker's --progress-after, which published no EPOCH_END of its own. The validation
+// fields are present only when measured.
+type epochMetrics struct {
+	Epoch              string       `json:"epoch"`
+	Loss               protoDouble  `json:"loss"`
+	ValidationLoss     *protoDouble `json:"validationLoss"`
+	ValidationAccuracy *protoDouble `json:"validationAccuracy"`
+}
+
+// protoDouble is a double of the protobuf JSON mapping: a number, or "NaN", "Infinity", "-Infinity".
+type protoDouble float64
+
+func (d *protoDouble) UnmarshalJSON(data []byte) error {
+	var text string
+	if err := json.Unmarshal(data, &text); err == nil {
+		value, err := strconv.ParseFloat(text, 64) // reads NaN, Infinity and -Infinity
+		if err != nil {
+			return fmt.Errorf("a double that is neither a number nor NaN/Infinity/-Infinity: %q", text)
+		}
+		*d = protoDouble(value)
+		return nil
+	}
+	var value float64
+	if err := json.Unmarshal(data, &value); err != nil {
+		return err
+	}
+	*d = protoDouble(value)
+	return nil
+}
+
+// epochLine is what an EPOCH_END says, and what each entry of a terminal event's epochMetrics says alike.
+func epochLine(jobID, epoch, of string, loss protoDouble, validationLoss, validationAccuracy *protoDouble) string {
+	if epoch == "" {
+		epoch = "0"
+	}
+	if of != "" {
+		epoch += "/" + of
+	}
+	line := fmt.Sprintf("job %s epoch %s loss %.4f", jobID, epoch, float64(loss))
+	var validation []string
+	if validationLoss != nil {
+		validation = append(validation, fmt.Sprintf("loss %.4f", float64(*validationLoss)))
+	}
+	if validationAccuracy != nil {
+		validation = append(validation, fmt.Sprintf("accuracy %.3f", float64(*validationAccuracy)))
+	}
+	if len(validation) > 0 {
+		line += ", validation " + strings.Join(validation, " ")
+	}
+	return line
+}
+
+// eventContract is the x-attune-event-contract header's value: "2" from workers that may put a short job's
+// epochs on its terminal event, none (contract 1) from releases before 0.40.
+func eventContract(headers amqp.Table) string {
+	switch value := headers["x-attune-event-contract"].(type) {
+	case nil:
+		return "1 (no x-attune-event-contract header)"
+	case string:
+		return value
+	case []byte:
+		return string(value)
+	default:
+		return fmt.Sprint(value)
+	}
+}
+
 func awaitOutcome(deliveries <-chan amqp.Delivery, o options) int {
 	deadline := time.After(o.timeout)
+	contractShown := false
 	for {
 		select {
 		case d, ok := <-deliveries:
@@ -378,7 +458,26 @@ func awaitOutcome(deliveries <-chan amqp.Delivery, o options) int {
 			if e.JobID != o.jobID {
 				continue // another job of the same user
 			}
+			if !contractShown {
+				fmt.Printf("event contract %s\n", eventContract(d.Headers))
+				contractShown = true
+			}
 			fmt.Printf("%s %s\n", d.RoutingKey, d.Body)
+			// Every epoch's metrics, under either form: an EPOCH_END of its own (a longer job, or a worker
+			// started with --events all), or on the terminal event (a job over within --progress-after).
+			var p epochs
+			if err := json.Unmarshal(d.Body, &p); err != nil {
+				fmt.Fprintf(os.Stderr, "cannot read the epochs of this %s event (%v)\n", e.Kind, err)
+			} else if e.Kind == "EPOCH_END" {
+				fmt.Println(epochLine(o.jobID, p.Epoch, p.Epochs, p.Loss, p.ValidationLoss, p.ValidationAccuracy))
+			}
+			for _, m := range p.EpochMetrics {
+				of := ""
+				if e.Kind == "COMPLETED" { // a failed or cancelled job's epochs stop short
+					of = strconv.Itoa(len(p.EpochMetrics))
+				}
+				fmt.Println(epochLine(o.jobID, m.Epoch, of, m.Loss, m.ValidationLoss, m.ValidationAccuracy))
+			}
 			switch e.Kind {
 			case "COMPLETED":
 				version := e.Version

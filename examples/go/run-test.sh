@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs the Go producer (examples/go) against a real worker: a job that trains must end with exit 0 and a
-# version; a job the worker refuses (epochs the model does not allow), and one over its body limit, with
-# exit 1 and the worker's reason.
+# Runs the Go producer (examples/go) against a real worker: a job that trains must end with exit 0, a version
+# and a line for each of its epochs (from the epochMetrics on its COMPLETED at the worker's default, event
+# contract 2, and from its EPOCH_END events once the worker is started again with --events all); a job the
+# worker refuses (epochs the model does not allow), and one over its body limit, with exit 1 and the worker's
+# reason.
 #   ATTUNE_DATABASE_URL=… ATTUNE_AMQP_URL=… examples/go/run-test.sh
 # The servers must be throwaway ones already running (scripts/services.sh start DIR): this migrates the
 # database, imports a model and runs a worker, which takes every job queued there.
@@ -45,8 +47,11 @@ echo "== migrating, importing $model, starting a worker"
   "$attune" model import examples/models/digits-pretrained.mlmodel --name "$model" >/dev/null
 "$attune" topology declare >/dev/null 2>"$work/topology.log" || { cat "$work/topology.log" >&2; fail "attune topology declare failed"; }
 # A body limit the training job fits under and the oversized one below does not.
-"$attune" worker --name "go-example-$$" --max-body-bytes 100000 >"$work/worker.log" 2>&1 &
-worker=$!
+start_worker() {  # [WORKER OPTIONS…]
+  "$attune" worker --name "go-example-$$" --max-body-bytes 100000 "$@" >"$work/worker.log" 2>&1 &
+  worker=$!
+}
+start_worker
 
 # The URLs to publish (and to watch) with: the administrator's, or the producer users'.
 ok_urls=(--amqp-url "$ATTUNE_AMQP_URL") refused_urls=(--amqp-url "$ATTUNE_AMQP_URL")
@@ -71,7 +76,33 @@ status=0
 cat "$work/ok.out"
 [ "$status" = 0 ] || fail "the producer exited $status for a job that should train"
 grep -Eq "completed: version [1-9][0-9]*$" "$work/ok.out" || fail "no version printed"
-grep -q '"kind":"TRAINING_BEGIN"' "$work/ok.out" || fail "the job's events were not printed"
+grep -q '"kind":"COMPLETED"' "$work/ok.out" || fail "the job's events were not printed"
+grep -qx "event contract 2" "$work/ok.out" || fail "the x-attune-event-contract header was not 2"
+# Every epoch once, in order, whichever way the worker sent them: a job this short (well under the worker's
+# --progress-after, 0.25 s) on its COMPLETED's epochMetrics, a longer one as EPOCH_END events.
+epochs_printed() { grep -Eo "^job [^ ]+ epoch [0-9]+/5 loss [0-9.]+" "$1" | awk '{print $4}' | tr '\n' ' '; }
+[ "$(epochs_printed "$work/ok.out")" = "1/5 2/5 3/5 4/5 5/5 " ] ||
+  fail "the job's 5 epochs were not printed once each, in order: $(epochs_printed "$work/ok.out")"
+if grep -q '"kind":"EPOCH_END"' "$work/ok.out"; then
+  echo "(the job trained past --progress-after: its progress came as events)"
+else
+  grep -q '"epochMetrics":\[' "$work/ok.out" || fail "no EPOCH_END and no epochMetrics on the COMPLETED"
+fi
+passed=$((passed + 1))
+
+echo "== the same against a worker started with --events all: every epoch its own EPOCH_END (event contract 1's form)"
+kill -TERM "$worker" 2>/dev/null || true; wait "$worker" 2>/dev/null || true; worker=
+start_worker --events all
+status=0
+"$work/attune-producer" "${ok_urls[@]}" --model "$model" --user "go-all-$run" --csv examples/data/digits.csv.gz \
+  --rows 1200:1260 --epochs 5 --timeout 120s >"$work/all.out" 2>&1 || status=$?
+cat "$work/all.out"
+[ "$status" = 0 ] || fail "the producer exited $status for a job that should train (--events all)"
+grep -q '"kind":"TRAINING_BEGIN"' "$work/all.out" || fail "no TRAINING_BEGIN from a worker with --events all"
+[ "$(grep -c '"kind":"EPOCH_END"' "$work/all.out")" = 5 ] || fail "not 5 EPOCH_END events from a worker with --events all"
+! grep -q '"epochMetrics"' "$work/all.out" || fail "epochMetrics from a worker with --events all"
+[ "$(epochs_printed "$work/all.out")" = "1/5 2/5 3/5 4/5 5/5 " ] ||
+  fail "the job's 5 epochs were not printed once each, in order: $(epochs_printed "$work/all.out")"
 passed=$((passed + 1))
 
 echo "== a job the worker refuses (epochs 50): exit 1 naming the reason"

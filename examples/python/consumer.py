@@ -6,6 +6,11 @@
 
 Routing keys are `<model>.<user>.<event>` (event in lower case: training_begin, epoch_end, mini_batch_end,
 completed, failed, cancelled); a job that names no valid user or model reports under the word `~`.
+A job over within the worker's --progress-after (event contract 2, the default `--events coalesced`) sends no
+training_begin or epoch_end: its epochs ride on its completed, failed or cancelled event (`epochMetrics`), and
+are printed as EPOCH_END lines too, before the event's own line, so every job's epochs read alike. Without
+--json it also says (on stderr) which event contract the events follow, from their `x-attune-event-contract`
+header (2; none from workers before 0.40, contract 1).
 Bodies are the protobuf JSON mapping of `attune.v1.Event` (see the README's "Event JSON"): the kind is
 upper case ("COMPLETED"), 64-bit integers are strings ("version": "3"), and a field at its default is
 absent except `duplicate` on completed and `willRetry` on failed, which are always there.
@@ -26,19 +31,42 @@ import pika
 KINDS = ["training_begin", "epoch_end", "mini_batch_end", "completed", "failed", "cancelled"]
 
 
+def who(event):
+    return f"{event.get('model', '~')}/{event.get('userId', '~')} job {event.get('jobId', '?')}"
+
+
+def epoch_line(kind, event, metrics):
+    """An epoch's line, from an EPOCH_END or from one entry of a terminal event's epochMetrics alike.
+    Doubles may be the strings "NaN"/"Infinity"/"-Infinity", which float() reads; absent means 0 (or, for
+    the validation figures, not measured)."""
+    line = f"{kind} {who(event)}: epoch {metrics.get('epoch', '0')} loss {float(metrics.get('loss', 0)):.4f}"
+    validation = []
+    if "validationLoss" in metrics:
+        validation.append(f"loss {float(metrics['validationLoss']):.4f}")
+    if "validationAccuracy" in metrics:
+        validation.append(f"accuracy {float(metrics['validationAccuracy']):.3f}")
+    return line + (", validation " + " ".join(validation) if validation else "")
+
+
+def epoch_lines(event):
+    """A terminal event's epochs (event contract 2: a short job publishes no EPOCH_END), as EPOCH_END lines."""
+    return [epoch_line("EPOCH_END", event, metrics) + f" (on its {event['kind']})"
+            for metrics in event.get("epochMetrics", [])]
+
+
 def summary(event):
     kind = event["kind"]
-    who = f"{event.get('model', '~')}/{event.get('userId', '~')} job {event.get('jobId', '?')}"
+    name = who(event)
     if kind == "TRAINING_BEGIN":
-        return f"{kind} {who}: {event.get('samples', '0')} samples, {event.get('epochs', '0')} epochs from v{event.get('version', '0')}"
+        return f"{kind} {name}: {event.get('samples', '0')} samples, {event.get('epochs', '0')} epochs from v{event.get('version', '0')}"
     if kind in ("EPOCH_END", "MINI_BATCH_END"):
-        return f"{kind} {who}: epoch {event.get('epoch', '0')} loss {event.get('loss', 0):.4f}"
+        return epoch_line(kind, event, event)
     if kind == "COMPLETED":
         extra = " (duplicate: applied before)" if event["duplicate"] else f" loss {event.get('loss', '-')}"
-        return f"{kind} {who}: v{event.get('version', '0')}{extra}"
+        return f"{kind} {name}: v{event.get('version', '0')}{extra}"
     if kind == "FAILED":
-        return f"{kind} {who}: {event.get('reason', '')} (will retry: {event['willRetry']})"
-    return f"{kind} {who}: {event.get('cancelStage', '')} {event.get('reason', '')}"
+        return f"{kind} {name}: {event.get('reason', '')} (will retry: {event['willRetry']})"
+    return f"{kind} {name}: {event.get('cancelStage', '')} {event.get('reason', '')}"
 
 
 def ended(event):
@@ -79,6 +107,7 @@ def main():
     print(f"listening on attune.events for {args.model}.{args.user}", file=sys.stderr, flush=True)
 
     count = 0
+    contracts = set()
     deadline = time.monotonic() + args.timeout if args.timeout else None
     for method, properties, body in channel.consume(queue, inactivity_timeout=0.5):
         if deadline and time.monotonic() > deadline:
@@ -89,7 +118,17 @@ def main():
         event = json.loads(body)
         if parse:
             parse(body)
-        print(body.decode("utf-8") if args.json else f"{method.routing_key}  {summary(event)}", flush=True)
+        if args.json:
+            print(body.decode("utf-8"), flush=True)
+        else:
+            contract = (properties.headers or {}).get("x-attune-event-contract", "1 (no header)")
+            if isinstance(contract, bytes):
+                contract = contract.decode("utf-8", "replace")
+            if contract not in contracts:
+                contracts.add(contract)
+                print(f"events follow event contract {contract}", file=sys.stderr, flush=True)
+            for line in epoch_lines(event) + [summary(event)]:
+                print(f"{method.routing_key}  {line}", flush=True)
         if ended(event):
             count += 1
             if args.until_ended and count >= args.until_ended:

@@ -6,7 +6,7 @@ import os
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Tuple
 
 import pika
 import pytest
@@ -15,6 +15,29 @@ from attune_client import Producer
 
 ROOT = Path(__file__).resolve().parents[3]
 DIGITS_CSV = str(ROOT / "examples" / "data" / "digits.csv.gz")
+# The `attune worker --events` choice of the worker run-tests.sh started: it runs pytest once with the default
+# (coalesced) and once more with a worker started with `--events all`, each time running only the tests made
+# for that worker (`@pytest.mark.worker_events(...)`; unmarked tests run with the default one).
+WORKER_EVENTS = os.environ.get("ATTUNE_CLIENT_WORKER_EVENTS", "coalesced")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "worker_events(*modes): run only against a worker started with one of "
+                                       "these --events choices (run-tests.sh runs pytest once per choice)")
+
+
+def worker_modes(item: pytest.Item) -> Tuple[str, ...]:
+    marker = item.get_closest_marker("worker_events")
+    return tuple(str(mode) for mode in marker.args) if marker is not None else ("coalesced",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    # Deselected, not skipped: the other pass runs them, and pytest's summary counts them as deselected.
+    kept = [item for item in items if WORKER_EVENTS in worker_modes(item)]
+    dropped = [item for item in items if WORKER_EVENTS not in worker_modes(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def _needed(name: str) -> str:

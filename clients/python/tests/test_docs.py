@@ -9,7 +9,7 @@ from typing import List
 
 import pytest
 
-from attune_client import Event, Outcome
+from attune_client import AttuneError, EpochMetrics, Event, Outcome
 
 from conftest import ROOT
 
@@ -57,6 +57,55 @@ def test_every_documented_event_parses() -> None:
     validated = [e for e in events if e.validation_accuracy is not None]
     assert validated and validated[0].validation_accuracy == 0.925
     assert any(e.duplicate for e in events if e.kind == "completed")
+    # Event contract 2: a short job's completed carries its epochs (each with its validation metrics there).
+    carried = [e for e in events if e.epoch_metrics]
+    assert carried and all(e.kind in ("completed", "failed", "cancelled") for e in carried)
+    for each in carried:
+        assert [m.epoch for m in each.epochs_reported()] == list(range(1, len(each.epoch_metrics) + 1))
+        assert each.epoch_metrics[-1].loss == each.loss
+        assert each.epoch_metrics[-1].validation_accuracy == each.validation_accuracy
+    # Under either contract an epoch_end reports its own epoch, and nothing else does.
+    assert all(len(e.epochs_reported()) == 1 for e in events if e.kind == "epoch_end")
+    assert not any(e.epochs_reported() for e in events if e.kind in ("training_begin", "mini_batch_end"))
+
+
+def test_a_short_jobs_terminal_event_carries_its_epochs() -> None:
+    # As docs/events.md shows it (job 9f1c2d4e-0009), and as a worker writes it: epoch an int64 string, the
+    # validation fields present only when measured, a loss of 0 absent (the proto's default).
+    body = (b'{"kind":"COMPLETED","jobId":"9f1c2d4e-0009","userId":"frank","model":"digits","version":"4",'
+            b'"loss":0.031,"samples":"20","durationSeconds":0.0021,"worker":"worker-1",'
+            b'"timestampMs":"1795476070102","duplicate":false,"validationLoss":0.29,"validationAccuracy":0.9,'
+            b'"epochMetrics":[{"epoch":"1","loss":0.52,"validationLoss":0.61,"validationAccuracy":0.8},'
+            b'{"epoch":"2","loss":0.031,"validationLoss":0.29,"validationAccuracy":0.9}]}')
+    event = Event.parse(body)
+    assert event.kind == "completed" and event.version == 4 and event.epoch == 0
+    assert event.epoch_metrics == (EpochMetrics(epoch=1, loss=0.52, validation_loss=0.61, validation_accuracy=0.8),
+                                   EpochMetrics(epoch=2, loss=0.031, validation_loss=0.29, validation_accuracy=0.9))
+    assert event.epochs_reported() == event.epoch_metrics
+    outcome = Outcome.from_event(event, "completed")
+    assert outcome.epochs == event.epoch_metrics and outcome.version == 4
+
+    cancelled = Event.parse(b'{"kind":"CANCELLED","jobId":"j","epoch":"3","epochMetrics":[{"epoch":"1","loss":"NaN"},'
+                            b'{"epoch":"2"}],"cancelStage":"training"}')
+    first, second = cancelled.epochs_reported()
+    assert first.epoch == 1 and first.loss != first.loss and first.validation_loss is None
+    assert second == EpochMetrics(epoch=2, loss=0.0)
+    # Contract 1's form of the same: the epoch_end itself.
+    epoch_end = Event.parse(b'{"kind":"EPOCH_END","jobId":"j","epoch":"2","epochs":"2","loss":0.031,'
+                            b'"validationLoss":0.29,"validationAccuracy":0.9}')
+    assert epoch_end.epoch_metrics == ()
+    assert epoch_end.epochs_reported() == (EpochMetrics(epoch=2, loss=0.031, validation_loss=0.29,
+                                                        validation_accuracy=0.9),)
+    # A terminal event without epochMetrics (a longer job, --events all or terminal, a republished copy).
+    assert Event.parse(b'{"kind":"COMPLETED","jobId":"j","duplicate":false}').epochs_reported() == ()
+
+
+@pytest.mark.parametrize("body", [b'{"kind":"COMPLETED","jobId":"j","epochMetrics":{"epoch":"1"}}',
+                                  b'{"kind":"COMPLETED","jobId":"j","epochMetrics":[1]}',
+                                  b'{"kind":"COMPLETED","jobId":"j","epochMetrics":[{"epoch":"one"}]}'])
+def test_malformed_epoch_metrics_are_refused(body: bytes) -> None:
+    with pytest.raises(AttuneError, match="not Attune's event JSON"):
+        Event.parse(body)
 
 
 def test_non_finite_doubles_and_unknown_fields() -> None:

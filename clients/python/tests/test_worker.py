@@ -41,16 +41,73 @@ def test_events_come_in_order_for_one_job(producer: Producer, user: str, models:
     other = producer.publish(csv_job(user, models["digits"], rows=slice(1300, 1310), epochs=1))
     events = list(handle.events(timeout=WAIT, held_grace=3))
     assert {e.job_id for e in events} == {job.job_id}
+    completed = events[-1]
+    assert completed.kind == "completed" and completed.samples == 60
+    # Every epoch's metrics, whichever way the worker sent them (event contract 2, docs/events.md).
+    epochs = [m for e in events for m in e.epochs_reported()]
+    assert [m.epoch for m in epochs] == [1, 2, 3, 4, 5]
+    assert all(math.isfinite(m.loss) and m.loss > 0 for m in epochs)
+    assert all(m.validation_loss is None and m.validation_accuracy is None for m in epochs)  # none given
+    assert epochs[-1].loss == completed.loss
+    assert handle.epochs == tuple(epochs)
+    assert handle.outcome is not None and handle.outcome.epochs == tuple(epochs)
     kinds = [e.kind for e in events if e.kind != "mini_batch_end"]
-    assert kinds == ["training_begin"] + ["epoch_end"] * 5 + ["completed"]
-    assert [e.epoch for e in events if e.kind == "epoch_end"] == [1, 2, 3, 4, 5]
-    assert events[0].epochs == 5 and events[0].samples == 60 and events[0].version == 0
-    assert handle.outcome is not None and handle.outcome.version == events[-1].version == 1
+    # The worker's default (--events coalesced): a job over within --progress-after (0.25 s) publishes only its
+    # end, its epochs on it; one still training then publishes its progress live, and its end has none.
+    assert completed.duration_seconds is not None
+    if completed.duration_seconds < 0.2:
+        assert kinds == ["completed"] and len(completed.epoch_metrics) == 5
+    elif completed.duration_seconds > 0.3:
+        assert kinds == ["training_begin"] + ["epoch_end"] * 5 + ["completed"] and not completed.epoch_metrics
+    else:
+        assert kinds in (["completed"], ["training_begin"] + ["epoch_end"] * 5 + ["completed"])
+    assert handle.outcome.version == completed.version == 1
     assert handle.wait() == handle.outcome  # the outcome stays once the events are read
     # The other job's own handle saw its events, which came after: its version is the next one.
     other_events = list(other.events(timeout=WAIT))
-    assert [e.kind for e in other_events][0] == "training_begin" and other_events[0].version == 1
-    assert other.outcome is not None and other.outcome.version == 2
+    assert other_events[-1].kind == "completed" and other_events[-1].version == 2
+    assert [m.epoch for e in other_events for m in e.epochs_reported()] == [1]
+    assert other.outcome is not None and other.outcome.version == 2 and len(other.outcome.epochs) == 1
+
+
+@pytest.mark.worker_events("all")
+def test_a_worker_with_events_all_sends_every_epoch_as_its_own_event(producer: Producer, user: str,
+                                                                      models: Dict[str, str]) -> None:
+    # `attune worker --events all` (run-tests.sh's second pass) never coalesces: what event contract 1 consumers
+    # that count epoch_end events need, however short the job.
+    job = csv_job(user, models["digits"], epochs=5)
+    handle = producer.publish(job)
+    events = list(handle.events(timeout=WAIT))
+    assert {e.job_id for e in events} == {job.job_id}
+    kinds = [e.kind for e in events if e.kind != "mini_batch_end"]
+    assert kinds == ["training_begin"] + ["epoch_end"] * 5 + ["completed"]
+    assert [e.epoch for e in events if e.kind == "epoch_end"] == [1, 2, 3, 4, 5]
+    assert all(e.epochs == 5 for e in events if e.kind == "epoch_end")
+    assert events[0].epochs == 5 and events[0].samples == 60 and events[0].version == 0
+    assert events[-1].epoch_metrics == ()  # its epochs went out as events
+    assert [m.epoch for m in handle.epochs] == [1, 2, 3, 4, 5]
+    assert all(math.isfinite(m.loss) and m.loss > 0 for m in handle.epochs)
+    assert handle.outcome is not None and handle.outcome.version == events[-1].version == 1
+    assert handle.outcome.epochs == handle.epochs
+
+
+@pytest.mark.worker_events("coalesced", "all")
+def test_every_event_says_its_contract_in_a_header(producer: Producer, user: str, models: Dict[str, str],
+                                                   channel: pika.adapters.blocking_connection.BlockingChannel) -> None:
+    queue = channel.queue_declare("", exclusive=True).method.queue
+    channel.queue_bind(queue, "attune.events", routing_key=f"{models['digits']}.{user}.*")
+    job = csv_job(user, models["digits"], epochs=2)
+    producer.publish(job).wait(timeout=WAIT)
+    seen = []
+    for method, properties, body in channel.consume(queue, auto_ack=True, inactivity_timeout=2):
+        if method is None:
+            break
+        seen.append((method.routing_key, properties.headers or {}))
+    channel.cancel()
+    assert seen and seen[-1][0].endswith(".completed")
+    for key, headers in seen:
+        contract = headers.get("x-attune-event-contract")
+        assert contract in ("2", b"2", 2), f"{key}: headers {headers}"
 
 
 def test_a_numpy_job_with_validation_samples_is_accepted(producer: Producer, user: str,
@@ -66,6 +123,11 @@ def test_a_numpy_job_with_validation_samples_is_accepted(producer: Producer, use
     assert outcome.state == "completed" and outcome.version == 1
     assert outcome.validation_accuracy is not None and 0.5 <= outcome.validation_accuracy <= 1
     assert outcome.validation_loss is not None and outcome.validation_loss > 0
+    # Each epoch with its validation figures, whichever way the worker sent them; the last is the outcome's.
+    assert [m.epoch for m in outcome.epochs] == [1, 2]
+    assert all(m.validation_loss is not None and m.validation_accuracy is not None for m in outcome.epochs)
+    assert outcome.epochs[-1].validation_accuracy == outcome.validation_accuracy
+    assert outcome.epochs[-1].validation_loss == outcome.validation_loss and outcome.epochs[-1].loss == outcome.loss
 
 
 def test_epochs_outside_the_models_range_fail_naming_epochs(producer: Producer, user: str,

@@ -9,7 +9,7 @@
 """
 from .errors import (AttuneError, ConnectionFailed, InvalidJob, JobCancelled, JobFailed, JobNacked, JobReturned,
                      NotAuthorized, OutcomeRequestFailed, Timeout)
-from .events import Event
+from .events import EpochMetrics, Event
 from .features import Double, FeatureValue, Image, Int64, MultiArray, String, multi_array
 from .handle import JobHandle
 from .ids import check_id, new_job_id
@@ -22,7 +22,7 @@ from .samples import label_value, read_csv_rows, samples_from_arrays, samples_fr
 __all__ = [
     "AttuneError", "ConnectionFailed", "InvalidJob", "JobCancelled", "JobFailed", "JobNacked", "JobReturned",
     "NotAuthorized", "OutcomeRequestFailed", "Timeout",
-    "Event", "Double", "FeatureValue", "Image", "Int64", "MultiArray", "String", "multi_array",
+    "EpochMetrics", "Event", "Double", "FeatureValue", "Image", "Int64", "MultiArray", "String", "multi_array",
     "JobHandle", "check_id", "new_job_id", "LearningRateSchedule", "Parameters", "Sample", "TrainingJob",
     "Outcome", "OutcomeClient", "Producer",
     "label_value", "read_csv_rows", "samples_from_arrays", "samples_from_csv", "samples_from_images",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from .errors import AttuneError
 
@@ -29,6 +29,34 @@ def _float(body: Dict[str, Any], key: str) -> Optional[float]:
 
 
 @dataclass(frozen=True)
+class EpochMetrics:
+    """One epoch of a task, as its `epoch_end` says it: the epoch (1-based), its mean loss and, when the job has
+    validation samples, the validation loss and accuracy after it (None: not measured; 0.0 is a measured 0)."""
+    epoch: int
+    loss: float = 0.0
+    validation_loss: Optional[float] = None
+    validation_accuracy: Optional[float] = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> EpochMetrics:
+        """One entry of a terminal event's `epochMetrics` (event contract 2). `loss` has no presence in the
+        proto: absent is 0.0."""
+        if not isinstance(data, dict):
+            raise TypeError(f"an epochMetrics entry is not a JSON object: {data!r:.60}")
+        loss = _float(data, "loss")
+        return cls(epoch=_int(data, "epoch"), loss=0.0 if loss is None else loss,
+                   validation_loss=_float(data, "validationLoss"),
+                   validation_accuracy=_float(data, "validationAccuracy"))
+
+
+def _epoch_metrics(body: Dict[str, Any]) -> Tuple[EpochMetrics, ...]:
+    entries = body.get("epochMetrics", [])
+    if not isinstance(entries, list):
+        raise TypeError("epochMetrics is not a JSON array")
+    return tuple(EpochMetrics.from_json(entry) for entry in entries)
+
+
+@dataclass(frozen=True)
 class Event:
     """One event. `kind` is lower case (`completed`); fields a kind does not carry are None, 0 or ""."""
     kind: str
@@ -50,6 +78,9 @@ class Event:
     cancel_stage: str = ""
     validation_loss: Optional[float] = None
     validation_accuracy: Optional[float] = None
+    # Event contract 2: a short job's epochs, on its terminal event (`completed`, `failed`, `cancelled`) when the
+    # worker published no `epoch_end` for them. Use epochs_reported() to read epochs under either contract.
+    epoch_metrics: Tuple[EpochMetrics, ...] = ()
     raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -68,9 +99,21 @@ class Event:
                 timestamp_ms=_int(data, "timestampMs"), duplicate=bool(data.get("duplicate", False)),
                 cancel_stage=str(data.get("cancelStage", "")),
                 validation_loss=_float(data, "validationLoss"),
-                validation_accuracy=_float(data, "validationAccuracy"), raw=data)
+                validation_accuracy=_float(data, "validationAccuracy"), epoch_metrics=_epoch_metrics(data),
+                raw=data)
         except (ValueError, KeyError, TypeError) as error:
             raise AttuneError(f"an event that is not Attune's event JSON ({error}): {body[:80]!r}") from None
+
+    def epochs_reported(self) -> Tuple[EpochMetrics, ...]:
+        """The epochs this event reports, under either event contract: an `epoch_end`'s own epoch, or the
+        epochs a terminal event carries in `epochMetrics` (a job over within the worker's --progress-after,
+        which published no `epoch_end`); none for other events. Collect them over a job's events to get every
+        epoch it trained once, whichever way the worker sent them."""
+        if self.kind == EPOCH_END:
+            return (EpochMetrics(epoch=self.epoch, loss=0.0 if self.loss is None else self.loss,
+                                 validation_loss=self.validation_loss,
+                                 validation_accuracy=self.validation_accuracy),)
+        return self.epoch_metrics
 
     @property
     def is_final_failure(self) -> bool:

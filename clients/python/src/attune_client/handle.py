@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, List, Optional, Tuple
 
 import pika.exceptions
 
 from . import events as kinds
 from .errors import AttuneError, ConnectionFailed, JobCancelled, JobFailed, Timeout
-from .events import Event
+from .events import EpochMetrics, Event
 from .outcome import Outcome
 
 # How often the consumer wakes up to check a deadline while no event arrives.
@@ -31,6 +31,7 @@ class JobHandle:
         self.outcome: Optional[Outcome] = None
         self._error: Optional[AttuneError] = None
         self._completed: Optional[Event] = None
+        self._epochs: List[EpochMetrics] = []
         self._channel: Optional[Any] = None
         self._queue = ""
         if connection is None:
@@ -52,6 +53,14 @@ class JobHandle:
     @property
     def finished(self) -> bool:
         return self.outcome is not None
+
+    @property
+    def epochs(self) -> Tuple[EpochMetrics, ...]:
+        """The epochs of the job's current attempt read so far by events() or wait(), in order, whichever way
+        the worker sent them (`epoch_end` events, or a short job's terminal event's `epochMetrics`:
+        Event.epochs_reported). A `training_begin` or a `failed` that will retry starts them afresh, and a
+        terminal event's `epochMetrics` (all of the last task's epochs) replace any before them."""
+        return tuple(self._epochs)
 
     def events(self, timeout: Optional[float] = None, *, held_grace: float = 0.0) -> Iterator[Event]:
         """This job's events in the order the worker published them, up to its terminal one.
@@ -75,6 +84,7 @@ class JobHandle:
                 if method is not None:
                     event = Event.parse(body)
                     if event.job_id == self.job_id:  # else another job of the same user and model
+                        self._note_epochs(event)
                         yield event
                         if self._settled_by(event, held_grace):
                             return
@@ -127,6 +137,17 @@ class JobHandle:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _note_epochs(self, event: Event) -> None:
+        # The epochs of the job's last training: a new attempt (the job came back after a transient failure)
+        # trains from epoch 1 again. A terminal event's epochMetrics are all of its last task's epochs (a task
+        # whose progress went out as events has none), so they replace any published before, e.g. by a task
+        # the worker trained again.
+        if event.kind == kinds.TRAINING_BEGIN or event.epoch_metrics:
+            self._epochs = []
+        self._epochs.extend(event.epochs_reported())
+        if event.kind == kinds.FAILED and event.will_retry:
+            self._epochs = []
+
     def _settled_by(self, event: Event, held_grace: float) -> bool:
         """Whether `event` ends the job's story (and sets the outcome)."""
         if event.kind == kinds.COMPLETED and self._completed is None:
@@ -138,11 +159,11 @@ class JobHandle:
             self._settle(self._completed_outcome(event))
             return True
         elif event.is_final_failure:
-            outcome = Outcome.from_event(event, "failed")
+            outcome = Outcome.from_event(event, "failed", epochs=self.epochs)
             self._settle(outcome, JobFailed(self.job_id, event.reason, outcome))
             return True
         elif event.kind == kinds.CANCELLED:
-            outcome = Outcome.from_event(event, "cancelled")
+            outcome = Outcome.from_event(event, "cancelled", epochs=self.epochs)
             self._settle(outcome, JobCancelled(self.job_id, event.cancel_stage, event.reason, outcome))
             return True
         return False
@@ -150,8 +171,8 @@ class JobHandle:
     def _completed_outcome(self, held: Optional[Event]) -> Outcome:
         assert self._completed is not None
         if held is None:
-            return Outcome.from_event(self._completed, "completed")
-        return Outcome.from_event(self._completed, "held", held_reason=held.reason)
+            return Outcome.from_event(self._completed, "completed", epochs=self.epochs)
+        return Outcome.from_event(self._completed, "held", held_reason=held.reason, epochs=self.epochs)
 
     def _settle(self, outcome: Outcome, error: Optional[AttuneError] = None) -> None:
         self.outcome = outcome

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
-from .events import Event
+from .events import EpochMetrics, Event
 
 # The states GET /api/jobs/{jobId} answers with.
 UNKNOWN = "unknown"
@@ -55,6 +55,9 @@ class Outcome:
     duplicates: Optional[int] = None
     dead_lettered: Optional[bool] = None
     updated_at: Optional[datetime] = None
+    # Only from a handle that followed the job's events (JobHandle.wait or events()): the epochs its task
+    # reported, from `epoch_end` events or its terminal event's `epochMetrics` alike; () from the endpoint.
+    epochs: Tuple[EpochMetrics, ...] = ()
     raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -74,8 +77,11 @@ class Outcome:
             updated_at=_rfc3339(data.get("updatedAt")), raw=data)
 
     @classmethod
-    def from_event(cls, event: Event, state: str, held_reason: Optional[str] = None) -> Outcome:
-        """The outcome a terminal event tells (`completed`, `failed`, `cancelled`; `held` after `completed`)."""
+    def from_event(cls, event: Event, state: str, held_reason: Optional[str] = None,
+                   epochs: Optional[Tuple[EpochMetrics, ...]] = None) -> Outcome:
+        """The outcome a terminal event tells (`completed`, `failed`, `cancelled`; `held` after `completed`).
+        `epochs`: the job's epochs as its events reported them (default: the terminal event's own
+        `epochMetrics`, all there is when the worker published no `epoch_end` for the job)."""
         stamp = datetime.fromtimestamp(event.timestamp_ms / 1000).astimezone() if event.timestamp_ms else None
         return cls(
             job_id=event.job_id, state=state, user_id=event.user_id or None, model=event.model or None,
@@ -84,4 +90,5 @@ class Outcome:
             samples=event.samples or None, duration_seconds=event.duration_seconds,
             validation_loss=event.validation_loss, validation_accuracy=event.validation_accuracy,
             reason=held_reason if held_reason is not None else (event.reason or None),
-            cancel_stage=event.cancel_stage or None, worker=event.worker or None, updated_at=stamp)
+            cancel_stage=event.cancel_stage or None, worker=event.worker or None, updated_at=stamp,
+            epochs=event.epochs_reported() if epochs is None else epochs)
