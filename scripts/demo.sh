@@ -2,7 +2,7 @@
 # The demo on real servers: import a digits model trained on other writers, start two workers and a
 # watcher, personalize it for three users from their own handwritten digits, and show each user's
 # held-out accuracy before and after, and which of their digits the personal model now reads differently.
-# Alice's job carries her 40 held-out digits as its validation set: every epoch_end reports how her
+# Alice's job carries her 40 held-out digits as its validation set: each epoch reports how her
 # model does on them while it trains.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +59,7 @@ elapsed=$(echo "$(date +%s.%N) - $start" | bc -l 2>/dev/null || python3 -c "prin
 jobs=$(( ${#users[@]} * jobs_per_user ))
 printf '== %d jobs in %.2f s: %.2f jobs/s\n' "$jobs" "$elapsed" "$(python3 -c "print($jobs / $elapsed)")"
 
-echo "== alice's validation accuracy per epoch (her 40 held-out digits, from her job's epoch_end events)"
+echo "== alice's validation accuracy per epoch (her 40 held-out digits, from her job's events: its epochs, as attune watch prints them)"
 for _ in $(seq 50); do grep -q "digits/alice .*completed" "$work/watch.log" && break; sleep 0.1; done
 grep "digits/alice .* epoch " "$work/watch.log" | sed -E 's/.* epoch ([0-9]+)\/([0-9]+) loss ([0-9.]+), validation loss ([0-9.]+) accuracy ([0-9.]+)/  epoch \1\/\2: training loss \3, validation loss \4, validation accuracy \5/'
 echo "== held-out accuracy after personalization"

@@ -48,6 +48,18 @@ enum EventJSON {
         if event.hasValidationAccuracy { out.field(#""validationAccuracy":"#); out.double(event.validationAccuracy) }
         if event.rebaseID != 0 { out.field(#""rebaseId":"#); out.quoted(event.rebaseID) }
         if event.rebasedFromVersion != 0 { out.field(#""rebasedFromVersion":"#); out.quoted(event.rebasedFromVersion) }
+        if !event.epochMetrics.isEmpty {
+            out.field(#""epochMetrics":"#)
+            out.array(event.epochMetrics) { out, epoch in
+                if epoch.epoch != 0 { out.field(#""epoch":"#); out.quoted(epoch.epoch) }
+                if epoch.loss.bitPattern != 0 { out.field(#""loss":"#); out.double(epoch.loss) }
+                if epoch.hasValidationLoss { out.field(#""validationLoss":"#); out.double(epoch.validationLoss) }
+                if epoch.hasValidationAccuracy {
+                    out.field(#""validationAccuracy":"#)
+                    out.double(epoch.validationAccuracy)
+                }
+            }
+        }
         return out.finish()
     }
 }
@@ -66,6 +78,20 @@ struct JSONWriter {
     mutating func finish() -> Data {
         bytes.append(UInt8(ascii: "}"))
         return Data(bytes)
+    }
+
+    /// A JSON array of objects, each written by `object` between its braces.
+    mutating func array<Element>(_ elements: [Element], _ object: (inout JSONWriter, Element) -> Void) {
+        bytes.append(UInt8(ascii: "["))
+        for (index, element) in elements.enumerated() {
+            if index > 0 { bytes.append(UInt8(ascii: ",")) }
+            bytes.append(UInt8(ascii: "{"))
+            needsComma = false
+            object(&self, element)
+            bytes.append(UInt8(ascii: "}"))
+        }
+        bytes.append(UInt8(ascii: "]"))
+        needsComma = true
     }
 
     mutating func literal(_ text: StaticString) {

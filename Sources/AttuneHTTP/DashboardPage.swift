@@ -156,6 +156,12 @@ enum DashboardPage {
       const job = jobs.get(e.jobId) ?? { id: e.jobId, user: e.userId ?? "~", model: e.model ?? "~", state: "queued", epoch: 0,
                                          losses: [], accuracies: [] };
       jobs.set(e.jobId, job); job.updated = Date.now();
+      // Event contract 2: a short job's epochs ride on its terminal event, drawn as if each had come alone.
+      (e.epochMetrics ?? []).forEach(m => {
+        job.epoch = Number(m.epoch); job.loss = m.loss;
+        if (job.losses.length < 10000) { job.losses.push(m.loss ?? null); job.accuracies.push(m.validationAccuracy ?? null); }
+      });
+      if (e.kind === "COMPLETED" && e.epochMetrics) job.epochs = e.epochMetrics.length;
       switch (e.kind) {
         case "TRAINING_BEGIN": job.state = "training"; job.epochs = Number(e.epochs ?? 0); break;
         case "EPOCH_END":

@@ -100,6 +100,12 @@ public enum Topology {
     /// Header on a terminal event published again from the outbox (its worker died before the broker
     /// confirmed the first): the job's event may have gone out before, so a consumer drops it if it has one.
     public static let republishedHeader = "x-attune-republished"
+    /// Every event says which contract it keeps (docs/events.md). Contract 2: a job's epochs come as `epoch_end`
+    /// events or, for a job over before `--progress-after`, inside its terminal event (`epochMetrics`); contract 1
+    /// (no header, releases before 0.40) had only the former.
+    public static let eventContractHeader = "x-attune-event-contract"
+    public static let eventContract = "2"
+    public static let eventHeaders = [eventContractHeader: eventContract]
 
     /// Name of the retry queue that holds messages for `delayMs` before sending them back to the jobs.
     public static func retryQueue(delayMs: Int) -> String { "attune.jobs.retry.\(delayMs)" }

@@ -130,7 +130,8 @@ extension AMQPConnection: BrokerConnection, RepublishChannel {
         let (body, contentType) = try EventCodec.encode(event, as: .json)
         try publish(exchange: Topology.eventsExchange,
                     routingKey: EventRouting.key(model: event.model, user: event.userID, kind: event.kind),
-                    body: body, contentType: contentType, headers: headers, messageId: event.jobID)
+                    body: body, contentType: contentType,
+                    headers: headers.merging(Topology.eventHeaders) { mine, _ in mine }, messageId: event.jobID)
     }
 }
 
@@ -145,7 +146,7 @@ extension AMQPConnection: PartitionChannel, SettlementChannel, CancelChannel {
         let (body, contentType) = try EventCodec.encode(event, as: .json)
         return try send(exchange: Topology.eventsExchange,
                         routingKey: EventRouting.key(model: event.model, user: event.userID, kind: event.kind),
-                        body: body, contentType: contentType, headers: [:], messageId: event.jobID)
+                        body: body, contentType: contentType, headers: Topology.eventHeaders, messageId: event.jobID)
     }
 
     func sendDeadLetterCopy(of delivery: Delivery, reason: String, messageId: String) throws -> UInt64? {

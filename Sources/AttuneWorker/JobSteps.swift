@@ -38,6 +38,8 @@ final class JobSteps {
     private var policies: [String: (retains: Bool, gated: Bool, at: DispatchTime)] = [:]
     static let policyMemorySeconds = 2.0
     private var cancellation: (String) -> String? = { _ in nil }
+    /// By the job's index in the batch being run: the epochs its task trained that no event published.
+    private var unpublishedEpochs: [Int: [Attune_V1_EpochMetrics]] = [:]
     /// Where failures' private text goes (`FailureClassifier`).
     private let failures: Logger
 
@@ -83,6 +85,7 @@ final class JobSteps {
              cancellation: @escaping (String) -> String? = { _ in nil },
              beforeCommit: () -> Void = {}) -> [FinishedJob] {
         self.cancellation = cancellation
+        unpublishedEpochs.removeAll(keepingCapacity: true)
         var jobs = incoming.map(\.placeholder)
         var results = [JobResult?](repeating: nil, count: incoming.count)
         var pending: [Candidate] = []
@@ -128,7 +131,9 @@ final class JobSteps {
             pending = later
             firstPass = false
         }
-        return zip(jobs, results).map { FinishedJob(job: $0, result: $1 ?? .handedBack) }
+        return jobs.indices.map {
+            FinishedJob(job: jobs[$0], result: results[$0] ?? .handedBack, unpublishedEpochs: unpublishedEpochs[$0] ?? [])
+        }
     }
 
     /// One round of look up, train, commit. Returns the candidates whose head moved, to train again.
@@ -257,6 +262,13 @@ final class JobSteps {
         let result: JobResult
     }
 
+    private func taskProgress(_ job: Attune_V1_TrainingJob, from version: Int,
+                              report: @escaping (Attune_V1_Event) -> Void) -> TaskProgress {
+        TaskProgress(selection: configuration.events, liveAfter: configuration.progressAfter,
+                     miniBatchInterval: configuration.miniBatchEventInterval,
+                     events: EventFactory(job: job, worker: configuration.workerName), fromVersion: version, report: report)
+    }
+
     private func train(_ candidate: Candidate, from head: Head, newestBase: Int?,
                        report: @escaping (Attune_V1_Event) -> Void,
                        isAbandoning: @escaping () -> Bool) throws -> Staged {
@@ -268,29 +280,10 @@ final class JobSteps {
         let batch = try model.prepareBatch(job.samples, maxSamples: configuration.limits.maxSamples)
         let validation = try model.prepareValidation(job.validationSamples, trainingSamples: job.samples.count,
                                                      maxSamples: configuration.limits.maxSamples)
-        let throttle = Throttle(interval: configuration.miniBatchEventInterval)
         let task = UpdateTask(model: model, state: head.state, batch: batch, parameters: parameters, validation: validation)
-        let reportsProgress = configuration.events.includesProgress
-        let result = try run(task, of: job, started: Date(), isAbandoning: isAbandoning) { progress in
-            // Not even made when nobody is to hear them: eleven of a small job's twelve events are progress.
-            guard reportsProgress else { return }
-            switch progress {
-            case .trainingBegin(let samples, let epochs):
-                report(events.make(.trainingBegin) {
-                    $0.version = Int64(head.version); $0.samples = Int64(samples); $0.epochs = Int64(epochs)
-                })
-            case .miniBatchEnd(let epoch, let batch, let loss):
-                guard throttle.allow() else { return }
-                report(events.make(.miniBatchEnd) {
-                    $0.epoch = Int64(epoch); $0.miniBatch = Int64(batch); $0.loss = loss
-                })
-            case .epochEnd(let epoch, let loss, let validated):
-                report(events.make(.epochEnd) {
-                    $0.epoch = Int64(epoch); $0.epochs = Int64(parameters.epochs); $0.loss = loss
-                    $0.setValidation(validated)
-                })
-            }
-        }
+        let progress = taskProgress(job, from: head.version, report: report)
+        defer { unpublishedEpochs[candidate.index] = progress.unpublishedEpochs }
+        let result = try run(task, of: job, started: Date(), isAbandoning: isAbandoning, progress: progress.record)
         let version = NewPersonalVersion(
             user: job.userID, model: job.model, baseVersion: baseVersion, parentVersion: head.version,
             jobId: job.jobID, state: try result.state.serializedData(), loss: result.loss,
@@ -366,12 +359,11 @@ final class JobSteps {
         }
         steps += try changes.map { ($0.version, .applyChange(try deviceChange($0, model: job.model))) }
         steps.sort { $0.version < $1.version }
-        let events = EventFactory(job: job, worker: configuration.workerName)
-        report(events.make(.trainingBegin) {
-            $0.version = Int64(head.version)
-            $0.samples = Int64(steps.reduce(0) { if case .train(let batch, _, _) = $1.step { $0 + batch.count } else { $0 } })
-            $0.epochs = Int64(steps.reduce(0) { if case .train(_, let parameters, _) = $1.step { $0 + parameters.epochs } else { $0 } })
-        })
+        let progress = taskProgress(job, from: head.version, report: report)
+        defer { unpublishedEpochs[candidate.index] = progress.unpublishedEpochs }
+        progress.record(.trainingBegin(
+            samples: steps.reduce(0) { if case .train(let batch, _, _) = $1.step { $0 + batch.count } else { $0 } },
+            epochs: steps.reduce(0) { if case .train(_, let parameters, _) = $1.step { $0 + parameters.epochs } else { $0 } }))
         let started = Date()
         var results: [UpdateResult] = []
         var state: Attune_V1_UpdateState?
@@ -379,7 +371,7 @@ final class JobSteps {
             switch step {
             case let .train(batch, parameters, validation):
                 let task = UpdateTask(model: model, state: state, batch: batch, parameters: parameters, validation: validation)
-                results.append(try run(task, of: job, started: started, isAbandoning: isAbandoning) { _ in })
+                results.append(try run(task, of: job, started: started, isAbandoning: isAbandoning) { _ in progress.poll() })
                 state = results.last?.state
             case let .applyChange(change):
                 do {
@@ -604,24 +596,8 @@ final class JobSteps {
 struct FinishedJob {
     let job: Attune_V1_TrainingJob
     let result: JobResult
-}
-
-/// Lets one event through per interval; the first only once an interval has passed since the task
-/// began, so a task shorter than the interval sends none (its epoch events say the same).
-final class Throttle {
-    private let interval: TimeInterval
-    private var last: Date
-
-    init(interval: TimeInterval, now: Date = Date()) {
-        self.interval = interval
-        self.last = now
-    }
-
-    func allow(now: Date = Date()) -> Bool {
-        if now.timeIntervalSince(last) < interval { return false }
-        last = now
-        return true
-    }
+    /// The epochs its task trained that no event published (`TaskProgress`): its settlement's event carries them.
+    var unpublishedEpochs: [Attune_V1_EpochMetrics] = []
 }
 
 extension IncomingJob {

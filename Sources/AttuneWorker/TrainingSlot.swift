@@ -62,10 +62,13 @@ final class TrainingSlot {
             JobTimeline.shared?.record(.committed, ids)
             progress.flush()
             let decided = zip(batch, finished).map { incoming, finished in
-                SettledJob(receipt: incoming.receipt, decision: Settlement.decide(
+                var decision = Settlement.decide(
                     finished.result, previousAttempts: incoming.previousAttempts, retry: configuration.retry,
                     events: EventFactory(job: finished.job, worker: configuration.workerName),
-                    workerName: configuration.workerName, samples: finished.job.samples.count))
+                    workerName: configuration.workerName, samples: finished.job.samples.count)
+                // Only on the job's end: a job that will retry trains again, and its epochs then are the ones that count.
+                if decision.event.isTerminal { decision.event.epochMetrics = finished.unpublishedEpochs }
+                return SettledJob(receipt: incoming.receipt, decision: decision)
             }
             let settled = recordOutcomes(batch, finished, decided)
             recordRebaseFailures(finished, settled)

@@ -47,9 +47,14 @@ public struct WorkerConfiguration: Sendable {
     public var outboxSweepSeconds: TimeInterval = 5
     /// A file to append each job's moments to (`JobTimeline`), for finding latency; nil: none.
     public var timelinePath: String?
-    /// Which events the worker publishes: every one (the default), or only those that end a job's story, for
-    /// fleets whose consumers wait for outcomes and never watch training (`--events terminal`).
-    public var events: EventSelection = .all
+    /// Which events the worker publishes and how (`EventSelection`): a short job's progress inside its terminal
+    /// event (the default), every event as its own message, or only those that end a job's story.
+    public var events: EventSelection = .coalesced
+    /// Under `.coalesced`: how long a task runs before its progress is published as events, live from then on
+    /// (`TaskProgress`). A quarter second: a job done by then is over before a watcher could have looked, and
+    /// one that runs on is seen within a second of starting.
+    public var progressAfter: TimeInterval = WorkerConfiguration.defaultProgressAfter
+    public static let defaultProgressAfter: TimeInterval = 0.25
     /// When a user's backlog counts as holding up the other users of its partition, so that its later jobs are
     /// parked (`HotUserParking`, docs/partitions.md); nil: never (`--no-hot-user-parking`), a partition is
     /// first in, first out.
@@ -101,21 +106,25 @@ public struct WorkerConfiguration: Sendable {
     }
 }
 
-/// The events a worker publishes. Progress events are most of a small job's messages (a job of 10 epochs makes
+/// The events a worker publishes. Progress events were most of a small job's messages (a job of 10 epochs made
 /// a `training_begin` and 10 `epoch_end`s beside its `completed`), and a broker routes each one even when no
-/// queue is bound to take it; a fleet whose consumers want only outcomes saves that work with `.terminal`.
-/// What a producer waits for (`isTerminal`: `completed`, `held`, a final `failed`, `cancelled`) goes out either way.
+/// queue is bound to take it. What a producer waits for (`isTerminal`: `completed`, `held`, a final `failed`,
+/// `cancelled`) goes out under every selection.
 public enum EventSelection: String, CaseIterable, Sendable {
-    /// `training_begin`, `epoch_end`, `mini_batch_end`, a `failed` that will retry, and every terminal event.
+    /// Event contract 2, the default: a task that ends within `progressAfter` publishes no progress of its own,
+    /// its terminal event carries its epochs (`epochMetrics`); a longer one publishes its progress live.
+    case coalesced
+    /// `training_begin`, `epoch_end`, `mini_batch_end`, a `failed` that will retry, each as its own message as it
+    /// happens: what a consumer written for event contract 1 needs.
     case all
-    /// Only the events that end a job's story.
+    /// Only the events that end a job's story, for fleets whose consumers wait for outcomes.
     case terminal
 
     /// Whether an event of this selection goes out.
-    public func includes(_ event: Attune_V1_Event) -> Bool { self == .all || event.isTerminal }
+    public func includes(_ event: Attune_V1_Event) -> Bool { self != .terminal || event.isTerminal }
 
     /// Whether a task's progress (`training_begin`, `epoch_end`, `mini_batch_end`) is reported at all.
-    public var includesProgress: Bool { self == .all }
+    public var includesProgress: Bool { self != .terminal }
 }
 
 /// Bounds on what one job may ask of a worker; a job over them is dead-lettered, not attempted.

@@ -71,18 +71,35 @@ enum EventLine {
 
     /// ", validation loss 0.2140 accuracy 0.925", as much of it as the event carries, or nothing.
     static func validation(_ event: Attune_V1_Event) -> String {
+        validation(loss: event.hasValidationLoss ? event.validationLoss : nil,
+                   accuracy: event.hasValidationAccuracy ? event.validationAccuracy : nil)
+    }
+
+    static func validation(loss: Double?, accuracy: Double?) -> String {
         var parts: [String] = []
-        if event.hasValidationLoss { parts.append("loss " + String(format: "%.4f", event.validationLoss)) }
-        if event.hasValidationAccuracy { parts.append("accuracy " + String(format: "%.3f", event.validationAccuracy)) }
+        if let loss { parts.append("loss " + String(format: "%.4f", loss)) }
+        if let accuracy { parts.append("accuracy " + String(format: "%.3f", accuracy)) }
         return parts.isEmpty ? "" : ", validation " + parts.joined(separator: " ")
     }
 
+    /// The event's line, after one line per epoch it carries (event contract 2: a short job's epochs ride on
+    /// its terminal event), so a watcher reads every job's epochs alike.
     static func text(_ event: Attune_V1_Event) -> String {
+        let epochs = event.epochMetrics.map { epoch in
+            // A cancelled job's epochs stop short: only a completed job's are all of them.
+            "epoch \(epoch.epoch)\(event.kind == .completed ? "/\(event.epochMetrics.count)" : "") loss \(String(format: "%.4f", epoch.loss))"
+                + validation(loss: epoch.hasValidationLoss ? epoch.validationLoss : nil,
+                             accuracy: epoch.hasValidationAccuracy ? epoch.validationAccuracy : nil)
+        }
         let time = Date(timeIntervalSince1970: Double(event.timestampMs) / 1000)
         let stamp = ISO8601DateFormatter.string(from: time, timeZone: .current, formatOptions: [.withTime, .withColonSeparatorInTime])
         // A job that named no valid model or user reports without them, as its routing key's `~`.
         let who = "\(event.model.isEmpty ? "~" : event.model)/\(event.userID.isEmpty ? "~" : event.userID) "
             + "job \(event.jobID.isEmpty ? "?" : String(event.jobID.prefix(8)))"
+        return (epochs.map { "\(stamp) \(who) \($0)" } + [line(event, stamp: stamp, who: who)]).joined(separator: "\n")
+    }
+
+    private static func line(_ event: Attune_V1_Event, stamp: String, who: String) -> String {
         switch event.kind {
         case .trainingBegin:
             return "\(stamp) \(who) started from v\(event.version): \(event.samples) samples, \(event.epochs) epochs [\(event.worker)]"

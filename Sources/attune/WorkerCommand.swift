@@ -41,8 +41,10 @@ struct WorkerCommand: AsyncParsableCommand {
     @Option(help: "AMQP heartbeat interval in seconds.") var heartbeat: Int = 30
     @Option(help: "Seconds a terminal event may wait for its worker's broker confirm before any worker publishes it again from the outbox (its worker presumably died).")
     var outboxGrace: Double = 30
-    @Option(help: "Which events to publish: all (progress too: training_begin, epoch_end, mini_batch_end, a failed that will retry) or terminal (only those that end a job: completed, held, a final failed, cancelled), for fleets whose consumers want only outcomes.")
-    var events: String = EventSelection.all.rawValue
+    @Option(help: "Which events to publish: coalesced (a job over within --progress-after sends its epochs inside its completed, failed or cancelled event; a longer one its progress live: training_begin, epoch_end, mini_batch_end), all (every progress event as its own message, as event contract 1 did), or terminal (only those that end a job: completed, held, a final failed, cancelled). See docs/events.md.")
+    var events: String = EventSelection.coalesced.rawValue
+    @Option(help: "With --events coalesced: seconds a task runs before its progress is published as events, live from then on (0 to 1).")
+    var progressAfter: Double = WorkerConfiguration.defaultProgressAfter
     @Flag(inversion: .prefixedNo, help: "Park a user's later jobs in the partition's parked queue once that user's jobs are 24 of the partition's last 32 while others may wait behind them (another user of the partition seen in the last minute, or 500 jobs in its queue), so they are not held up behind its backlog; the user's own order is kept (docs/partitions.md).")
     var hotUserParking = true
     @Flag(help: "Apply no migrations at start; wait until this release's are applied (attune migrate, or a migration Job).")
@@ -56,6 +58,9 @@ struct WorkerCommand: AsyncParsableCommand {
         guard maxTaskSeconds >= 0 else { throw ValidationError("--max-task-seconds must be 0 (no limit) or more") }
         guard (1...65_535).contains(heartbeat) else { throw ValidationError("--heartbeat must lie in 1...65535") }
         if let prefetch, !(1...65_535).contains(prefetch) { throw ValidationError("--prefetch must lie in 1...65535") }
+        guard (0...1).contains(progressAfter) else {
+            throw ValidationError("--progress-after must lie in 0...1 seconds: a watcher of a long job hears from it within a second")
+        }
         guard batchSize >= 1 else { throw ValidationError("--batch-size must be at least 1") }
         guard outboxGrace >= 1 else { throw ValidationError("--outbox-grace must be at least 1 second: a live worker needs time to hear its confirms") }
         guard EventSelection(rawValue: events) != nil else {
@@ -101,7 +106,8 @@ struct WorkerCommand: AsyncParsableCommand {
         configuration.maxTaskSeconds = maxTaskSeconds > 0 ? maxTaskSeconds : nil
         configuration.storageKeys = storageKeys
         configuration.timelinePath = ProcessInfo.processInfo.environment["ATTUNE_JOB_TIMELINE"]
-        configuration.events = EventSelection(rawValue: events) ?? .all
+        configuration.events = EventSelection(rawValue: events) ?? .coalesced
+        configuration.progressAfter = progressAfter
         configuration.hotUsers = hotUserParking ? .standard : nil
 
         // Metrics first: a worker's counters bind to the metrics system there is when it is made.

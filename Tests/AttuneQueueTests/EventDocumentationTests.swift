@@ -50,6 +50,8 @@ final class EventDocumentationTests: XCTestCase {
         event.durationSeconds = 1; event.reason = "r"; event.willRetry = true; event.worker = "w"
         event.timestampMs = 1; event.duplicate = true; event.cancelStage = "queued"
         event.validationLoss = 1; event.validationAccuracy = 1; event.rebaseID = 1; event.rebasedFromVersion = 1
+        // An empty one: its own fields' names would follow `epochMetrics` in the text.
+        event.epochMetrics = [Attune_V1_EpochMetrics()]
         let text = String(decoding: try event.jsonUTF8Data(), as: UTF8.self)
         let fields = try NSRegularExpression(pattern: #""([A-Za-z0-9]+)":"#)
             .matches(in: text, range: NSRange(text.startIndex..., in: text))
@@ -61,7 +63,7 @@ final class EventDocumentationTests: XCTestCase {
                                encoding: .utf8)
         let body = try XCTUnwrap(proto.range(of: "message Event {").map { proto[$0.upperBound...] })
         let block = String(body[..<body.range(of: "\n}")!.lowerBound])
-        let declared = try NSRegularExpression(pattern: #"^\s*(?:optional )?[A-Za-z0-9_.]+ ([a-z0-9_]+) = [0-9]+;"#, options: .anchorsMatchLines)
+        let declared = try NSRegularExpression(pattern: #"^\s*(?:optional |repeated )?[A-Za-z0-9_.]+ ([a-z0-9_]+) = [0-9]+;"#, options: .anchorsMatchLines)
             .matches(in: block, range: NSRange(block.startIndex..., in: block))
             .map { match -> String in
                 let snake = String(block[Range(match.range(at: 1), in: block)!])

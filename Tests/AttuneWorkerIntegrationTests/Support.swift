@@ -169,22 +169,42 @@ final class FleetHarness {
 
     /// Events until `count` jobs have ended (completed, or failed for good).
     func events(untilEnded count: Int, timeout: TimeInterval = 60) throws -> [Attune_V1_Event] {
-        var events: [Attune_V1_Event] = []
+        try deliveredEvents(untilEnded: count, timeout: timeout).map(\.event)
+    }
+
+    /// `events(untilEnded:)` with each event's AMQP headers.
+    func deliveredEvents(untilEnded count: Int, timeout: TimeInterval = 60) throws
+        -> [(event: Attune_V1_Event, headers: [String: String])] {
+        var events: [(event: Attune_V1_Event, headers: [String: String])] = []
         var ended = 0
         let deadline = Date().addingTimeInterval(timeout)
         while ended < count {
             guard Date() < deadline else {
-                XCTFail("only \(ended) of \(count) jobs ended within \(timeout) s; events: \(events.map(\.kind))")
+                XCTFail("only \(ended) of \(count) jobs ended within \(timeout) s; events: \(events.map(\.event.kind))")
                 break
             }
             guard let delivery = try listener.nextDelivery(timeout: 0.5) else { continue }
             try listener.ack(delivery.deliveryTag)
             let event = try EventCodec.decode(delivery.body, contentType: delivery.contentType)
-            events.append(event)
+            events.append((event, delivery.headers))
             if event.kind == .completed || (event.kind == .cancelled && event.cancelStage != "too_late")
                 || (event.kind == .failed && !event.willRetry) { ended += 1 }
         }
         return events
+    }
+
+    /// The epochs `job`'s events report under either form of event contract 2: its `epoch_end`s, or the
+    /// `epochMetrics` its terminal event carries.
+    static func epochsReported(_ events: [Attune_V1_Event], job: String) -> [Attune_V1_EpochMetrics] {
+        events.filter { $0.jobID == job }.flatMap { event -> [Attune_V1_EpochMetrics] in
+            guard event.kind == .epochEnd else { return event.epochMetrics }
+            var metrics = Attune_V1_EpochMetrics()
+            metrics.epoch = event.epoch
+            metrics.loss = event.loss
+            if event.hasValidationLoss { metrics.validationLoss = event.validationLoss }
+            if event.hasValidationAccuracy { metrics.validationAccuracy = event.validationAccuracy }
+            return [metrics]
+        }
     }
 
     /// Everything in the dead-letter queue now, acked.

@@ -122,6 +122,8 @@ final class JobStepsTests: XCTestCase {
                        failures: Logger = FailureClassifier.failures, recheckSeconds: TimeInterval = 60) -> JobSteps {
         var configuration = WorkerConfiguration(databaseURL: "", amqpURL: "", workerName: "w")
         configuration.commitRecheckSeconds = recheckSeconds
+        // The longest a task's progress is held: these tasks of milliseconds never publish any, even on a slow box.
+        configuration.progressAfter = 1
         return JobSteps(store: store, reconnect: reconnect, configuration: configuration, failures: failures)
     }
 
@@ -211,10 +213,11 @@ final class JobStepsTests: XCTestCase {
         // Redelivered: the slot committed that id itself, so it looks the batch up rather than trusting
         // its memory of the head, and settles the copy as a duplicate without training it.
         let second = Digits.job(user: "ivy", model: "d", rows: 10..<20)
-        var begun: [String] = []
-        let results = steps.run(try incoming([first, second]), report: { event in
-            if event.kind == .trainingBegin { begun.append(event.jobID) }
-        }, isAbandoning: { false }).map(\.result)
+        // Trained means epochs: a short task's ride on its result (event contract 2) rather than as events.
+        let finished = steps.run(try incoming([first, second]), report: { XCTFail("published \($0.kind)") },
+                                 isAbandoning: { false })
+        let begun = finished.filter { !$0.unpublishedEpochs.isEmpty }.map(\.job.jobID)
+        let results = finished.map(\.result)
         XCTAssertEqual(begun, [second.jobID], "the copy of an id this slot committed is not trained")
         XCTAssertEqual(steps.retrains, 0)
         XCTAssertEqual(store.lookups, 2, "the first batch's lookup, and this one's")
@@ -238,10 +241,10 @@ final class JobStepsTests: XCTestCase {
         let next = Digits.job(user: "joe", model: "d", rows: 10..<20)
         var changed = job
         changed.samples.reverse()
-        var begun: [String] = []
-        let results = steps.run(try incoming([job, job, next, changed]), report: { event in
-            if event.kind == .trainingBegin { begun.append(event.jobID) }
-        }, isAbandoning: { false }).map(\.result)
+        let finished = steps.run(try incoming([job, job, next, changed]), report: { XCTFail("published \($0.kind)") },
+                                 isAbandoning: { false })
+        let begun = finished.filter { !$0.unpublishedEpochs.isEmpty }.map(\.job.jobID)
+        let results = finished.map(\.result)
         XCTAssertEqual(begun, [job.jobID, next.jobID])
         XCTAssertEqual(results[0], .outcome(.committed(version: 1, loss: store.committed[0].loss,
                                                        durationSeconds: store.committed[0].durationSeconds)))

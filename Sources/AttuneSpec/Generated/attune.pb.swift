@@ -547,11 +547,57 @@ public nonisolated struct Attune_V1_Event: @unchecked Sendable {
     set {_uniqueStorage()._rebasedFromVersion = newValue}
   }
 
+  /// Event contract 2: the epochs of a job whose task ended before the worker's --progress-after (a quarter
+  /// second by default), in order, on the event that ends the job (COMPLETED, FAILED, CANCELLED). Such a job
+  /// publishes no TRAINING_BEGIN, EPOCH_END or MINI_BATCH_END of its own. Empty when the job's progress went
+  /// out as events (a longer task, or a worker started with --events all, which keeps contract 1).
+  public var epochMetrics: [Attune_V1_EpochMetrics] {
+    get {_storage._epochMetrics}
+    set {_uniqueStorage()._epochMetrics = newValue}
+  }
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
 
   fileprivate var _storage = _StorageClass.defaultInstance
+}
+
+/// One epoch of a task, as its EPOCH_END would have said it: the epoch (1-based), its mean loss and, with
+/// validation samples, the validation loss and accuracy after it (present means measured).
+public nonisolated struct Attune_V1_EpochMetrics: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var epoch: Int64 = 0
+
+  public var loss: Double = 0
+
+  public var validationLoss: Double {
+    get {_validationLoss ?? 0}
+    set {_validationLoss = newValue}
+  }
+  /// Returns true if `validationLoss` has been explicitly set.
+  public var hasValidationLoss: Bool {self._validationLoss != nil}
+  /// Clears the value of `validationLoss`. Subsequent reads from it will return its default value.
+  public mutating func clearValidationLoss() {self._validationLoss = nil}
+
+  public var validationAccuracy: Double {
+    get {_validationAccuracy ?? 0}
+    set {_validationAccuracy = newValue}
+  }
+  /// Returns true if `validationAccuracy` has been explicitly set.
+  public var hasValidationAccuracy: Bool {self._validationAccuracy != nil}
+  /// Clears the value of `validationAccuracy`. Subsequent reads from it will return its default value.
+  public mutating func clearValidationAccuracy() {self._validationAccuracy = nil}
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+
+  fileprivate var _validationLoss: Double? = nil
+  fileprivate var _validationAccuracy: Double? = nil
 }
 
 /// Published by a producer to the attune.cancel exchange (JSON or binary, like a job) to cancel a job by
@@ -1059,7 +1105,7 @@ nonisolated extension Attune_V1_Rebase: SwiftProtobuf.Message, SwiftProtobuf._Me
 
 nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Event"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}kind\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{1}version\0\u{1}epoch\0\u{1}epochs\0\u{3}mini_batch\0\u{1}loss\0\u{1}samples\0\u{3}duration_seconds\0\u{1}reason\0\u{3}will_retry\0\u{1}worker\0\u{3}timestamp_ms\0\u{1}duplicate\0\u{3}cancel_stage\0\u{3}validation_loss\0\u{3}validation_accuracy\0\u{3}rebase_id\0\u{3}rebased_from_version\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}kind\0\u{3}job_id\0\u{3}user_id\0\u{1}model\0\u{1}version\0\u{1}epoch\0\u{1}epochs\0\u{3}mini_batch\0\u{1}loss\0\u{1}samples\0\u{3}duration_seconds\0\u{1}reason\0\u{3}will_retry\0\u{1}worker\0\u{3}timestamp_ms\0\u{1}duplicate\0\u{3}cancel_stage\0\u{3}validation_loss\0\u{3}validation_accuracy\0\u{3}rebase_id\0\u{3}rebased_from_version\0\u{3}epoch_metrics\0")
 
   fileprivate class _StorageClass {
     var _kind: Attune_V1_EventKind = .unspecified
@@ -1083,6 +1129,7 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
     var _validationAccuracy: Double? = nil
     var _rebaseID: Int64 = 0
     var _rebasedFromVersion: Int64 = 0
+    var _epochMetrics: [Attune_V1_EpochMetrics] = []
 
       // This property is used as the initial default value for new instances of the type.
       // The type itself is protecting the reference to its storage via CoW semantics.
@@ -1114,6 +1161,7 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
       _validationAccuracy = source._validationAccuracy
       _rebaseID = source._rebaseID
       _rebasedFromVersion = source._rebasedFromVersion
+      _epochMetrics = source._epochMetrics
     }
   }
 
@@ -1153,6 +1201,7 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
         case 19: try { try decoder.decodeSingularDoubleField(value: &_storage._validationAccuracy) }()
         case 20: try { try decoder.decodeSingularInt64Field(value: &_storage._rebaseID) }()
         case 21: try { try decoder.decodeSingularInt64Field(value: &_storage._rebasedFromVersion) }()
+        case 22: try { try decoder.decodeRepeatedMessageField(value: &_storage._epochMetrics) }()
         default: break
         }
       }
@@ -1228,6 +1277,9 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
       if _storage._rebasedFromVersion != 0 {
         try visitor.visitSingularInt64Field(value: _storage._rebasedFromVersion, fieldNumber: 21)
       }
+      if !_storage._epochMetrics.isEmpty {
+        try visitor.visitRepeatedMessageField(value: _storage._epochMetrics, fieldNumber: 22)
+      }
     }
     try unknownFields.traverse(visitor: &visitor)
   }
@@ -1258,10 +1310,60 @@ nonisolated extension Attune_V1_Event: SwiftProtobuf.Message, SwiftProtobuf._Mes
         if _storage._validationAccuracy != rhs_storage._validationAccuracy {return false}
         if _storage._rebaseID != rhs_storage._rebaseID {return false}
         if _storage._rebasedFromVersion != rhs_storage._rebasedFromVersion {return false}
+        if _storage._epochMetrics != rhs_storage._epochMetrics {return false}
         return true
       }
       if !storagesAreEqual {return false}
     }
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension Attune_V1_EpochMetrics: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".EpochMetrics"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}epoch\0\u{1}loss\0\u{3}validation_loss\0\u{3}validation_accuracy\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularInt64Field(value: &self.epoch) }()
+      case 2: try { try decoder.decodeSingularDoubleField(value: &self.loss) }()
+      case 3: try { try decoder.decodeSingularDoubleField(value: &self._validationLoss) }()
+      case 4: try { try decoder.decodeSingularDoubleField(value: &self._validationAccuracy) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    // The use of inline closures is to circumvent an issue where the compiler
+    // allocates stack space for every if/case branch local when no optimizations
+    // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
+    // https://github.com/apple/swift-protobuf/issues/1182
+    if self.epoch != 0 {
+      try visitor.visitSingularInt64Field(value: self.epoch, fieldNumber: 1)
+    }
+    if self.loss.bitPattern != 0 {
+      try visitor.visitSingularDoubleField(value: self.loss, fieldNumber: 2)
+    }
+    try { if let v = self._validationLoss {
+      try visitor.visitSingularDoubleField(value: v, fieldNumber: 3)
+    } }()
+    try { if let v = self._validationAccuracy {
+      try visitor.visitSingularDoubleField(value: v, fieldNumber: 4)
+    } }()
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: Attune_V1_EpochMetrics, rhs: Attune_V1_EpochMetrics) -> Bool {
+    if lhs.epoch != rhs.epoch {return false}
+    if lhs.loss != rhs.loss {return false}
+    if lhs._validationLoss != rhs._validationLoss {return false}
+    if lhs._validationAccuracy != rhs._validationAccuracy {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

@@ -140,6 +140,16 @@ struct RandomMessages {
         if bool() { event.cancelStage = string(maxLength: 12) }
         if bool() { event.validationLoss = double() }
         if bool() { event.validationAccuracy = double() }
+        if bool() {
+            event.epochMetrics = (0..<int(0...4)).map { _ in
+                var epoch = Attune_V1_EpochMetrics()
+                if bool() { epoch.epoch = int64() }
+                if bool() { epoch.loss = double() }
+                if bool() { epoch.validationLoss = double() }
+                if bool() { epoch.validationAccuracy = double() }
+                return epoch
+            }
+        }
         return event
     }
 }
