@@ -27,8 +27,26 @@ start=$(date +%s)
 # Where the run's time goes, phase by phase (CI has a budget; see CONTRIBUTING.md).
 phase_start=$start
 took() { echo "[test.sh] $1: $(( $(date +%s) - phase_start )) s (total $(( $(date +%s) - start )) s)" >&2; phase_start=$(date +%s); }
+# Where the build goes. A fresh clone (CI's) builds in a cache folder outside it, kept between runs as CI
+# systems keep a build cache: the dependencies (BoringSSL twice, NIO, Hummingbird) are compiled once, not
+# each run, since their sources sit in the cache at the same path every time. A checkout that has its own
+# .build keeps using it. .build/debug then points into the cache, where the scripts below look for the binary.
+scratch=.build
+if [ -n "${ATTUNE_SCRATCH_PATH:-}" ]; then
+  scratch=$ATTUNE_SCRATCH_PATH
+elif [ ! -e .build ] || { [ -L .build/debug ] && [ ! -e .build/build.db ]; }; then
+  scratch=${XDG_CACHE_HOME:-$HOME/.cache}/attune/swiftpm-debug
+fi
+if [ "$scratch" != .build ]; then
+  mkdir -p "$scratch" .build
+  ln -sfn "$(realpath -m "$scratch")/x86_64-unknown-linux-gnu/debug" .build/debug
+  echo "building in $scratch (a build cache kept between runs; ATTUNE_SCRATCH_PATH chooses another)"
+fi
+export ATTUNE_SCRATCH_PATH=$scratch
 # The build's output goes to a file: on success its last lines are enough, on failure its errors are printed.
-if ! swift build --build-tests >"$work/build.log" 2>&1; then
+# A cached build that fails is tried once more from nothing, in case the cache itself is what broke.
+build() { swift build --build-tests --scratch-path "$scratch" >"$work/build.log" 2>&1; }
+if ! build && { [ "$scratch" = .build ] || ! { echo "the cached build failed; building again from nothing" >&2; rm -rf "$scratch"; build; }; }; then
   grep -E -A4 "error:|Stack dump|Killed|LLVM ERROR" "$work/build.log" | head -n 80 >&2
   tail -n 20 "$work/build.log" >&2
   echo "the build failed (output above)" >&2
@@ -46,7 +64,7 @@ export ATTUNE_KEYS
 # XCTest only: a Swift Testing summary of "0 tests" would close the output and misreport the run.
 # The throughput benchmarks print figures only; Benchmarks/training.sh runs them in a release build.
 # The output is also kept: CI shows only the run's last lines, so a failure's assertions are printed again at the end.
-if ! swift test --skip-build --disable-swift-testing --skip ThroughputBenchmarks "$@" 2>&1 | tee "$work/xctest.log"; then
+if ! swift test --skip-build --scratch-path "$scratch" --disable-swift-testing --skip ThroughputBenchmarks "$@" 2>&1 | tee "$work/xctest.log"; then
   echo "[test.sh] the XCTest suites failed; the failing assertions and tests:" >&2
   grep -E ": error: |' failed \(" "$work/xctest.log" | head -n 60 >&2
   exit 1
@@ -59,7 +77,7 @@ if [ $# -eq 0 ]; then
   sets=(portable)
   [[ "$flags" == *" avx2 "* && "$flags" == *" fma "* ]] && sets+=(avx2)
   for each in "${sets[@]}"; do
-    if ! ATTUNE_TRAINING_KERNELS=$each swift test --skip-build --disable-swift-testing --filter \
+    if ! ATTUNE_TRAINING_KERNELS=$each swift test --skip-build --scratch-path "$scratch" --disable-swift-testing --filter \
         'AttuneTrainingIntegrationTests\.(ReferenceTests|LossOptimizerReferenceTests|LearningRateScheduleReferenceTests)|TrainingKernelsTests' \
         >"$work/kernels-$each.log" 2>&1; then
       grep -E "error|failed" "$work/kernels-$each.log" | head -n 40 >&2
