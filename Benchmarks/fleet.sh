@@ -9,6 +9,7 @@
 #   Benchmarks/fleet.sh [--ha] --only celery [--jobs N] [--rounds R] [--celery-profiles long,short] [--celery-prefetch 1,4] [--attune-worker-args="..."] [--out FILE]
 #   Benchmarks/fleet.sh --only costs [--jobs N] [--out FILE]
 #   Benchmarks/fleet.sh [--ha] --only notify [--jobs N] [--out FILE]
+#   Benchmarks/fleet.sh [--ha] --only commit [--jobs N] [--rounds P] [--out FILE]
 #   Benchmarks/fleet.sh --only parking [--jobs N] [--out FILE]
 # --jobs: jobs per throughput scenario (default 4000, --quick 1500). --out: also write the report (markdown).
 # A full run takes under ~10 minutes, --quick under ~3 (plus the release build the first time).
@@ -42,6 +43,9 @@
 # --only notify: the heads' notification inside the commit against after it (migration 0025), Attune 2 workers x 2 slots,
 # 3 pairs of drains alternating which goes first; with --ha on the single server and then the pg_auto_failover pair
 # (Benchmarks/python/bench_notify.py; about 2 minutes, 4 with --ha).
+# --only commit: the set-based batch commit against the per-element one before it (attune_commit_versions at 070bd98),
+# Attune 2 workers x 2 slots at their defaults, P pairs of drains (at least 3) alternating which goes first
+# (Benchmarks/python/bench_commit.py; about 2 minutes).
 # --only parking: what parking costs with nobody waiting: 30,000 uniform jobs (600 a user, so most users are parked)
 # on Attune 1 worker x 2 slots with and without --no-hot-user-parking, 2 pairs (Benchmarks/python/bench_parking.py).
 # The driver is Benchmarks/python/fleet_bench.py; the peer Benchmarks/python/python_worker.py; see docs/benchmarks.md.

@@ -30,6 +30,7 @@ from bench_fixtures import bench_mlp
 from bench_fleets import AttuneFleet, PythonFleet
 from bench_ha import add_ha_arguments, ha_only
 from bench_hot import HOT_RATE, hot_only
+from bench_commit import commit_only
 from bench_notify import notify_only
 from bench_parking import parking_only
 from bench_jobs import load_rows, make_jobs, upsampled_rows
@@ -61,7 +62,7 @@ def parse_args():
     p.add_argument("--ha-pairs", type=int, default=3,
                    help="with --ha-url: how many pairs for each --ha-configs configuration (default 3)")
     add_ha_arguments(p)  # --ha-configs, --ha-workers, --ha-slots: bench_ha.py
-    p.add_argument("--only", choices=["latency", "slots", "scale", "big", "outbox", "celery", "hot", "costs", "notify", "parking"],
+    p.add_argument("--only", choices=["latency", "slots", "scale", "big", "outbox", "celery", "hot", "costs", "notify", "parking", "commit"],
                    help="latency: just Attune 1 worker x 2 slots' peak and its latency at half and a quarter "
                         "of it (no peer, no pgbench): for trying a change to the latency path; slots: just the "
                         "training-bound jobs on 1 worker with 1 slot and with 2 (--jobs of them, default 400); scale: 1 to 48 "
@@ -157,6 +158,9 @@ def main():
         return
     if args.only == "celery":  # before --ha-url: with it, this mode runs on both databases
         celery_only(ctx, rows)
+        return
+    if args.only == "commit":  # likewise
+        commit_only(ctx, rows)
         return
     if args.only == "notify":  # likewise
         notify_only(ctx, rows)

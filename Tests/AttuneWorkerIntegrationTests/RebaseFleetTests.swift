@@ -105,7 +105,7 @@ final class RebaseFleetTests: XCTestCase {
         var uploaded = old.initialState()
         for index in uploaded.tensors.indices { uploaded.tensors[index].values = uploaded.tensors[index].values.map { $0 + 0.01 } }
         let committed = try fleet.registry.commitVersions([NewPersonalVersion(
-            user: "dee", model: fleet.model, baseVersion: 1, parentVersion: 0, jobId: "device-rebase-test", state: try uploaded.serializedData(),
+            user: "dee", model: fleet.model, baseVersion: 1, parentVersion: 0, jobId: "device-rebase-" + UUID().uuidString.prefix(8).lowercased(), state: try uploaded.serializedData(),
             loss: nil, samples: 0, epochs: 0, durationSeconds: 0, worker: "device:phone")])
         guard case .success(.committed(1)) = committed[0] else { return XCTFail("\(committed)") }
 

@@ -7,7 +7,8 @@
 --
 -- History of the rules (the migrations that defined earlier versions): 0003 one transaction for a batch,
 -- 0004 cancels, 0005 parameters, 0012 validation metrics, 0017 head rows locked by an update in place (no
--- multixacts: see that migration's comment).
+-- multixacts: see that migration's comment). Since 0.40 (issue 51) a batch whose every element fits its line
+-- commits set-based, in one subtransaction; the per-element path below is for a batch that does not.
 CREATE OR REPLACE FUNCTION attune_commit_versions(
     job_users          text[],
     job_models         text[],
@@ -107,6 +108,57 @@ BEGIN
             UPDATE attune_personal_heads h SET updated_at = h.updated_at WHERE h.user_id = line.u AND h.model = line.m;
         END IF;
     END LOOP;
+
+    -- The common batch, set-based: every element trained from its line's head (or from the element before it
+    -- in the batch), on the head's base, its job neither cancelled nor applied before. Its versions go in with
+    -- one statement and its heads move with another, in one subtransaction, where the path below spends a
+    -- subtransaction and a dozen statements on each element. Anything else (a moved head, a cancel, a job
+    -- applied before, a base switch, a value a table refuses) undoes this block, and the per-element path
+    -- then says which element and why.
+    BEGIN
+        -- The cancels' lock (attune_cancel_job takes it too), in the batch's order as the path below takes it.
+        PERFORM pg_advisory_xact_lock(417003, hashtext(e.id))
+        FROM unnest(job_ids) WITH ORDINALITY AS e(id, ord) ORDER BY e.ord;
+        IF EXISTS (SELECT 1 FROM attune_cancelled_jobs c WHERE c.job_id = ANY (job_ids)) THEN
+            RAISE EXCEPTION 'a job of the batch is cancelled' USING ERRCODE = 'AT499';
+        END IF;
+        IF (SELECT count(*)
+            FROM (SELECT e.u, e.m, e.b, e.p, row_number() OVER (PARTITION BY e.u, e.m ORDER BY e.ord) AS k
+                  FROM unnest(job_users, job_models, job_base_versions, job_parents)
+                       WITH ORDINALITY AS e(u, m, b, p, ord)) e
+            JOIN attune_personal_heads h ON h.user_id = e.u AND h.model = e.m
+            WHERE e.p = h.version + e.k - 1 AND e.b = h.base_version) <> n THEN
+            RAISE EXCEPTION 'an element does not fit its head' USING ERRCODE = 'AT499';
+        END IF;
+        INSERT INTO attune_personal_versions
+            (user_id, model, version, base_version, parent_version, job_id, state_lo, state_size_bytes, loss,
+             samples, epochs, duration_seconds, worker, job_digest, parameters, validation)
+        SELECT e.u, e.m, e.p + 1, e.b, e.p, e.id,
+               lo_from_bytea(0, substring(job_states FROM (e.ends - e.len + 1)::integer FOR e.len)), e.len,
+               e.loss, e.samples, e.epochs, e.duration, e.worker, e.digest, nullif(e.parameters, '')::jsonb,
+               nullif(e.validation, '')::jsonb
+        FROM (SELECT e.*, sum(e.len) OVER (ORDER BY e.ord) AS ends
+              FROM unnest(job_users, job_models, job_base_versions, job_parents, job_ids, job_state_lengths,
+                          job_losses, job_samples, job_epochs, job_durations, job_workers, job_digests,
+                          job_parameters, job_validations)
+                   WITH ORDINALITY AS e(u, m, b, p, id, len, loss, samples, epochs, duration, worker, digest,
+                                        parameters, validation, ord)) e
+        ORDER BY e.ord;
+        UPDATE attune_personal_heads h SET version = l.v, updated_at = now()
+        FROM (SELECT e.u, e.m, max(e.p) + 1 AS v FROM unnest(job_users, job_models, job_parents) AS e(u, m, p)
+              GROUP BY e.u, e.m) l
+        WHERE h.user_id = l.u AND h.model = l.m;
+        RETURN QUERY
+            SELECT e.ord::integer, 'committed'::text, e.p + 1, NULL::integer, NULL::text, NULL::text, NULL::text,
+                   NULL::integer, NULL::integer, NULL::integer, NULL::text, NULL::bigint, NULL::double precision,
+                   NULL::integer, NULL::integer, NULL::double precision, NULL::text, NULL::text,
+                   NULL::double precision
+            FROM unnest(job_parents) WITH ORDINALITY AS e(p, ord) ORDER BY e.ord;
+        RETURN;
+    EXCEPTION WHEN OTHERS THEN
+        -- Undone, locks and large objects included: the per-element path decides each element.
+        NULL;
+    END;
 
     FOR i IN 1 .. n LOOP
         outcome := NULL; head_version := NULL; head_base := NULL; detail := NULL; existing := NULL;
