@@ -33,7 +33,7 @@ final class CancelTests: XCTestCase {
         XCTAssertEqual(cancelled.map(\.cancelStage), ["queued", "queued"])
         XCTAssertEqual(cancelled.first?.reason, "consent withdrawn")
         XCTAssertEqual(cancelled.first?.worker, "after-restart")
-        XCTAssertFalse(events.contains { $0.kind == .trainingBegin && $0.jobID == job.jobID }, "the job was trained")
+        XCTAssertEqual(FleetHarness.trainings(events, job: job.jobID), 0, "the job was trained")
         XCTAssertEqual(try fleet.registry.history(user: "withdrawn", model: fleet.model).map(\.jobId), [next.jobID])
         for queue in Topology.jobsQueues(count: Topology.defaultPartitionCount) { XCTAssertEqual(try fleet.publisher.queueDepth(queue).messages, 0, queue) }
         XCTAssertEqual(try fleet.publisher.queueDepth(Topology.deadQueue).messages, 0)

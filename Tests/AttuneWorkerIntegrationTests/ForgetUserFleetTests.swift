@@ -126,7 +126,7 @@ final class ForgetUserFleetTests: XCTestCase {
         let dropped = try XCTUnwrap(events.first { $0.jobID == queued.jobID && $0.kind == .cancelled }, "\(events)")
         XCTAssertEqual(dropped.reason, JobLookup.forgottenReason)
         XCTAssertEqual(dropped.cancelStage, "queued")
-        XCTAssertFalse(events.contains { $0.userID == gone && $0.kind == .trainingBegin }, "never trained")
+        XCTAssertEqual(FleetHarness.trainings(events, job: queued.jobID), 0, "never trained")
         XCTAssertTrue(events.contains { $0.userID == stays && $0.kind == .completed }, "\(events)")
         XCTAssertEqual(try fleet.registry.head(user: stays, model: fleet.model)?.version, 2)
         XCTAssertEqual(try rowsMentioning(gone, fleet.registry), [:], "no row of any attune_ table names the user")

@@ -171,7 +171,7 @@ final class RepeatedJobIdTests: XCTestCase {
 
         for (job, user) in [(queued, "gina"), (running, "hank")] {
             let mine = events.filter { $0.jobID == job.jobID }
-            XCTAssertEqual(mine.filter { $0.kind == .trainingBegin }.count, 1, "\(user): \(mine.map(\.kind))")
+            XCTAssertEqual(FleetHarness.trainings(mine, job: job.jobID), 1, "\(user): \(mine.map(\.kind))")
             let completed = mine.filter { $0.kind == .completed }
             XCTAssertEqual(completed.map(\.duplicate), [false, true], user)
             XCTAssertEqual(Set(completed.map(\.version)).count, 1, user)

@@ -123,7 +123,9 @@ final class ShutdownTests: XCTestCase {
         try blocker.query("INSERT INTO attune_personal_heads (user_id, model, base_version, version) VALUES ($1, $2, 1, 0)",
                           [user, fleet.model])
 
-        let victim = try WorkerProcess(fleet: fleet, name: "victim", options: [])
+        // Every progress event as its own message: these jobs' epochs would otherwise ride on their ends, which
+        // the blocked commit holds back.
+        let victim = try WorkerProcess(fleet: fleet, name: "victim", options: ["--events", "all"])
         defer { victim.kill() }
         // A later job of the user trains only after the earlier one is committed unless they share a batch:
         // all four trained while the commit waits means one transaction holds all four.

@@ -207,6 +207,12 @@ final class FleetHarness {
         }
     }
 
+    /// How many times `job` was trained, as its events say under event contract 2: a `training_begin` (a task
+    /// that ran long enough to be published live) or an end carrying epochs (one that did not).
+    static func trainings(_ events: [Attune_V1_Event], job: String) -> Int {
+        events.filter { $0.jobID == job && ($0.kind == .trainingBegin || !$0.epochMetrics.isEmpty) }.count
+    }
+
     /// Everything in the dead-letter queue now, acked.
     func deadLetters(expected: Int, timeout: TimeInterval = 10) throws -> [Delivery] {
         let reader = try AMQPConnection(url: amqpURL, connectionName: "test-dlq-reader")
