@@ -9,19 +9,13 @@ through Attune W workers x S slots twice, alternating which goes first:
   at PER_ELEMENT_COMMIT, read with git);
 - set-based: the function in this checkout.
 
-The body is replaced with CREATE OR REPLACE between drains; the workers do not apply it again, since the file's
-recorded digest has not changed. With --ha, the pairs run on the single durable server and then on the HA pair.
+The body is replaced with CREATE OR REPLACE between drains (`bench_measure.function_body_pairs`). With --ha, the pairs run on the single durable server and then on the HA pair.
 Prints each drain's rate and each pair's ratio (set-based / per element), and the median pair.
 """
-import os
 import subprocess
 from pathlib import Path
 
-import psycopg
-
-from bench_fleets import AttuneFleet
-from bench_jobs import make_jobs
-from bench_measure import alternating_pairs, attune_target, throughput
+from bench_measure import function_body_pairs
 from bench_report import pair_rows, print_report
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -41,33 +35,8 @@ def commit_only(ctx, rows):
     args = ctx.args
     n = args.jobs if args.jobs_given else 6000
     workers, slots = 2, 2
-    pairs = max(3, args.rounds)
     variants = (("per element", function_at(PER_ELEMENT_COMMIT)), ("set-based", function_at(None)))
-    databases = [("single", args.database_url)]
-    if args.ha_url:
-        env = dict(os.environ, ATTUNE_DATABASE_URL=args.ha_url)
-        subprocess.run([args.attune, "migrate"], check=True, stdout=subprocess.DEVNULL, env=env)
-        subprocess.run([args.attune, "model", "import", args.model, "--name", "digits"], check=True,
-                       stdout=subprocess.DEVNULL, env=env)
-        databases.append(("HA pair", args.ha_url))
-    results = []
-    try:
-        for key, url in databases:
-            args.active_url = url
-
-            def drain(body, pair, key=key, url=url):
-                with psycopg.connect(url, autocommit=True) as conn:
-                    conn.execute(body)
-                tag = f"commit-{key.split()[0].lower()}-{pair}-{'set' if body is variants[1][1] else 'element'}"
-                return throughput(ctx, AttuneFleet(args, workers, slots), attune_target,
-                                  make_jobs(rows, tag, n, "uniform", seed=1), tag)["rate"]
-
-            results.append((key, alternating_pairs(variants, pairs, drain, label=f"{key}, commit: ")))
-    finally:
-        for _, url in databases:
-            with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute(variants[1][1])
-        args.active_url = args.database_url
+    results = function_body_pairs(ctx, rows, variants, max(3, args.rounds), "commit", workers, slots)
     print_report(args, render(n, workers, slots, results))
 
 

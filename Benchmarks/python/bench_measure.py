@@ -215,3 +215,42 @@ def alternating_pairs(variants, pairs, drain, label=""):
             log(f"{label}pair {pair + 1}, {name}: {fmt(rates[name], '.0f')} jobs/s")
         results.append(rates)
     return results
+
+
+def function_body_pairs(ctx, rows, variants, pairs, kind, workers=2, slots=2):
+    """Drains of the same uniform jobs through Attune `workers` x `slots`, one per SQL function body of `variants`
+    ((name, a CREATE OR REPLACE FUNCTION text), ...), set between drains, `pairs` pairs alternating which goes first
+    (`alternating_pairs`), on the single server and then, with --ha-url, on the HA pair. The workers do not apply
+    the function again: the file's recorded digest has not changed. The last variant's body is left in place.
+    Returns [(database, [{name: rate} a pair])]."""
+    import psycopg
+
+    args = ctx.args
+    n = args.jobs if args.jobs_given else 6000
+    databases = [("single", args.database_url)]
+    if args.ha_url:
+        env = dict(os.environ, ATTUNE_DATABASE_URL=args.ha_url)
+        subprocess.run([args.attune, "migrate"], check=True, stdout=subprocess.DEVNULL, env=env)
+        subprocess.run([args.attune, "model", "import", args.model, "--name", "digits"], check=True,
+                       stdout=subprocess.DEVNULL, env=env)
+        databases.append(("HA pair", args.ha_url))
+    names = {body: index for index, (_, body) in enumerate(variants)}
+    results = []
+    try:
+        for key, url in databases:
+            args.active_url = url
+
+            def drain(body, pair, key=key, url=url):
+                with psycopg.connect(url, autocommit=True) as conn:
+                    conn.execute(body)
+                tag = f"{kind}-{key.split()[0].lower()}-{pair}-{names[body]}"
+                return throughput(ctx, AttuneFleet(args, workers, slots), attune_target,
+                                  make_jobs(rows, tag, n, "uniform", seed=1), tag)["rate"]
+
+            results.append((key, alternating_pairs(variants, pairs, drain, label=f"{key}, {kind}: ")))
+    finally:
+        for _, url in databases:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(variants[-1][1])
+        args.active_url = args.database_url
+    return results

@@ -12,16 +12,10 @@ of drains runs the same jobs through Attune W workers x S slots twice, alternati
 With --ha, the pairs run on the single durable server and then on the HA pair. Prints each drain's rate and each
 pair's ratio (after / in), and the median pair.
 """
-import os
 import re
-import subprocess
 from pathlib import Path
 
-import psycopg
-
-from bench_fleets import AttuneFleet
-from bench_jobs import make_jobs
-from bench_measure import alternating_pairs, attune_target, throughput
+from bench_measure import function_body_pairs
 from bench_report import pair_rows, print_report
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
@@ -47,36 +41,11 @@ def notify_only(ctx, rows):
     args = ctx.args
     n = args.jobs if args.jobs_given else 6000
     workers, slots = 2, 2
-    pairs = 3
-    databases = [("single", args.database_url)]
-    if args.ha_url:
-        env = dict(os.environ, ATTUNE_DATABASE_URL=args.ha_url)
-        subprocess.run([args.attune, "migrate"], check=True, stdout=subprocess.DEVNULL, env=env)
-        subprocess.run([args.attune, "model", "import", args.model, "--name", "digits"], check=True,
-                       stdout=subprocess.DEVNULL, env=env)
-        databases.append(("HA pair", args.ha_url))
-    results = []  # (database, [{variant: rate} a pair])
-    try:
-        for key, url in databases:
-            args.active_url = url
-
-            def drain(body, pair, key=key, url=url):
-                with psycopg.connect(url, autocommit=True) as conn:
-                    conn.execute(body)
-                tag = f"notify-{key.split()[0].lower()}-{pair}-{'in' if body is IN_COMMIT else 'after'}"
-                return throughput(ctx, AttuneFleet(args, workers, slots), attune_target,
-                                  make_jobs(rows, tag, n, "uniform", seed=1), tag)["rate"]
-
-            results.append((key, alternating_pairs(VARIANTS, pairs, drain, label=f"{key}, notification: ")))
-    finally:
-        for _, url in databases:
-            with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute(AFTER_COMMIT)
-        args.active_url = args.database_url
-    print_report(args, render(args, n, workers, slots, databases, results))
+    results = function_body_pairs(ctx, rows, VARIANTS, 3, "notify", workers, slots)
+    print_report(args, render(n, workers, slots, results))
 
 
-def render(args, n, workers, slots, databases, results):
+def render(n, workers, slots, results):
     lines = [f"Heads' notification inside the commit or after it (--only notify): {n} jobs a drain, Attune "
              f"{workers} workers x {slots} slots, the two variants alternating first; jobs/s between the 10% and 90% "
              "marks.", "",
