@@ -42,7 +42,7 @@ final class TaskProgress {
 
     /// Called at each step of the task (`UpdateTask.run`'s progress).
     func record(_ progress: TrainingProgress) {
-        guard selection != .terminal else { return }
+        guard selection.includesProgress else { return }
         if case .trainingBegin(_, let epochs) = progress { epochCount = epochs }
         let at = now()
         var throttled = false
