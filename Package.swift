@@ -103,13 +103,16 @@ let package = Package(
                                                    .product(name: "AsyncHTTPClient", package: "async-http-client"),
                                                    .product(name: "NIOHTTP1", package: "swift-nio"),
                                                    .product(name: "Logging", package: "swift-log")]),
+        // Issue 52's private averaging and its accountant: pure computation on Foundation alone, so the
+        // privacy arithmetic is reviewed and tested without a server.
+        .target(name: "AttunePrivacy"),
         // Benchmarks/training.sh's Swift side: built alone in release, without the server modules.
         .target(name: "BenchProbes", path: "Benchmarks/BenchProbes"),
         .executableTarget(name: "attune-training-bench", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneSpec", "AttuneTraining", "BenchProbes"],
                           path: "Benchmarks/TrainingBench"),
         .executableTarget(name: "attune", dependencies: [.product(name: "UnixSignals", package: "swift-service-lifecycle"), "AttuneCodecs", .product(name: "SwiftProtobuf", package: "swift-protobuf"), 
             "AttuneSpec", "AttuneTraining", "AttuneStore", "AttuneQueue", "AttuneWorker", "AttuneImage", "AttuneHTTP",
-            "AttuneDoctor",
+            "AttuneDoctor", "AttunePrivacy",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -140,6 +143,8 @@ let package = Package(
                                                            .product(name: "Logging", package: "swift-log")]),
         // attune doctor's judgements, from the facts that make each fail.
         .testTarget(name: "AttuneDoctorTests", dependencies: ["AttuneDoctor", "AttuneQueue", "AttuneSpec"]),
+        // The accountant against published values, and the averaging's clipping, noise and sampling.
+        .testTarget(name: "AttunePrivacyTests", dependencies: ["AttunePrivacy"]),
         // The worker's decisions against in-memory fakes of its store.
         .testTarget(name: "AttuneWorkerTests", dependencies: ["AttuneCodecs", "AttuneQueue", .product(name: "Logging", package: "swift-log"), "AttuneWorker", "AttuneTraining", "AttuneStore", "AttuneSpec",
                                                               "WorkerTestSupport"]),
