@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Attune needs on a Debian bookworm machine (idempotent; quiet when all is there).
 #   scripts/install-deps.sh            servers (PostgreSQL with pg_auto_failover for the HA set), C libraries for the build
-#   scripts/install-deps.sh --python   also a virtual environment with numpy, Pillow, coremltools and pika (for the tests)
+#   scripts/install-deps.sh --python   also a virtual environment with numpy, Pillow, coremltools, pika and dp-accounting (for the tests)
 #   scripts/install-deps.sh --browser  also chromium, its driver and selenium (the dashboard's browser test)
 #   scripts/install-deps.sh --profiling  also tcpdump and perf (Benchmarks/fleet.sh --only costs)
 # examples/go builds offline from Debian's Go and its amqp091-go sources (GOPATH mode, /usr/share/gocode).
@@ -40,6 +40,13 @@ if [[ " $* " == *" --python "* || " $* " == *" --browser "* ]]; then
   # clients/python/run-tests.sh runs the Python client's tests with pytest and type-checks it with mypy --strict.
   if ! "$venv/bin/python" -c "import pytest, mypy" 2>/dev/null; then
     "$venv/bin/pip" install -q --disable-pip-version-check pytest mypy >&2
+  fi
+  # Tests/python/dp_accounting_check.py holds attune's privacy accountant to Google's dp-accounting. That package
+  # pins attrs below 24, which would downgrade the attrs coremltools' cattrs needs (25.4 or later); it runs on the
+  # newer attrs, so its other dependencies are installed and it alone without its pins, at the version checked.
+  if ! "$venv/bin/python" -c "import dp_accounting.rdp" 2>/dev/null; then
+    "$venv/bin/pip" install -q --disable-pip-version-check scipy absl-py dm-tree mpmath >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps dp-accounting==0.6.0 >&2
   fi
 fi
 if [[ " $* " == *" --browser "* ]]; then

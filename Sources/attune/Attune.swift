@@ -15,7 +15,7 @@ struct Attune: AsyncParsableCommand {
         version: AttuneRelease.identity,
         subcommands: [Migrate.self, TopologyCommand.self, Model.self, Enqueue.self, Cancel.self, Job.self, WorkerCommand.self, Watch.self, Dlq.self, Audit.self,
                       ImageTensorCommand.self, Serve.self, Token.self, App.self, Operator.self, Deployment.self, Collection.self, Keys.self,
-                      User.self, DoctorCommand.self])
+                      User.self, DoctorCommand.self, Privacy.self])
 
     /// `attune serve` runs Swift Concurrency on NIO's event loops, so a request's handler does not hop
     /// between the event loop and the concurrency pool (measured: the device port's 304s, see docs/benchmarks.md,
