@@ -5,7 +5,7 @@
 #   Benchmarks/fleet.sh [--jobs N] [--quick] [--out FILE] [--attune-routing-key user|attune.jobs] [--attune-prefetch Q]
 #   Benchmarks/fleet.sh --ha [--jobs N] [--ha-configs WxS[,WxS...]] [--ha-pairs P] [--ha-set NAME=VALUE] [--out FILE]
 #   Benchmarks/fleet.sh --only latency|slots|scale|big|outbox [--jobs N] [--out FILE]
-#   Benchmarks/fleet.sh --only hot [--jobs N] [--hot-jobs H] [--hot-rate F] [--hot-seconds S] [--attune-worker-args="..."] [--out FILE]
+#   Benchmarks/fleet.sh --only hot [--jobs N] [--hot-jobs H] [--hot-rate F] [--hot-seconds S] [--paced-rates R,...] [--driver auto|go|python] [--attune-worker-args="..."] [--out FILE]
 #   Benchmarks/fleet.sh [--ha] --only celery [--jobs N] [--rounds R] [--celery-profiles long,short] [--celery-prefetch 1,4] [--attune-worker-args="..."] [--out FILE]
 #   Benchmarks/fleet.sh --only costs [--jobs N] [--out FILE]
 #   Benchmarks/fleet.sh [--ha] --only notify [--jobs N] [--out FILE]
@@ -25,7 +25,11 @@
 # --only hot: latency under load on Attune 1 worker x 2 slots: the peak (--jobs, default 6000, drained), p50/p99/p99.9
 # at half of it, then one user's H jobs (default 10,000) dumped into the running fleet while the others' jobs are paced
 # at F x the peak for S s: their latency in that user's partition and elsewhere, and how long the backlog took to drain
-# (Benchmarks/python/bench_hot.py; about 2 minutes plus the build).
+# (Benchmarks/python/bench_hot.py; about 2 minutes plus the build). --hot-jobs 0: only the peak and the paced runs;
+# --paced-rates: more paced runs at those fixed rates (jobs/s). --driver: who publishes and listens in the paced runs
+# once the fleet is warm: go, Benchmarks/go/paced-driver (built into the session from Debian's golang-go and amqp091-go,
+# nothing downloaded; about half the Python driver's CPU a job, which on two cores is taken from the system measured),
+# or python, the bench's own pika publisher and listener; default auto: go where it builds. The report names it.
 # --only celery: a Celery 5 peer (Benchmarks/python/celery_worker.py, -c 2, 4, 8) in two profiles beside the pika peer
 # (2 processes, prefetch 16) and Attune (1x2, 2x1, 1x4, 2x2), 6,000 jobs each, --rounds rounds (default 2); with --ha,
 # each round on the single server and then on the pg_auto_failover pair. The profiles (--celery-profiles, default both):

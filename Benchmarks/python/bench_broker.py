@@ -11,6 +11,7 @@ from bench_common import PEER_QUEUE
 from bench_processes import stop_all
 
 EVENTS_EXCHANGE = "attune.events"
+EVENT_KEYS = ("*.*.completed", "*.*.failed")
 
 
 class Publisher(threading.Thread):
@@ -93,6 +94,8 @@ class EventListener(threading.Thread):
         self.lock = threading.Lock()
         self.ready = threading.Event()
         self.stop = False
+        self.want_bound = self.bound = True
+        self.bound_changed = threading.Event()
         self.track([])
 
     def track(self, job_ids, marks=None):
@@ -110,13 +113,30 @@ class EventListener(threading.Thread):
         connection = pika.BlockingConnection(params)
         channel = connection.channel()
         queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
-        for key in ("*.*.completed", "*.*.failed"):
+        for key in EVENT_KEYS:
             channel.queue_bind(queue, EVENTS_EXCHANGE, routing_key=key)
         channel.basic_consume(queue, self.on_event, auto_ack=True)
         self.ready.set()
         while not self.stop:
+            if self.want_bound != self.bound:  # the channel is this thread's alone (pika is not thread-safe)
+                on = self.want_bound
+                for key in EVENT_KEYS:
+                    (channel.queue_bind if on else channel.queue_unbind)(queue, EVENTS_EXCHANGE, routing_key=key)
+                self.bound = on
+                self.bound_changed.set()
             connection.process_data_events(time_limit=0.2)
         connection.close()
+
+    def listen(self, on, timeout=10):
+        """Unbinds the queue (on=False) while another process listens in this one's place (bench_go's paced
+        driver), so that this driver is not also paying to receive and parse every event; on=True binds it
+        again. Returns once the broker has done it."""
+        if self.bound == on:
+            return
+        self.bound_changed.clear()
+        self.want_bound = on
+        if not self.bound_changed.wait(timeout):
+            raise RuntimeError(f"the event listener did not {'bind' if on else 'unbind'} its queue in {timeout} s")
 
     def on_event(self, channel, method, properties, body):
         now = time.monotonic()

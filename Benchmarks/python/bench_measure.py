@@ -115,8 +115,25 @@ def pace(ctx, jobs, rate, sent, target):
     return time.monotonic() - start
 
 
-def latency(ctx, fleet, target, rate, rows, tag, seconds):
-    """Paced publishing at `rate` jobs/s into a running, warm fleet; publish -> completed percentiles."""
+def python_paced(ctx, jobs, rate, target):
+    """The paced run by this driver: its publisher paces `jobs`, its listener notes their ends. Called before the
+    clock starts; returns what to run under it, which returns (publish times, end times, seconds publishing)."""
+    ctx.listener.track([j[0] for j in jobs])
+
+    def run():
+        sent = {}
+        published_in = pace(ctx, jobs, rate, sent, target)
+        ctx.publisher.wait_confirmed()
+        wait_for(ctx.listener, len(jobs), stall_seconds=30)
+        with ctx.listener.lock:
+            return sent, dict(ctx.listener.ended), published_in
+
+    return run
+
+
+def latency(ctx, fleet, target, rate, rows, tag, seconds, paced=python_paced):
+    """Paced publishing at `rate` jobs/s into a running, warm fleet; publish -> completed percentiles. `paced`:
+    who publishes and listens once the fleet is warm (`python_paced`, or bench_go's driver)."""
     args = ctx.args
     reset(args, ctx.admin)
     count = max(int(rate * seconds), 300 if args.quick else 1000)
@@ -131,17 +148,12 @@ def latency(ctx, fleet, target, rate, rows, tag, seconds):
         ctx.publisher.publish(*target(args, user), job_id, body)
     ctx.publisher.wait_confirmed()
     wait_for(ctx.listener, len(warm))
-    ctx.listener.track([j[0] for j in jobs])
-    sent = {}
+    run = paced(ctx, jobs, rate, target)
     before = ctx.servers.snapshot(fleet.roots())
     start = time.monotonic()
-    published_in = pace(ctx, jobs, rate, sent, target)
-    ctx.publisher.wait_confirmed()
-    wait_for(ctx.listener, count, stall_seconds=30)
+    sent, ended, published_in = run()
     after, elapsed = ctx.servers.snapshot(fleet.roots()), time.monotonic() - start
     retrains = fleet.stop()
-    with ctx.listener.lock:
-        ended = dict(ctx.listener.ended)
     lat = sorted((ended[j] - sent[j]) * 1000 for j in sent if j in ended)
     pct = lambda q: lat[min(len(lat) - 1, math.ceil(q * len(lat)) - 1)] if lat else None  # noqa: E731 (nearest rank)
     result = {"label": f"{fleet.label} at {rate:.0f} jobs/s paced", "rate": count / published_in,
@@ -149,7 +161,8 @@ def latency(ctx, fleet, target, rate, rows, tag, seconds):
               # CPU per job while paced (publishing included: the broker takes each job as it comes, where a
               # throughput run queued them all before its clock started), and how busy the machine was.
               "cpu": {k: (after[k] - before[k]) / count for k in before},
-              "busy": (after["machine"] - before["machine"]) / elapsed / (os.cpu_count() or 1)}
+              "busy": (after["machine"] - before["machine"]) / elapsed / (os.cpu_count() or 1),
+              "sent": sent, "ended": ended}
     ours = sum(after[k] - before[k] for k in ("driver", "broker", "db"))
     result["others"] = max(0.0, after["machine"] - before["machine"] - ours) / elapsed
     if getattr(fleet, "timeline", None):

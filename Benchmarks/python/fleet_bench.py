@@ -94,7 +94,15 @@ def parse_args():
     p.add_argument("--attune-worker-args", default="",
                    help="--only celery and hot: more flags for every `attune worker` (one string, split as a shell "
                         "would)")
-    p.add_argument("--hot-jobs", type=int, default=10000, help="--only hot: the hot user's backlog (default 10000)")
+    p.add_argument("--hot-jobs", type=int, default=10000,
+                   help="--only hot: the hot user's backlog (default 10000; 0: only the peak and the paced runs)")
+    p.add_argument("--paced-rates", type=lambda v: [float(x) for x in v.split(",") if x], default=[],
+                   help="--only hot: more paced runs at these rates (jobs/s, comma-separated), beside half the peak")
+    p.add_argument("--driver", choices=["auto", "go", "python"], default="auto",
+                   help="--only hot: who publishes and listens in the paced runs once the fleet is warm: go, "
+                        "Benchmarks/go/paced-driver (built here from Debian's golang-go and amqp091-go; a fraction "
+                        "of the Python driver's CPU a job), or python, this driver's pika publisher and listener "
+                        "(default auto: go where it builds, else python; the report says which ran)")
     p.add_argument("--hot-rate", type=float, default=HOT_RATE,
                    help=f"--only hot: the other users' pace while it drains, times the peak (default {HOT_RATE})")
     p.add_argument("--hot-seconds", type=float, default=15,
