@@ -136,7 +136,7 @@ meta = {"kind": "meta", "users": population["users"], "held_out_users": populati
         "samples_per_user": population["samples_per_user"], "seed": population["seed"],
         "run_seeds": "$seeds".split(), "workers": $workers, "fleet_seconds": $fleet_seconds,
         "publish_seconds": json.loads(sys.argv[3])["seconds"], "pilot": json.loads(sys.argv[4]),
-        "binary": "$(basename "$(dirname "$attune_src")") build", "machine": "$machine",
+        "binary": "$attune_src", "machine": "$machine",
         "clip_norm": $clip_norm, "clip_norm_source": "$clip_source", "delta": $delta}
 open(sys.argv[2], "a").write(json.dumps(meta) + "\n")
 EOF
@@ -154,6 +154,8 @@ learn() {  # learn ROW Q T S ETA Z SEED
   local row=$1 q=$2 t=$3 s=$4 eta=$5 z=$6 seed=$7 started seconds version eps log=$work/learn-$1-$7
   eps=$("$attune" privacy epsilon --sample-rate "$q" --noise-multiplier "$z" --rounds "$t" --delta "$delta" \
     --format json | "$python" -c "import json, sys; print(json.load(sys.stdin)['epsilon'])")
+  [ "$eps" != None ] || { echo "privacy-study.sh: the accountant gives ε = ∞ for q = $q, z = $z, T = $t: learn-base" \
+    "refuses that; give a larger --infinite-z" >&2; exit 1; }
   # A budget just big enough for the runs so far and this one (the ledger sums ε and δ over runs): a run the
   # accountant priced wrongly would be refused.
   read -r spent_epsilon spent_delta < <("$python" -c "print($spent_epsilon + $eps, $spent_delta + $delta)")

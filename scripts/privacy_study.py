@@ -423,7 +423,7 @@ def table(args):
            f"{meta['held_out_users']} users never in the fleet, {meta['held_out_samples']:,} samples; "
            f"population seed {meta['seed']}, learn-base seeds {', '.join(str(s) for s in meta['run_seeds'])}.",
            f"Fleet: {users:,} jobs published in {meta['publish_seconds']:.1f} s, trained by {meta['workers']} "
-           f"worker(s) in {meta['fleet_seconds']:.1f} s; attune {meta['binary']}.",
+           f"worker(s) in {meta['fleet_seconds']:.1f} s; binary {meta['binary']}.",
            f"Machine: {meta['machine']}.",
            f"S = {meta['clip_norm']} ({meta['clip_norm_source']}); pilot: mean change norm "
            f"{pilot['mean_change_norm']}, {pilot['parameters']} parameters; δ = {meta['delta']:.3g} per run "
