@@ -50,7 +50,12 @@ done
 # The ledger adds up the δ of every run on a model and keeps the sum at most 1/N, so the study's runs share 1/N:
 # each gets 1/(10·N), or 1/(R·N) for R runs when there are more than ten.
 runs=$(( ($(wc -w <<<"$epsilons") + 2) * $(wc -w <<<"$seeds") ))
-delta=${delta:-$("$python" -c "print(f'{1 / (max(10, $runs) * $users):.3g}')")}
+# Rounded down to three significant digits, so that R of them never add up past 1/N.
+delta=${delta:-$("$python" -c "
+import math
+share = 1 / (max(10, $runs) * $users)
+step = 10 ** (math.floor(math.log10(share)) - 2)
+print(f'{math.floor(share / step) * step:.3g}')")}
 # The rounds apply η times each round's noisy mean; η = 1/T makes the whole run one mean change in expectation,
 # the step the non-private average takes.
 server_lr=${server_lr:-$("$python" -c "print(f'{1 / $rounds:.6g}')")}
