@@ -3,12 +3,13 @@
 # fleet, measured through the real fleet as an operator would run it.
 #   scripts/privacy-study.sh [--users 5000] [--out FILE] [--seeds "1 2 3"] [--epsilons "1 2 4 8"]
 #       [--sample-rate 0.2] [--rounds 5] [--server-lr 1/T] [--delta D] [--clip-norm S] [--workers 1]
-#       [--held-out-users 200] [--population-seed 1] [--model privacy_study_digits] [--base-only] [--keep]
+#       [--held-out-users 200] [--population-seed 1] [--pilot-users 200] [--infinite-z 0.001]
+#       [--model privacy_study_digits] [--base-only] [--keep]
 # Starts throwaway PostgreSQL and RabbitMQ (scripts/services.sh) in a temporary folder, imports the pretrained
 # digits base (examples/models/digits-pretrained.mlmodel), builds the population (scripts/privacy_study.py),
 # publishes one job of 30-40 samples per fleet user with pika (confirms pipelined), and times the workers training
-# them all. Then, per learn-base seed: the non-private average (q = 1, one round, no clipping, z = --infinite-z), the
-# same at the private runs' q, T and S, and one run per ε of --epsilons, z found by bisection over
+# them all. Then, per learn-base seed: the non-private average (q = 1, one round, no clipping, z = --infinite-z), no
+# noise at the private runs' q, T and S, and one run per ε of --epsilons, z found by bisection over
 # `attune privacy epsilon`; each run sets the model's privacy budget to what the runs so far plus this one spend,
 # runs `attune model learn-base --seed`, and its candidate base is evaluated with `attune model evaluate` on the
 # held-out users' samples, as is the original base. Prints the table and writes it to --out. --base-only stops after
@@ -41,7 +42,7 @@ while (($#)); do
     --out) out=$2; shift ;;
     --base-only) base_only=1 ;;
     --keep) keep=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "privacy-study.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
