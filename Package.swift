@@ -72,7 +72,7 @@ let package = Package(
         // says why). Its functions carry their own target attributes; -O2 also in debug builds, where tests run it.
         .target(name: "CDenseKernels", cSettings: [.unsafeFlags(["-O2"])]),
         .target(name: "AttuneTraining", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneSpec", "AttuneImage", "AttuneKernels", "CBLAS", "CDenseKernels",
-                                                       "CPUFeatures"]),
+                                                       "CPUFeatures", "AttunePrivacy"]),
         .target(name: "AttuneStore", dependencies: ["AttuneSpec", "CLibPQ",
                                                     .product(name: "Crypto", package: "swift-crypto"),
                                                     .product(name: "Logging", package: "swift-log")]),
