@@ -15,7 +15,7 @@ struct Privacy: ParsableCommand {
             most 1/N for N users. The accountant is Rényi DP, as Google's dp-accounting, TensorFlow Privacy \
             and Opacus use; it reads no server. See docs/privacy.md.
             """,
-        subcommands: [Epsilon.self])
+        subcommands: [Epsilon.self, PrivacyBudget.self, PrivacyLedger.self])
 
     struct Epsilon: ParsableCommand {
         static let configuration = CommandConfiguration(

@@ -7,7 +7,7 @@ import Foundation
 struct User: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "What the fleet holds about one user.",
-        subcommands: [Forget.self, ReplayForgets.self])
+        subcommands: [Forget.self, ReplayForgets.self, Learning.self])
 
     struct Forget: ParsableCommand {
         static let configuration = CommandConfiguration(
@@ -132,5 +132,45 @@ enum ForgetReportText {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         return String(decoding: try encoder.encode(Line(user: user, report: report)), as: UTF8.self)
+    }
+}
+
+extension User {
+    /// Whether a user's personal versions may be one of the changes `attune model learn-base` averages. Opting
+    /// out takes effect at the next run; a base already learned keeps what it learned (docs/privacy.md).
+    struct Learning: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Opt a user out of (or back into) the bases learned from the fleet (attune model learn-base).",
+            discussion: """
+                An opted-out user's versions are never sampled by a later learn-base run; the user's own \
+                personalization is unaffected. Without --model the choice covers every model; --opt-in without \
+                --model removes every opt-out of the user. The opt-out is kept as a SHA-256 of the user id, as \
+                forget's tombstones are.
+                """)
+
+        @OptionGroup var database: DatabaseOptions
+        @Option(help: "The user id.") var user: String
+        @Option(help: "Only this model (default: every model).") var model: String?
+        @Flag(help: "Exclude the user from the bases learned from now on.") var optOut = false
+        @Flag(help: "Include the user again.") var optIn = false
+
+        func validate() throws {
+            guard optOut != optIn else { throw ValidationError("give one of --opt-out and --opt-in") }
+            do {
+                try Identifier.validate(user, field: "--user")
+                if let model { try Identifier.validate(model, field: "--model") }
+            } catch {
+                throw ValidationError("\(error)")
+            }
+        }
+
+        func run() throws {
+            let registry = try database.registry()
+            try registry.setExcludedFromLearning(user: user, model: model, optOut)
+            let scope = model.map { "model \($0)" } ?? "every model"
+            print(optOut
+                  ? "\(user) is opted out of the bases learned from the fleet for \(scope)"
+                  : "\(user) is opted back into the bases learned from the fleet for \(scope)")
+        }
     }
 }
