@@ -10,7 +10,7 @@ struct Model: ParsableCommand {
         abstract: "Base models and users' personal versions.",
         subcommands: [Import.self, Export.self, List.self, Describe.self, History.self, Evaluate.self, Predict.self, Retention.self,
                       Gate.self, Release.self, Uploads.self, Rebase.self, RebaseStatus.self, RebaseCancel.self,
-                      Prune.self, Rollback.self])
+                      Prune.self, Rollback.self, LearnBase.self, BaseHistory.self])
 }
 
 extension Model {
