@@ -20,11 +20,12 @@ final class LearnBaseTests: XCTestCase {
         // A second import of the same file: a user still on 1 is on an older base and does not count.
         XCTAssertEqual(try fleet.registry.importBaseModel(name: fleet.model, kind: "neuralNetworkClassifier", bytes: bytes).version, 2)
         let base = try UpdatableModel(spec: ModelFile.decode(bytes)).initialState()
-        let heads = try Self.writeHeads(fleet, users: (0..<24).map { String(format: "u%02d", $0) }, baseVersion: 2, base: base, seed: 52)
-        _ = try Self.writeHeads(fleet, users: ["old"], baseVersion: 1, base: base, seed: 9)
-        try fleet.registry.setExcludedFromLearning(user: "u03", model: fleet.model, true)
-        _ = try fleet.registry.forgetUser("u05", model: fleet.model)
-        let eligible = heads.filter { $0.key != "u03" && $0.key != "u05" }
+        let run = Self.runSuffix()
+        let heads = try Self.writeHeads(fleet, users: (0..<24).map { String(format: "u%02d", $0) + run }, baseVersion: 2, base: base, seed: 52)
+        _ = try Self.writeHeads(fleet, users: ["old" + run], baseVersion: 1, base: base, seed: 9)
+        try fleet.registry.setExcludedFromLearning(user: "u03" + run, model: fleet.model, true)
+        _ = try fleet.registry.forgetUser("u05" + run, model: fleet.model)
+        let eligible = heads.filter { $0.key != "u03" + run && $0.key != "u05" + run }
         XCTAssertEqual(eligible.count, 22)
 
         // S: the median norm of the changes, so about half of them are clipped.
@@ -34,14 +35,14 @@ final class LearnBaseTests: XCTestCase {
         let eta = 0.5, rounds = 2
         try fleet.registry.setPrivacyBudget(model: fleet.model, epsilon: 1e12, delta: 0.01, setBy: "test")
 
-        let run = try Self.attune(fleet, ["model", "learn-base", "--name", fleet.model, "--sample-rate", "1",
+        let learned = try Self.attune(fleet, ["model", "learn-base", "--name", fleet.model, "--sample-rate", "1",
                                           "--noise-multiplier", "1e-4", "--clip-norm", "\(clipNorm)",
                                           "--server-learning-rate", "\(eta)", "--rounds", "\(rounds)", "--seed", "7"])
-        print(run.output)
-        XCTAssertEqual(run.status, 0, run.output)
-        XCTAssertTrue(run.output.contains("learned \(fleet.model)@3 from \(fleet.model)@2: 22 eligible users, 2 round(s) sampling 22, 22"), run.output)
-        XCTAssertTrue(run.output.contains("SEEDED"), run.output)
-        XCTAssertTrue(run.output.contains("attune model rebase --name \(fleet.model) --base-version 3"), run.output)
+        print(learned.output)
+        XCTAssertEqual(learned.status, 0, learned.output)
+        XCTAssertTrue(learned.output.contains("learned \(fleet.model)@3 from \(fleet.model)@2: 22 eligible users, 2 round(s) sampling 22, 22"), learned.output)
+        XCTAssertTrue(learned.output.contains("SEEDED"), learned.output)
+        XCTAssertTrue(learned.output.contains("attune model rebase --name \(fleet.model) --base-version 3"), learned.output)
 
         // base + T·η·(Σ clipped changes)/N, in Double.
         var expected = base.tensors.map { $0.values.map(Double.init) }
@@ -87,7 +88,7 @@ final class LearnBaseTests: XCTestCase {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
         let base = try UpdatableModel(spec: ModelFile.decode(Data(contentsOf: Paths.digitsModel))).initialState()
-        _ = try Self.writeHeads(fleet, users: (0..<12).map { "r\($0)" }, baseVersion: 1, base: base, seed: 3)
+        _ = try Self.writeHeads(fleet, users: (0..<12).map { "r\($0)" + Self.runSuffix() }, baseVersion: 1, base: base, seed: 3)
         let plan = ["model", "learn-base", "--name", fleet.model, "--sample-rate", "1", "--noise-multiplier", "0.8",
                     "--clip-norm", "1", "--rounds", "3"]
         func assertNothingRecorded(_ what: String) throws {
@@ -145,7 +146,7 @@ final class LearnBaseTests: XCTestCase {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
         let base = try UpdatableModel(spec: ModelFile.decode(Data(contentsOf: Paths.digitsModel))).initialState()
-        _ = try Self.writeHeads(fleet, users: (0..<40).map { "s\($0)" }, baseVersion: 1, base: base, seed: 11)
+        _ = try Self.writeHeads(fleet, users: (0..<40).map { "s\($0)" + Self.runSuffix() }, baseVersion: 1, base: base, seed: 11)
         try fleet.registry.setPrivacyBudget(model: fleet.model, epsilon: 100, delta: 0.02, setBy: "test")
         let run = ["model", "learn-base", "--name", fleet.model, "--sample-rate", "0.5", "--noise-multiplier", "1",
                    "--clip-norm", "0.5", "--rounds", "3"]
@@ -171,7 +172,8 @@ final class LearnBaseTests: XCTestCase {
         let fleet = try FleetHarness()
         defer { fleet.stop() }
         fleet.startWorker(fleet.configuration())
-        let users = (0..<200).map { String(format: "fleet%03d", $0) }
+        let run = Self.runSuffix()
+        let users = (0..<200).map { String(format: "fleet%03d", $0) + run }
         for (index, user) in users.enumerated() {
             let start = (index * 8) % 1680
             try fleet.publish(Digits.job(user: user, model: fleet.model, rows: start..<(start + 16), epochs: 2))
@@ -181,7 +183,7 @@ final class LearnBaseTests: XCTestCase {
         try fleet.registry.setPrivacyBudget(model: fleet.model, epsilon: 8, delta: 1e-3, setBy: "test")
 
         let learned = try Self.attune(fleet, ["model", "learn-base", "--name", fleet.model, "--sample-rate", "0.5",
-                                              "--noise-multiplier", "0.7", "--clip-norm", "2", "--rounds", "4",
+                                              "--noise-multiplier", "1", "--clip-norm", "2", "--rounds", "4",
                                               "--seed", "2026"])
         print(learned.output)
         XCTAssertEqual(learned.status, 0, learned.output)
@@ -219,6 +221,10 @@ final class LearnBaseTests: XCTestCase {
     }
 
     // MARK: - Helpers
+
+    /// Users of their own per run: a user's data key outlives a test's model, and another run's ATTUNE_KEYS
+    /// would not open it.
+    static func runSuffix() -> String { "_" + UUID().uuidString.prefix(8).lowercased() }
 
     /// The accuracy `model evaluate` printed.
     static func accuracy(_ output: String) throws -> Double {
