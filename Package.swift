@@ -161,7 +161,7 @@ let package = Package(
         .testTarget(name: "AttuneStoreIntegrationTests", dependencies: ["AttuneStore", "AttuneSpec",
                                                                         .product(name: "Crypto", package: "swift-crypto")]),
         .testTarget(name: "AttuneWorkerIntegrationTests", dependencies: ["AttuneCodecs", .product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneWorker", "AttuneTraining", "AttuneStore",
-                                                                         "AttuneQueue", "AttuneSpec", "WorkerTestSupport",
+                                                                         "AttunePrivacy", "AttuneQueue", "AttuneSpec", "WorkerTestSupport",
                                                                          .product(name: "Crypto", package: "swift-crypto"),
                                                                          .product(name: "Logging", package: "swift-log")]),
     ] : []),

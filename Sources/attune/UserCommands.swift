@@ -27,12 +27,7 @@ struct User: ParsableCommand {
         @Flag(help: "Print what was removed as one JSON object.") var json = false
 
         func validate() throws {
-            do {
-                try Identifier.validate(user, field: "--user")
-                if let model { try Identifier.validate(model, field: "--model") }
-            } catch {
-                throw ValidationError("\(error)")
-            }
+            try validateUserScope(user: user, model: model)
         }
 
         func run() throws {
@@ -156,12 +151,7 @@ extension User {
 
         func validate() throws {
             guard optOut != optIn else { throw ValidationError("give one of --opt-out and --opt-in") }
-            do {
-                try Identifier.validate(user, field: "--user")
-                if let model { try Identifier.validate(model, field: "--model") }
-            } catch {
-                throw ValidationError("\(error)")
-            }
+            try validateUserScope(user: user, model: model)
         }
 
         func run() throws {
@@ -172,5 +162,16 @@ extension User {
                   ? "\(user) is opted out of the bases learned from the fleet for \(scope)"
                   : "\(user) is opted back into the bases learned from the fleet for \(scope)")
         }
+    }
+}
+
+/// The `--user` and optional `--model` of the commands about one user, checked as the job schema checks them, so a
+/// typo is refused before anything is read or written.
+private func validateUserScope(user: String, model: String?) throws {
+    do {
+        try Identifier.validate(user, field: "--user")
+        if let model { try Identifier.validate(model, field: "--model") }
+    } catch {
+        throw ValidationError("\(error)")
     }
 }

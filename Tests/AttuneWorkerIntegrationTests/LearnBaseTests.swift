@@ -1,3 +1,4 @@
+import AttunePrivacy
 import AttuneSpec
 import AttuneStore
 import AttuneTraining
@@ -23,7 +24,18 @@ final class LearnBaseTests: XCTestCase {
         let run = Self.runSuffix()
         let heads = try Self.writeHeads(fleet, users: (0..<24).map { String(format: "u%02d", $0) + run }, baseVersion: 2, base: base, seed: 52)
         _ = try Self.writeHeads(fleet, users: ["old" + run], baseVersion: 1, base: base, seed: 9)
-        try fleet.registry.setExcludedFromLearning(user: "u03" + run, model: fleet.model, true)
+        // Through the command an operator runs: u03 opts out of this model; u07 opts out of every model and
+        // back in, so it counts again; a command asking for both is refused and changes nothing.
+        for arguments in [["--user", "u03" + run, "--model", fleet.model, "--opt-out"],
+                          ["--user", "u07" + run, "--opt-out"], ["--user", "u07" + run, "--opt-in"]] {
+            let answer = try Self.attune(fleet, ["user", "learning"] + arguments)
+            XCTAssertEqual(answer.status, 0, answer.output)
+        }
+        let both = try Self.attune(fleet, ["user", "learning", "--user", "u09" + run, "--opt-out", "--opt-in"])
+        XCTAssertNotEqual(both.status, 0, both.output)
+        XCTAssertTrue(both.output.contains("give one of --opt-out and --opt-in"), both.output)
+        let badUser = try Self.attune(fleet, ["user", "learning", "--user", "u 09", "--opt-out"])
+        XCTAssertNotEqual(badUser.status, 0, badUser.output)
         _ = try fleet.registry.forgetUser("u05" + run, model: fleet.model)
         let eligible = heads.filter { $0.key != "u03" + run && $0.key != "u05" + run }
         XCTAssertEqual(eligible.count, 22)
@@ -241,14 +253,14 @@ final class LearnBaseTests: XCTestCase {
     @discardableResult
     static func writeHeads(_ fleet: FleetHarness, users: [String], baseVersion: Int, base: Attune_V1_UpdateState,
                            seed: UInt64) throws -> [String: Attune_V1_UpdateState] {
-        var random = SplitMix(state: seed)
+        var random = SeededPrivacyGenerator(seed: seed)
         var heads: [String: Attune_V1_UpdateState] = [:]
         var versions: [NewPersonalVersion] = []
         for user in users {
-            let amplitude = 0.01 + 0.09 * random.unit()
+            let amplitude = 0.01 + 0.09 * random.nextUnitInterval()
             var state = base
             for t in state.tensors.indices {
-                state.tensors[t].values = state.tensors[t].values.map { $0 + Float(amplitude * (2 * random.unit() - 1)) }
+                state.tensors[t].values = state.tensors[t].values.map { $0 + Float(amplitude * (2 * random.nextUnitInterval() - 1)) }
             }
             heads[user] = state
             versions.append(NewPersonalVersion(
@@ -274,17 +286,5 @@ final class LearnBaseTests: XCTestCase {
     static func attune(_ fleet: FleetHarness, _ arguments: [String]) throws -> (status: Int32, output: String) {
         try ChildProcess.run(Paths.attuneExecutable, arguments + ["--database-url", fleet.databaseURL],
                              environment: ["ATTUNE_OPERATOR": "learn-base-test"])
-    }
-
-    struct SplitMix {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-        mutating func unit() -> Double { Double(next() >> 11) * 0x1p-53 }
     }
 }
