@@ -7,7 +7,7 @@
 #   Benchmarks/fleet.sh --only latency|slots|scale|big|outbox [--jobs N] [--out FILE]
 #   Benchmarks/fleet.sh --only hot [--jobs N] [--hot-jobs H] [--hot-rate F] [--hot-seconds S] [--paced-rates R,...] [--driver auto|go|python] [--attune-worker-args="..."] [--out FILE]
 #   Benchmarks/fleet.sh [--ha] --only celery [--jobs N] [--rounds R] [--celery-profiles long,short] [--celery-prefetch 1,4] [--attune-worker-args="..."] [--out FILE]
-#   Benchmarks/fleet.sh --only costs [--jobs N] [--out FILE]
+#   Benchmarks/fleet.sh --only costs [--jobs N] [--paced-rate R [--driver auto|go|python]] [--out FILE]
 #   Benchmarks/fleet.sh [--ha] --only notify [--jobs N] [--out FILE]
 #   Benchmarks/fleet.sh [--ha] --only commit [--jobs N] [--rounds P] [--out FILE]
 #   Benchmarks/fleet.sh --only parking [--jobs N] [--out FILE]
@@ -43,7 +43,10 @@
 # of the worker's socket syscalls; perf record -g): CPU, transactions, statements, WAL, fsyncs, round trips, AMQP frames
 # and bytes per job, then the top symbols of the worker and of a PostgreSQL backend (Benchmarks/python/bench_costs.py;
 # as root: it installs tcpdump and linux-perf, mounts tracefs if needed, restarts the session's PostgreSQL with
-# pg_stat_statements; about 3 minutes).
+# pg_stat_statements; about 3 minutes). --paced-rate R: instead of the terminal-events and peer columns, the same
+# worker with N jobs (default 3000) published at R jobs/s into it once warm, by the paced driver of --only hot (the Go
+# one where it builds), beside the drained Attune column of the same N, and the statements by paced exec time per job
+# with their calls per job in both modes: what a job that mostly commits alone costs over a drained one.
 # --only notify: the heads' notification inside the commit against after it (migration 0025), Attune 2 workers x 2 slots,
 # 3 pairs of drains alternating which goes first; with --ha on the single server and then the pg_auto_failover pair
 # (Benchmarks/python/bench_notify.py; about 2 minutes, 4 with --ha).
@@ -55,11 +58,13 @@
 # The driver is Benchmarks/python/fleet_bench.py; the peer Benchmarks/python/python_worker.py; see docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-args=() ha=0
+args=() ha=0 paced_rate=
 while (($#)); do
   case "$1" in
     --ha) ha=1; shift ;;
     --out|--timelines) args+=("$1" "$(realpath -m "$2")"); shift 2 ;;
+    --paced-rate) paced_rate=$2; shift 2 ;;
+    --paced-rate=*) paced_rate=${1#*=}; shift ;;
     -h|--help) sed -n '2,/^# The driver is/p' "$0"; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
@@ -73,8 +78,12 @@ if ! "$venv/bin/python" -c "import pika, psycopg, celery; assert celery.VERSION.
   "$venv/bin/pip" install -q --disable-pip-version-check pika "psycopg[binary]" "celery>=5,<6" >&2
 fi
 # --only costs captures the loopback traffic (tcpdump) and counts syscalls and samples with perf.
+# --paced-rate is bench_costs.py's alone (fleet_bench.py's options are every mode's), so it goes by the environment.
 if [[ " ${args[*]} " == *" --only costs "* || " ${args[*]} " == *" --only=costs "* ]]; then
   scripts/install-deps.sh --profiling
+  export ATTUNE_COSTS_PACED_RATE=$paced_rate
+elif [ -n "$paced_rate" ]; then
+  echo "--paced-rate is for --only costs (--only hot takes --paced-rates R,...)" >&2; exit 2
 fi
 [ -x /usr/lib/postgresql/15/bin/pgbench ] || { echo "pgbench missing: apt-get install postgresql-15" >&2; exit 1; }
 

@@ -21,6 +21,13 @@ off), and it is continued, so no perf session misses its start; perf's counters 
 it starts, and the postmaster's perf session follows the backends it forks. The per-job figures are divided by the
 jobs completed between the marks (window figures) or by all the jobs (whole-drain figures).
 
+Paced (ATTUNE_COSTS_PACED_RATE=R, which `Benchmarks/fleet.sh --only costs --paced-rate R` sets): the Attune column
+drained as above beside the same N jobs published at R jobs/s into the warm fleet (bench_measure.latency, by the
+Go paced driver where it builds: bench_go.py), each job mostly committing alone, so that what a paced job costs
+over a drained one is seen statement by statement. A paced pass's marks are the start and the end of the paced
+window (latency's two snapshots), all of its jobs between them; its whole-drain counters are read from the first
+mark, the fleet warm and idle, so the workers' start-up is left out.
+
 Needs root (perf on the servers' processes, tracefs, tcpdump), /usr/bin/perf, tcpdump and pg_waldump;
 pg_stat_statements is loaded into the session's server with ALTER SYSTEM and a restart (scripts/postgres.sh has no
 switch for extra settings).
@@ -42,8 +49,9 @@ import psycopg
 
 from bench_common import ROOT, fmt, log
 from bench_fleets import AttuneFleet, PythonFleet
+from bench_go import go_paced, resolve_driver
 from bench_jobs import make_jobs
-from bench_measure import attune_target, peer_target, throughput
+from bench_measure import attune_target, latency, peer_target, python_paced, throughput
 from bench_processes import Servers, process_table
 from bench_report import print_report
 
@@ -73,6 +81,9 @@ def terminal_only(args):
 COLUMNS = [("attune", "Attune 1 worker x 2 slots", lambda args: AttuneFleet(args, 1, 2), attune_target),
            ("terminal", "Attune 1 x 2, --events terminal", terminal_only, attune_target),
            ("peer", "pika peer 2 processes x prefetch 16", lambda args: PythonFleet(args, 2, 16), peer_target)]
+# The paced mode's column, beside COLUMNS[0]: the same worker, its jobs arriving one by one.
+PACED = ("paced", "Attune 1 x 2, paced", lambda args: AttuneFleet(args, 1, 2), attune_target)
+PACED_JOBS = 3000  # 20 s at 150 jobs/s
 
 
 # Processes and sockets
@@ -803,6 +814,12 @@ class CounterPass(Instruments):
                 "-p", ",".join(map(str, roots))]))
 
     def mark(self, index, roots):
+        if index == 0 and self.key == PACED[0]:
+            # Paced, the whole-drain counters start here, the fleet warm and idle (this runs before latency's
+            # CPU snapshot, in the main thread): a second for the backends to publish their statistics.
+            time.sleep(1.1)
+            self.drain_before = whole_drain_counters(self.pg)
+            self.connections_before = rabbit_connections(self.args)
         for s in self.sessions:
             s.command("enable" if index == 0 else "disable")
         lsn, absolute = wal_position(self.pg)
@@ -810,6 +827,9 @@ class CounterPass(Instruments):
 
     def before_stop(self, roots):
         self.connections = rabbit_connections(self.args)
+        for port, before in getattr(self, "connections_before", {}).items():
+            if port in self.connections:  # paced: from the first mark on
+                self.connections[port] = {f: v - before[f] for f, v in self.connections[port].items()}
         self.worker_sockets = socket_map(tree_pids(roots), self.ports)
 
     def after_stop(self):
@@ -854,6 +874,8 @@ class CapturePass(Instruments):
         self.sessions[0].command("enable" if index == 0 else "disable")
         self.marks.append({"wall": time.time()})
         self.sockets.update(socket_map(tree_pids(roots), self.ports))
+        if index == 0:
+            self.own_ports = {local for _, local, _ in socket_map([os.getpid()], self.ports).values()}
 
     def before_stop(self, roots):
         self.sockets.update(socket_map(tree_pids(roots), self.ports))
@@ -874,6 +896,13 @@ class CapturePass(Instruments):
             owners = {local: "worker" for dest, local, _ in self.sockets.values() if dest != "other"}
             owners.update({local: "driver" for dest, local, _ in self.driver_sockets.values() if dest == "RabbitMQ"})
             amqp = next(p for p, n in self.ports.items() if n == "RabbitMQ")
+            if self.key == PACED[0]:
+                # The Go driver publishes and listens from a child that has exited by the second mark: its
+                # connections are those to the broker that are neither the worker's nor this process's (whose
+                # listener is unbound meanwhile).
+                owners = {local: "worker" for dest, local, _ in self.sockets.values() if dest != "other"}
+                owners.update({sport: "driver" for _, sport, dport, *_ in pcap_packets(self.pcap)
+                               if dport == amqp and sport not in owners and sport not in self.own_ports})
             pg = next(p for p, n in self.ports.items() if n == "PostgreSQL")
             self.frames, self.gaps = analyse_capture(self.pcap, (self.marks[0]["wall"], self.marks[1]["wall"]),
                                                      owners, amqp, pg)
@@ -968,8 +997,18 @@ def run_pass(ctx, rows, n, column, cls, tag):
     saved = ctx.servers
     ctx.servers = MarkProbe(saved, instruments)
     try:
-        result = throughput(ctx, Instrumented(make_fleet(ctx.args), instruments), target,
-                            make_jobs(rows, tag, n, "uniform", seed=1), tag)
+        if key == PACED[0]:
+            # latency()'s two CPU snapshots are the marks: the paced window, warm-up and start-up outside it.
+            go = resolve_driver(ctx.args) == "go"
+            ctx.go_cpu_seconds = None
+            result = latency(ctx, Instrumented(make_fleet(ctx.args), instruments), target, ctx.args.costs_paced_rate,
+                             rows, tag, (n + 0.5) / ctx.args.costs_paced_rate, paced=go_paced if go else python_paced)
+            result.pop("sent"), result.pop("ended")
+            result["failed"], result["driver"] = 0, "go" if go else "python"
+            result["go_cpu"] = ctx.go_cpu_seconds / result["jobs"] if go and ctx.go_cpu_seconds else None
+        else:
+            result = throughput(ctx, Instrumented(make_fleet(ctx.args), instruments), target,
+                                make_jobs(rows, tag, n, "uniform", seed=1), tag)
         ctx.servers = saved
         instruments.after_stop()
     finally:
@@ -993,7 +1032,9 @@ def num(v):
 
 def costs_only(ctx, rows):
     args = ctx.args
-    n = args.jobs if args.jobs_given else 6000
+    args.costs_paced_rate = float(os.environ.get("ATTUNE_COSTS_PACED_RATE") or 0)
+    columns = [COLUMNS[0], PACED] if args.costs_paced_rate else COLUMNS
+    n = args.jobs if args.jobs_given else PACED_JOBS if args.costs_paced_rate else 6000
     began = time.monotonic()
     for tool in (PERF, PG_WALDUMP, shutil.which("tcpdump") or "tcpdump"):
         if not os.access(tool, os.X_OK):
@@ -1007,14 +1048,14 @@ def costs_only(ctx, rows):
         enable_pg_stat_statements(ctx)
         passes = {}
         for cls in (CounterPass, CapturePass, ProfilePass):
-            for column in COLUMNS:
+            for column in columns:
                 tag = f"costs-{column[0]}-{cls.name}"
                 log(f"{column[1]}: the {cls.name} pass")
                 passes[(column[0], cls.name)] = run_pass(ctx, rows, n, column, cls, tag)
     finally:
         if mounted:
             subprocess.run(["umount", TRACEFS], check=False)
-    lines = render_costs(args, passes, n, time.monotonic() - began)
+    lines = render_costs(args, passes, n, time.monotonic() - began, columns)
     print_report(args, lines)
     keep = os.environ.get("ATTUNE_COSTS_KEEP")
     if keep:  # the raw material: perf stat output, perf.data files, every profiled symbol with its category
@@ -1023,24 +1064,34 @@ def costs_only(ctx, rows):
         log(f"the raw files are in {keep}")
 
 
-def render_costs(args, passes, n, elapsed):
+def render_costs(args, passes, n, elapsed, columns=COLUMNS):
     lo, hi = max(1, round(0.1 * n)), round(0.9 * n)
     window = hi - lo
-    keys = [c[0] for c in COLUMNS]
+    keys = [c[0] for c in columns]
+    paced = PACED[0] in keys
     table = []  # (measure, source, {column: value or text})
 
     def row(measure, source, values):
         table.append((measure, source, values))
 
-    def per_job(values, jobs=window):
-        return {k: (None if v is None else v / jobs) for k, v in values.items()}
+    def per_job(values, jobs=None):
+        jobs = jobs or win
+        return {k: (None if v is None else v / jobs[k]) for k, v in values.items()}
 
     c = {k: passes[(k, "counters")] for k in keys}
     cap = {k: passes[(k, "capture")] for k in keys}
     prof = {k: passes[(k, "profile")] for k in keys}
     complete = {k: len(c[k].marks) == 2 for k in keys}
+    # Jobs between the marks (win) and in the whole-drain counters (tot): a paced pass has all its jobs in its
+    # window and its whole-drain counters start at the window's.
+    win = {k: c[k].result["jobs"] if k == PACED[0] else window for k in keys}
+    tot = {k: c[k].result["jobs"] if k == PACED[0] else n for k in keys}
 
-    row("jobs/s", "W", {k: c[k].result["rate"] for k in keys})
+    row("jobs/s (paced: as published)" if paced else "jobs/s", "W", {k: c[k].result["rate"] for k in keys})
+    if paced:
+        row("publish -> completed p50 / p99 ms", "W", {k: f"{fmt(c[k].result['p50'], '.1f')} / "
+                                                       f"{fmt(c[k].result['p99'], '.1f')}" if k == PACED[0] else ""
+                                                    for k in keys})
     for part, name in (("workers", "worker"), ("broker", "RabbitMQ (beam.smp + children)"),
                        ("db", "PostgreSQL (postmaster + backends)")):
         row(f"CPU µs/job: {name}", "W",
@@ -1048,13 +1099,21 @@ def render_costs(args, passes, n, elapsed):
     row("CPU µs/job: the three together", "W",
         {k: 1e6 * sum(c[k].result["cpu"][p] for p in ("workers", "broker", "db")) if c[k].result["cpu"] else None
          for k in keys})
+    # The bench's own process (less the workers it started): drained, its listener; paced, also the Go driver
+    # that publishes and listens (a reaped child's CPU counts in its parent's).
+    row("CPU µs/job: the driver (publishing and listening)", "W",
+        {k: 1e6 * (c[k].result["cpu"]["driver"] - c[k].result["cpu"]["workers"]) if c[k].result["cpu"] else None
+         for k in keys})
+    if paced:
+        row("  of which the Go paced driver's own", "W",
+            {k: 1e6 * c[k].result["go_cpu"] if c[k].result.get("go_cpu") else None for k in keys})
     row("others' load meanwhile (cores)", "W", {k: c[k].result.get("others") for k in keys})
 
     # PostgreSQL
     def drain_delta(k, name):
         return c[k].drain_after[name] - c[k].drain_before[name]
-    row("PostgreSQL: transactions committed/job (xact_commit)", "D", per_job({k: drain_delta(k, "xact_commit") for k in keys}, n))
-    row("PostgreSQL: transactions rolled back/job", "D", per_job({k: drain_delta(k, "xact_rollback") for k in keys}, n))
+    row("PostgreSQL: transactions committed/job (xact_commit)", "D", per_job({k: drain_delta(k, "xact_commit") for k in keys}, tot))
+    row("PostgreSQL: transactions rolled back/job", "D", per_job({k: drain_delta(k, "xact_rollback") for k in keys}, tot))
     st = {}
     for k in keys:
         st[k] = {}
@@ -1066,9 +1125,9 @@ def render_costs(args, passes, n, elapsed):
                 if delta[0] > 0:
                     st[k][q] = delta
     row("PostgreSQL: statements/job sent by the client (top level)", "W",
-        {k: sum(v[0] for q, v in st[k].items() if q[1]) / window if complete[k] else None for k in keys})
+        {k: sum(v[0] for q, v in st[k].items() if q[1]) / win[k] if complete[k] else None for k in keys})
     row("PostgreSQL: statements/job, all levels (also those run inside functions)", "W",
-        {k: sum(v[0] for v in st[k].values()) / window if complete[k] else None for k in keys})
+        {k: sum(v[0] for v in st[k].values()) / win[k] if complete[k] else None for k in keys})
     kinds = {k: collections.Counter() for k in keys}
     for k in keys:
         for q, v in st[k].items():
@@ -1076,28 +1135,28 @@ def render_costs(args, passes, n, elapsed):
     for level in ("top", "nested"):
         for kind in sorted({kd for k in keys for lv, kd in kinds[k] if lv == level}):
             row(f"  {kind} statements/job ({'top level' if level == 'top' else 'inside functions'})", "W",
-                {k: kinds[k][(level, kind)] / window if complete[k] else None for k in keys})
-    row("WAL records/job (pg_stat_wal)", "D", per_job({k: drain_delta(k, "wal_records") for k in keys}, n))
+                {k: kinds[k][(level, kind)] / win[k] if complete[k] else None for k in keys})
+    row("WAL records/job (pg_stat_wal)", "D", per_job({k: drain_delta(k, "wal_records") for k in keys}, tot))
     row("WAL records/job (pg_waldump between the marks)", "W",
-        {k: c[k].wal_total[0] / window if c[k].wal_total else None for k in keys})
+        {k: c[k].wal_total[0] / win[k] if c[k].wal_total else None for k in keys})
     row("WAL commit records/job (pg_waldump: Transaction/COMMIT)", "W",
-        {k: c[k].wal_types.get("Transaction/COMMIT", (0,))[0] / window if c[k].wal_types else None for k in keys})
+        {k: c[k].wal_types.get("Transaction/COMMIT", (0,))[0] / win[k] if c[k].wal_types else None for k in keys})
     row("WAL bytes/job (insert position between the marks)", "W",
-        {k: (c[k].marks[1]["wal"] - c[k].marks[0]["wal"]) / window if complete[k] else None for k in keys})
-    row("WAL bytes/job (pg_stat_wal)", "D", per_job({k: drain_delta(k, "wal_bytes") for k in keys}, n))
-    row("full-page images/job (pg_stat_wal wal_fpi)", "D", per_job({k: drain_delta(k, "wal_fpi") for k in keys}, n))
+        {k: (c[k].marks[1]["wal"] - c[k].marks[0]["wal"]) / win[k] if complete[k] else None for k in keys})
+    row("WAL bytes/job (pg_stat_wal)", "D", per_job({k: drain_delta(k, "wal_bytes") for k in keys}, tot))
+    row("full-page images/job (pg_stat_wal wal_fpi)", "D", per_job({k: drain_delta(k, "wal_fpi") for k in keys}, tot))
     row("full-page images/job (pg_stat_statements, the statements' own)", "W",
-        {k: sum(v[4] for v in st[k].values()) / window if complete[k] else None for k in keys})
-    row("WAL writes/job (pg_stat_wal wal_write)", "D", per_job({k: drain_delta(k, "wal_write") for k in keys}, n))
-    row("WAL fsyncs/job (pg_stat_wal wal_sync)", "D", per_job({k: drain_delta(k, "wal_sync") for k in keys}, n))
-    row("WAL buffers full/job (pg_stat_wal)", "D", per_job({k: drain_delta(k, "wal_buffers_full") for k in keys}, n))
+        {k: sum(v[4] for v in st[k].values()) / win[k] if complete[k] else None for k in keys})
+    row("WAL writes/job (pg_stat_wal wal_write)", "D", per_job({k: drain_delta(k, "wal_write") for k in keys}, tot))
+    row("WAL fsyncs/job (pg_stat_wal wal_sync)", "D", per_job({k: drain_delta(k, "wal_sync") for k in keys}, tot))
+    row("WAL buffers full/job (pg_stat_wal)", "D", per_job({k: drain_delta(k, "wal_buffers_full") for k in keys}, tot))
     for call in ("fdatasync", "fsync", "pwrite64", "sendto", "recvfrom", "epoll_wait"):
         row(f"PostgreSQL {call} syscalls/job (perf stat)", "W",
-            {k: (c[k].syscalls["db"].get(call) or 0) / window if complete[k] else None for k in keys})
+            {k: (c[k].syscalls["db"].get(call) or 0) / win[k] if complete[k] else None for k in keys})
     row("blocks written/job (pg_stat_bgwriter: checkpoint + clean + backend)", "D",
-        per_job({k: drain_delta(k, "blocks_written") for k in keys}, n))
+        per_job({k: drain_delta(k, "blocks_written") for k in keys}, tot))
     row("shared blocks dirtied/job (pg_stat_statements)", "W",
-        {k: sum(v[6] for v in st[k].values()) / window if complete[k] else None for k in keys})
+        {k: sum(v[6] for v in st[k].values()) / win[k] if complete[k] else None for k in keys})
 
     # The worker and its connections
     ccomplete = {k: len(cap[k].marks) == 2 for k in keys}
@@ -1105,21 +1164,21 @@ def render_costs(args, passes, n, elapsed):
         vals = {k: c[k].syscalls["worker"].get(call) for k in keys}
         if any(vals.values()):
             row(f"worker {call} syscalls/job (perf stat)", "W",
-                {k: (v or 0) / window if complete[k] else None for k, v in vals.items()})
+                {k: (v or 0) / win[k] if complete[k] else None for k, v in vals.items()})
     for dest in ("PostgreSQL", "RabbitMQ"):
         for side, calls in (("send", SEND_SYSCALLS), ("receive", RECV_SYSCALLS)):
             row(f"worker -> {dest}: {side} syscalls/job", "C",
-                {k: sum(n_ for (d, call), n_ in cap[k].by_destination.items() if d == dest and call in calls) / window
+                {k: sum(n_ for (d, call), n_ in cap[k].by_destination.items() if d == dest and call in calls) / win[k]
                  if ccomplete[k] else None for k in keys})
     fr = {k: cap[k].frames for k in keys}
     row("worker -> PostgreSQL: round trips/job (ReadyForQuery messages)", "C",
-        {k: fr[k][("pg messages", "worker", "server", "Z")] / window if ccomplete[k] else None for k in keys})
+        {k: fr[k][("pg messages", "worker", "server", "Z")] / win[k] if ccomplete[k] else None for k in keys})
     client_kinds = sorted({key[3] for k in keys for key in fr[k] if key[0] == "pg messages" and key[2] == "client"})
     for kd in client_kinds:
         row(f"  worker -> PostgreSQL: {PG_CLIENT_MESSAGES.get(kd, kd)} ('{kd}') messages/job", "C",
-            {k: fr[k][("pg messages", "worker", "client", kd)] / window if ccomplete[k] else None for k in keys})
+            {k: fr[k][("pg messages", "worker", "client", kd)] / win[k] if ccomplete[k] else None for k in keys})
     for label in ("worker to PostgreSQL", "worker from PostgreSQL"):
-        row(f"bytes/job, {label}", "C", {k: fr[k][("bytes", label)] / window if ccomplete[k] else None for k in keys})
+        row(f"bytes/job, {label}", "C", {k: fr[k][("bytes", label)] / win[k] if ccomplete[k] else None for k in keys})
 
     # AMQP
     def worker_conns(k):
@@ -1129,30 +1188,33 @@ def render_costs(args, passes, n, elapsed):
                         ("send_oct", "bytes/job, broker to worker (RabbitMQ's send_oct)"),
                         ("recv_cnt", "socket receives/job at the broker from the worker (recv_cnt)"),
                         ("send_cnt", "socket sends/job from the broker to the worker (send_cnt)")):
-        row(text, "D", {k: sum(v[field] for v in worker_conns(k)) / n if worker_conns(k) else None for k in keys})
-    for label in ("worker to broker", "worker from broker", "driver from broker"):
-        row(f"bytes/job, {label}{' (the events the bench listener consumes)' if label.startswith('driver') else ''}",
-            "C", {k: fr[k][("bytes", label)] / window if ccomplete[k] else None for k in keys})
+        row(text, "D", {k: sum(v[field] for v in worker_conns(k)) / tot[k] if worker_conns(k) else None for k in keys})
+    # Paced, the driver's publishes of the jobs fall inside the window too.
+    for label in ("worker to broker", "worker from broker", "driver from broker", *(["driver to broker"] * paced)):
+        row(f"bytes/job, {label}{' (the events the bench listener consumes)' if label == 'driver from broker' else ''}",
+            "C", {k: fr[k][("bytes", label)] / win[k] if ccomplete[k] else None for k in keys})
         row(f"AMQP frames/job, {label}", "C",
-            {k: sum(v for key, v in fr[k].items() if key[0] == "amqp frames" and key[1] == label) / window
+            {k: sum(v for key, v in fr[k].items() if key[0] == "amqp frames" and key[1] == label) / win[k]
              if ccomplete[k] else None for k in keys})
         for kind in ("method", "header", "body", "heartbeat"):
             vals = {k: fr[k][("amqp frames", label, kind)] for k in keys}
             if any(vals.values()):
-                row(f"  {kind} frames/job, {label}", "C", {k: v / window if ccomplete[k] else None for k, v in vals.items()})
+                row(f"  {kind} frames/job, {label}", "C", {k: v / win[k] if ccomplete[k] else None for k, v in vals.items()})
         methods = sorted({key[2] for k in keys for key in fr[k] if key[0] == "amqp methods" and key[1] == label})
         for m in methods:
             row(f"  {m}/job, {label}", "C",
-                {k: fr[k][("amqp methods", label, m)] / window if ccomplete[k] else None for k in keys})
+                {k: fr[k][("amqp methods", label, m)] / win[k] if ccomplete[k] else None for k in keys})
     for call in BROKER_SYSCALLS:
         vals = {k: c[k].syscalls["broker"].get(call) for k in keys}
         if any(vals.values()):
             row(f"RabbitMQ {call} syscalls/job (perf stat)", "W",
-                {k: (v or 0) / window if complete[k] else None for k, v in vals.items()})
+                {k: (v or 0) / win[k] if complete[k] else None for k, v in vals.items()})
     row("jobs/s in the capture pass (tcpdump and perf record running)", "C", {k: cap[k].result["rate"] for k in keys})
     row("jobs/s in the profile pass (perf record -g running)", "P", {k: prof[k].result["rate"] for k in keys})
 
-    names = {c_[0]: c_[1] for c_ in COLUMNS}
+    names = {c_[0]: c_[1] for c_ in columns}
+    if paced:
+        names[PACED[0]] += f" at {args.costs_paced_rate:g} jobs/s"
     lines = [
         f"Cost per job (--only costs), {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores; "
         f"Attune: {args.attune_label or args.attune}",
@@ -1166,6 +1228,15 @@ def render_costs(args, passes, n, elapsed):
         "per-connection counters from rabbitmqctl, read before the worker closes its connections); C = window of a "
         "separate capture pass (tcpdump on loopback and perf record of the worker's socket syscalls running, which slow "
         "it: its rate is not a throughput figure); P = a separate profile pass (perf record -F 499 -g).",
+    ]
+    if paced:
+        r = c[PACED[0]].result
+        lines += ["", f"Paced: the same worker started, warmed with 20 jobs, then {r['jobs']} jobs published at "
+                  f"{args.costs_paced_rate:g} jobs/s by the {r['driver']} driver (bench_go.py), three times (one per "
+                  "pass); its window is the paced run, from the first publish to the last `completed`, every job "
+                  "in it, and its whole-drain (D) figures run from the window's start, the fleet warm and idle, to "
+                  "after the worker stopped (start-up left out)."]
+    lines += [
         "",
         f"| measure | source | {' | '.join(names[k] for k in keys)} |",
         "| --- | --- | " + " | ".join("---" for _ in keys) + " |",
@@ -1191,6 +1262,24 @@ def render_costs(args, passes, n, elapsed):
             lines.append(f"{names[k]}: " + "; ".join(notes) + ".")
 
     # Statements and WAL record types
+    if paced and all(complete.values()):
+        # Exec time is wall time in the server, a function's own including the statements it runs (track = all).
+        a, b = PACED[0], keys[0]
+        top_level = {k: sum(v[2] for q, v in st[k].items() if q[1]) / win[k] for k in (a, b)}
+        lines += ["", f"Statements by paced exec time per job (pg_stat_statements between the marks; µs/job: total "
+                  "execution time per job, wall time inside the server, a function's including the statements run "
+                  "inside it; top-level statements together: paced "
+                  f"{num(1000 * top_level[a])} µs/job, drained {num(1000 * top_level[b])}):", "",
+                  "| paced µs/job | paced calls/job | paced µs/call | drained µs/job | drained calls/job | "
+                  "drained µs/call | level | statement |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for q, v in sorted(st[a].items(), key=lambda kv: -kv[1][2])[:20]:
+            d = st[b].get(q)
+            text = c[a].texts.get(q) or c[b].texts.get(q, "?")
+            text = text if len(text) <= 110 else text[:107] + "..."
+            lines.append(f"| {num(1000 * v[2] / win[a])} | {num(v[0] / win[a])} | {num(1000 * v[2] / v[0])} | "
+                         f"{num(1000 * d[2] / win[b]) if d else '0'} | {num(d[0] / win[b]) if d else '0'} | "
+                         f"{num(1000 * d[2] / d[0]) if d else '-'} | {'top' if q[1] else 'nested'} | "
+                         f"`{text.replace('|', '/')}` |")
     for k in keys:
         if not complete[k]:
             continue
@@ -1200,14 +1289,14 @@ def render_costs(args, passes, n, elapsed):
         for q, v in sorted(st[k].items(), key=lambda kv: -kv[1][0])[:14]:
             text = c[k].texts.get(q, "?")
             text = text if len(text) <= 110 else text[:107] + "..."
-            lines.append(f"| {num(v[0] / window)} | {'top' if q[1] else 'nested'} | {num(v[1] / window)} | "
-                         f"{num(v[5] / window)} | {num(v[4] / window)} | {num(1000 * v[2] / v[0])} | "
+            lines.append(f"| {num(v[0] / win[k])} | {'top' if q[1] else 'nested'} | {num(v[1] / win[k])} | "
+                         f"{num(v[5] / win[k])} | {num(v[4] / win[k])} | {num(1000 * v[2] / v[0])} | "
                          f"`{text.replace('|', '/')}` |")
         if c[k].wal_types:
             top = sorted(c[k].wal_types.items(), key=lambda kv: -(kv[1][1] + kv[1][2]))[:10]
             lines += ["", f"WAL between the marks by record type, {names[k]} (pg_waldump --stats=record; per job: "
                       "records, record bytes, full-page image bytes): " + "; ".join(
-                          f"{t} {num(cnt / window)} / {num(rb / window)} B / {num(fb / window)} B"
+                          f"{t} {num(cnt / win[k])} / {num(rb / win[k])} B / {num(fb / win[k])} B"
                           for t, (cnt, rb, fb) in top) + "."]
 
     # perf

@@ -124,9 +124,19 @@ extension ModelRegistry {
             """, [id, limit]).rows.map { (try $0.string("user_id"), try $0.string("job_id")) }
     }
 
+    /// Workers settle these rows as soon as the jobs arrive, several in one commit and in an order of their own.
+    /// One UPDATE of the whole chunk would hold some rows while waiting for others that a worker holds while
+    /// waiting for them, and PostgreSQL would end the cycle by failing one side (40P01). So the rows no one holds
+    /// are taken without waiting, and each of the others alone, in a transaction holding nothing else.
     public func markRebasePublished(jobIds: [String]) throws {
-        try connection.query("UPDATE attune_rebase_users SET published_at = now() WHERE job_id = ANY ($1::text[])",
-                             [PostgresArray(jobIds)])
+        let marked = Set(try connection.query("""
+            UPDATE attune_rebase_users SET published_at = now()
+            WHERE job_id IN (SELECT job_id FROM attune_rebase_users WHERE job_id = ANY ($1::text[]) FOR UPDATE SKIP LOCKED)
+            RETURNING job_id
+            """, [PostgresArray(jobIds)]).rows.map { try $0.string("job_id") })
+        for jobId in jobIds where !marked.contains(jobId) {
+            try connection.query("UPDATE attune_rebase_users SET published_at = now() WHERE job_id = $1", [jobId])
+        }
     }
 
     /// What a worker checks before replaying: the rebase a job names, for that user, with that job id.
