@@ -894,15 +894,15 @@ class CapturePass(Instruments):
         self.frames, self.gaps = collections.Counter(), collections.Counter()
         if len(self.marks) == 2:
             owners = {local: "worker" for dest, local, _ in self.sockets.values() if dest != "other"}
-            owners.update({local: "driver" for dest, local, _ in self.driver_sockets.values() if dest == "RabbitMQ"})
             amqp = next(p for p, n in self.ports.items() if n == "RabbitMQ")
             if self.key == PACED[0]:
                 # The Go driver publishes and listens from a child that has exited by the second mark: its
                 # connections are those to the broker that are neither the worker's nor this process's (whose
                 # listener is unbound meanwhile).
-                owners = {local: "worker" for dest, local, _ in self.sockets.values() if dest != "other"}
                 owners.update({sport: "driver" for _, sport, dport, *_ in pcap_packets(self.pcap)
                                if dport == amqp and sport not in owners and sport not in self.own_ports})
+            else:
+                owners.update({local: "driver" for dest, local, _ in self.driver_sockets.values() if dest == "RabbitMQ"})
             pg = next(p for p, n in self.ports.items() if n == "PostgreSQL")
             self.frames, self.gaps = analyse_capture(self.pcap, (self.marks[0]["wall"], self.marks[1]["wall"]),
                                                      owners, amqp, pg)
