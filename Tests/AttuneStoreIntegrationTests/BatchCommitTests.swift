@@ -283,6 +283,41 @@ final class BatchCommitTests: XCTestCase {
         XCTAssertNil(try registry.versionApplied(jobId: "e1"))
     }
 
+    /// The commit's plans are made once a session, and a plan made while the tables were nearly empty must not
+    /// read the whole of a table once it has grown (the function's header says why): every table the commit reads
+    /// is read by its key, on the set-based path and on the per-element one, from the first commit of a session.
+    func testTheCommitReadsItsTablesByKeyEvenWhileTheyAreSmall() throws {
+        let schema = try makeSchema()
+        let registry = try registry(schema)
+        let conn = registry.connection
+        // This transaction's own counts: nothing else's scans and no statistics delay.
+        func sequentialScans() throws -> Int {
+            try conn.query("""
+                SELECT coalesce(sum(seq_scan), 0)::integer FROM pg_stat_xact_user_tables
+                WHERE schemaname = current_schema()
+                  AND relname IN ('attune_personal_heads', 'attune_personal_versions', 'attune_cancelled_jobs')
+                """).int(0, 0)
+        }
+        for round in 0..<3 {
+            try conn.transaction {
+                // One job a commit (a fleet below its peak), then a batch of new and existing lines.
+                let single = try registry.commitVersions([version("alice", parent: round, job: "a\(round)")])
+                XCTAssertEqual(try single[0].get(), .committed(version: round + 1))
+                let batch = try registry.commitVersions((0..<5).map {
+                    version("user\($0)", parent: round, job: "u\($0)-\(round)")
+                } + [version("user\(round + 5)", parent: 0, job: "new-\(round)")])
+                XCTAssertEqual(batch.map { try? $0.get() },
+                               Array(repeating: .committed(version: round + 1), count: 5) + [.committed(version: 1)])
+                // A stale parent sends the batch down the per-element path, which looks the job up by its id.
+                let stale = try registry.commitVersions([version("alice", parent: 0, job: "stale-\(round)"),
+                                                         version("bob", parent: round, job: "b\(round)")])
+                XCTAssertEqual(try stale[0].get(), .headMoved(current: round + 1))
+                XCTAssertEqual(try stale[1].get(), .committed(version: round + 1))
+                XCTAssertEqual(try sequentialScans(), 0, "round \(round)")
+            }
+        }
+    }
+
     func testALostConnectionThrowsForTheWholeBatch() throws {
         let schema = try makeSchema()
         let registry = try registry(schema)
