@@ -285,9 +285,11 @@ public final class PostgresConnection {
 
     // MARK: - libpq plumbing
 
-    private func open(_ operation: String) throws -> OpaquePointer {
+    // `operation` only names a failure, so it is built only for one: a query's description bridges its whole text
+    // through NSString, which cost more than some of the statements it described.
+    private func open(_ operation: @autoclosure () -> String) throws -> OpaquePointer {
         guard let handle else {
-            throw DatabaseError(kind: .misuse, operation: operation,
+            throw DatabaseError(kind: .misuse, operation: operation(),
                                 message: "the connection was closed; open a new PostgresConnection")
         }
         return handle
@@ -311,8 +313,8 @@ public final class PostgresConnection {
         return DatabaseError(kind: kind, operation: operation, message: message.isEmpty ? "unknown error" : message)
     }
 
-    private func check(_ result: OpaquePointer?, operation: String) throws {
-        guard let result else { throw lastError(operation) }
+    private func check(_ result: OpaquePointer?, operation: @autoclosure () -> String) throws {
+        guard let result else { throw lastError(operation()) }
         let status = PQresultStatus(result)
         if status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK || status == PGRES_EMPTY_QUERY { return }
         func field(_ code: UInt8) -> String? {
@@ -320,7 +322,7 @@ public final class PostgresConnection {
         }
         let broken = handle.map { PQstatus($0) != CONNECTION_OK } ?? true
         let message = field(UInt8(ascii: "M")) ?? Self.trimmed(String(cString: PQresultErrorMessage(result)))
-        throw DatabaseError(kind: broken ? .connection : .server, operation: operation,
+        throw DatabaseError(kind: broken ? .connection : .server, operation: operation(),
                             sqlState: field(UInt8(ascii: "C")),
                             message: message.isEmpty ? "unknown error" : message,
                             detail: field(UInt8(ascii: "D")), hint: field(UInt8(ascii: "H")),

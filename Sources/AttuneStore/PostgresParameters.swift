@@ -35,20 +35,23 @@ public struct PostgresArray: PostgresBindable {
     }
 
     public var postgresText: String {
-        var text = "{"
+        // By UTF-8 byte, not by Character: a quote or a backslash is one byte, never inside another character's
+        // bytes, and a commit's fifteen arrays went through grapheme breaking for nothing.
+        var text: [UInt8] = [UInt8(ascii: "{")]
         for (index, element) in elements.enumerated() {
-            if index > 0 { text += "," }
+            if index > 0 { text.append(UInt8(ascii: ",")) }
             guard let element else {
-                text += "NULL"
+                text += "NULL".utf8
                 continue
             }
-            text += "\""
-            for character in element.postgresText {
-                if character == "\"" || character == "\\" { text += "\\" }
-                text.append(character)
+            text.append(UInt8(ascii: "\""))
+            for byte in element.postgresText.utf8 {
+                if byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") { text.append(UInt8(ascii: "\\")) }
+                text.append(byte)
             }
-            text += "\""
+            text.append(UInt8(ascii: "\""))
         }
-        return text + "}"
+        text.append(UInt8(ascii: "}"))
+        return String(decoding: text, as: UTF8.self)
     }
 }

@@ -36,7 +36,8 @@ final class JobTimeline: Sendable {
         guard !jobIds.isEmpty else { return }
         var time = timespec()
         clock_gettime(CLOCK_MONOTONIC, &time)
-        let seconds = String(format: "%ld.%09ld", time.tv_sec, time.tv_nsec)
+        let nanoseconds = String(time.tv_nsec)
+        let seconds = "\(time.tv_sec)." + String(repeating: "0", count: max(0, 9 - nanoseconds.count)) + nanoseconds
         let lines = jobIds.map { "\(stage.rawValue) \($0) \(seconds)\n" }.joined()
         file.withLock { _ = fputs(lines, $0) }
     }
