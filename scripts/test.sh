@@ -47,7 +47,7 @@ export ATTUNE_SCRATCH_PATH=$scratch
 # A cached build that fails is tried once more from nothing, in case the cache itself is what broke.
 build() { swift build --build-tests --scratch-path "$scratch" >"$work/build.log" 2>&1; }
 if ! build && { [ "$scratch" = .build ] || ! { echo "the cached build failed; building again from nothing" >&2; rm -rf "$scratch"; build; }; }; then
-  grep -E -A4 "error:|Stack dump|Killed|LLVM ERROR" "$work/build.log" | head -n 80 >&2
+  grep -a -E -A4 "error:|Stack dump|Killed|LLVM ERROR" "$work/build.log" | head -n 80 >&2
   tail -n 20 "$work/build.log" >&2
   echo "the build failed (output above)" >&2
   exit 1
@@ -66,7 +66,9 @@ export ATTUNE_KEYS
 # The output is also kept: CI shows only the run's last lines, so a failure's assertions are printed again at the end.
 if ! swift test --skip-build --scratch-path "$scratch" --disable-swift-testing --skip ThroughputBenchmarks "$@" 2>&1 | tee "$work/xctest.log"; then
   echo "[test.sh] the XCTest suites failed; the failing assertions and tests:" >&2
-  grep -E ": error: |' failed \(" "$work/xctest.log" | head -n 60 >&2
+  grep -a -E ": error: |' failed \(" "$work/xctest.log" | head -n 60 >&2
+  mkdir -p "$ATTUNE_TEST_ARTIFACTS" && cp "$work/xctest.log" "$ATTUNE_TEST_ARTIFACTS/xctest.log"
+  mkdir -p "$HOME/.cache/attune" && cp "$work/xctest.log" "$HOME/.cache/attune/last-failed-xctest.log"
   exit 1
 fi
 took "the XCTest suites"
@@ -80,7 +82,7 @@ if [ $# -eq 0 ]; then
     if ! ATTUNE_TRAINING_KERNELS=$each swift test --skip-build --scratch-path "$scratch" --disable-swift-testing --filter \
         'AttuneTrainingIntegrationTests\.(ReferenceTests|LossOptimizerReferenceTests|LearningRateScheduleReferenceTests)|TrainingKernelsTests' \
         >"$work/kernels-$each.log" 2>&1; then
-      grep -E "error|failed" "$work/kernels-$each.log" | head -n 40 >&2
+      grep -a -E "error|failed" "$work/kernels-$each.log" | head -n 40 >&2
       echo "the reference tests failed with ATTUNE_TRAINING_KERNELS=$each" >&2
       exit 1
     fi
@@ -110,7 +112,7 @@ if [ $# -eq 0 ]; then
     clients/python/run-tests.sh -q
     took "the producers' side"
     if ! ATTUNE_SWIFT_CLIENT_SCRATCH=$work/swift-client clients/swift/run-tests.sh >"$work/swift-client.log" 2>&1; then
-      grep -E "error|failed|Fail" "$work/swift-client.log" | head -n 40 >&2
+      grep -a -E "error|failed|Fail" "$work/swift-client.log" | head -n 40 >&2
       tail -n 20 "$work/swift-client.log" >&2
       echo "the Swift client's tests failed" >&2
       exit 1
