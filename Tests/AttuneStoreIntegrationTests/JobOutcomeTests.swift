@@ -67,6 +67,37 @@ final class JobOutcomeTests: XCTestCase {
         XCTAssertEqual(try outbox(), [])
     }
 
+    /// The guards fire once a statement over all its rows (migration 0029): a batch that commits set-based
+    /// writes each job's own outcome and outbox row, and a batch holding a forgotten user's job refuses that
+    /// job alone, which leaves neither row, while the rest of the batch commits with both.
+    func testABatchWritesEachJobsOutcomeAndAForgottenUsersJobAloneIsRefused() throws {
+        func version(_ user: String, _ jobId: String, loss: Double, parent: Int = 0) -> NewPersonalVersion {
+            NewPersonalVersion(user: user, model: "digits", baseVersion: 1, parentVersion: parent, jobId: jobId,
+                               state: Data(jobId.utf8), loss: loss, samples: 20, epochs: 2, durationSeconds: 0.5,
+                               worker: "w-\(user)")
+        }
+        let batch = [version("ann", "b-ann-1", loss: 0.5), version("bob", "b-bob-1", loss: 0.25),
+                     version("ann", "b-ann-2", loss: 0.125, parent: 1), version("cy", "b-cy-1", loss: 1)]
+        let results = try registry.commitVersions(batch).map { try $0.get() }
+        XCTAssertEqual(results, [.committed(version: 1), .committed(version: 1), .committed(version: 2), .committed(version: 1)])
+        let outcomes = try registry.jobOutcomes(batch.map(\.jobId))
+        XCTAssertEqual(outcomes.map(\.state), Array(repeating: .completed, count: 4))
+        XCTAssertEqual(outcomes.map(\.user), ["ann", "bob", "ann", "cy"])
+        XCTAssertEqual(outcomes.map(\.version), [1, 1, 2, 1])
+        XCTAssertEqual(outcomes.map(\.loss), [0.5, 0.25, 0.125, 1])
+        XCTAssertEqual(outcomes.map(\.worker), ["w-ann", "w-bob", "w-ann", "w-cy"])
+        XCTAssertEqual(try outbox(), batch.map(\.jobId).sorted())
+        try registry.outboxConfirmed(batch.map(\.jobId))
+
+        _ = try registry.forgetUser("bob")
+        let next = [version("ann", "c-ann-3", loss: 0.5, parent: 2), version("bob", "c-bob-1", loss: 0.5),
+                    version("cy", "c-cy-2", loss: 0.5, parent: 1)]
+        let refused = try registry.commitVersions(next).map { try $0.get() }
+        XCTAssertEqual(refused, [.committed(version: 3), .headMoved(current: 0), .committed(version: 2)])
+        XCTAssertEqual(try registry.jobOutcomes(next.map(\.jobId)).map(\.state), [.completed, .unknown, .completed])
+        XCTAssertEqual(try outbox(), ["c-ann-3", "c-cy-2"])
+    }
+
     func testTransientFailuresThenACommitThenLaterDeliveriesKeepOneOutcome() throws {
         try registry.recordOutcomes([update("j2", .retrying(reason: "PostgreSQL restarting", attempts: 1))])
         var outcome = try registry.jobOutcomes(["j2"])[0]
