@@ -35,18 +35,22 @@ END $$;
 -- would refuse that).
 CREATE FUNCTION attune_record_completed_versions() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO attune_job_outcomes AS o
-        (job_id, state, user_id, model, version, loss, samples, duration_seconds, validation, worker)
-    SELECT v.job_id, 'completed', v.user_id, v.model, v.version, v.loss, v.samples, v.duration_seconds,
-           v.validation, v.worker
-    FROM new_versions v WHERE v.job_id ~ '^[A-Za-z0-9_-]{1,128}$'
-    ON CONFLICT (job_id) DO UPDATE SET
-        state = 'completed', user_id = EXCLUDED.user_id, model = EXCLUDED.model, version = EXCLUDED.version,
-        loss = EXCLUDED.loss, samples = EXCLUDED.samples, duration_seconds = EXCLUDED.duration_seconds,
-        validation = EXCLUDED.validation, reason = NULL, dead_lettered = false, cancel_stage = NULL,
-        worker = EXCLUDED.worker, updated_at = now();
+    -- The outbox is fed from the outcome insert's RETURNING (inserted and updated rows alike), so the statement's
+    -- rows are scanned and matched against the job-id pattern once.
+    WITH done AS (
+        INSERT INTO attune_job_outcomes AS o
+            (job_id, state, user_id, model, version, loss, samples, duration_seconds, validation, worker)
+        SELECT v.job_id, 'completed', v.user_id, v.model, v.version, v.loss, v.samples, v.duration_seconds,
+               v.validation, v.worker
+        FROM new_versions v WHERE v.job_id ~ '^[A-Za-z0-9_-]{1,128}$'
+        ON CONFLICT (job_id) DO UPDATE SET
+            state = 'completed', user_id = EXCLUDED.user_id, model = EXCLUDED.model, version = EXCLUDED.version,
+            loss = EXCLUDED.loss, samples = EXCLUDED.samples, duration_seconds = EXCLUDED.duration_seconds,
+            validation = EXCLUDED.validation, reason = NULL, dead_lettered = false, cancel_stage = NULL,
+            worker = EXCLUDED.worker, updated_at = now()
+        RETURNING o.job_id, o.worker)
     INSERT INTO attune_outbox (job_id, worker)
-    SELECT v.job_id, v.worker FROM new_versions v WHERE v.job_id ~ '^[A-Za-z0-9_-]{1,128}$'
+    SELECT job_id, worker FROM done
     ON CONFLICT (job_id) DO UPDATE SET worker = EXCLUDED.worker, created_at = clock_timestamp();
     RETURN NULL;
 END $$;
