@@ -125,7 +125,7 @@ let package = Package(
         // The store's pure parts (envelopes, keys, error classification, release bookkeeping): no server.
         .testTarget(name: "AttuneStoreTests", dependencies: ["AttuneStore", "AttuneSpec",
                                                             .product(name: "Crypto", package: "swift-crypto")]),
-        .testTarget(name: "AttuneTrainingTests", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneTraining", "AttuneKernels", "AttuneImage", "AttuneSpec",
+        .testTarget(name: "AttuneTrainingTests", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneTraining", "AttuneKernels", "CDenseKernels", "AttuneImage", "AttuneSpec",
                                                                 "TrainingTestSupport"]),
         .testTarget(name: "AttuneImageTests", dependencies: ["AttuneImage", "AttuneSpec"]),
         .testTarget(name: "AttuneQueueTests", dependencies: [.product(name: "SwiftProtobuf", package: "swift-protobuf"), "AttuneQueue", "AttuneCodecs", "AttuneSpec", "QueueTestSupport"]),

@@ -9,10 +9,16 @@
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include "dense_kernels.h"
 
 void bli_thread_set_num_threads(long threads);
+
+// The AVX-512 kernels where the processor has them (unless DENSE_KERNELS=avx2 asks for the AVX2 pair), the AVX2
+// kernels otherwise.
+static void (*forward_kernel)(const float *, long, long, long, const float *, long, const float *, float *, long);
+static void (*gradient_kernel)(const float *, long, long, const float *, long, long, long, float *, long);
 
 enum { rounds = 9, set = 4000 };
 
@@ -42,7 +48,7 @@ static void blis_forward(const struct product *p, long call) {
 
 static void kernel_forward(const struct product *p, long call) {
     attune_dense_pack_transposed(p->w, p->inputs, p->units, p->inputs, p->wt);
-    attune_dense_forward(rows_of(p, call, 1), p->inputs, p->rows, p->inputs, p->wt, p->units, p->b, p->y, p->units);
+    forward_kernel(rows_of(p, call, 1), p->inputs, p->rows, p->inputs, p->wt, p->units, p->b, p->y, p->units);
 }
 
 static void blis_gradient(const struct product *p, long call, int fresh) {
@@ -51,7 +57,7 @@ static void blis_gradient(const struct product *p, long call, int fresh) {
 }
 
 static void kernel_gradient(const struct product *p, long call, int fresh) {
-    attune_dense_weight_gradient(p->dy, p->units, p->units, rows_of(p, call, fresh), p->inputs, p->rows, p->inputs,
+    gradient_kernel(p->dy, p->units, p->units, rows_of(p, call, fresh), p->inputs, p->rows, p->inputs,
                                  p->dw, p->inputs);
 }
 
@@ -85,12 +91,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s ROWS OUTPUTS INPUTS [ROWS OUTPUTS INPUTS ...]\n", argv[0]);
         return 2;
     }
-    if (!attune_dense_kernels_supported()) {
-        printf("this processor lacks AVX-512: Attune runs these products in BLIS\n");
+    const char *asked = getenv("DENSE_KERNELS");
+    int wide = attune_dense_kernels_supported() && !(asked && strcmp(asked, "avx2") == 0);
+    if (!wide && !attune_dense_avx2_kernels_supported()) {
+        printf("this processor lacks AVX2 and FMA: Attune runs these products in BLIS\n");
         return 0;
     }
+    forward_kernel = wide ? attune_dense_forward : attune_dense_forward_avx2;
+    gradient_kernel = wide ? attune_dense_weight_gradient : attune_dense_weight_gradient_avx2;
     bli_thread_set_num_threads(1);
-    printf("GFLOP/s, one thread: BLIS, the kernel, and the median of the rounds' ratios kernel / BLIS (speed)\n");
+    printf("GFLOP/s, one thread: BLIS, the %s kernel, and the median of the rounds' ratios kernel / BLIS (speed)\n",
+           wide ? "AVX-512" : "AVX2");
     printf("%-14s %-24s %-24s %-24s\n", "", "forward", "weight gradient, new x", "weight gradient, x cached");
     printf("%-14s", "rows×out×in");
     for (int i = 0; i < 3; i++) printf(" %7s %7s %7s", "BLIS", "kernel", "ratio");

@@ -16,7 +16,8 @@
 #   ATTUNE_BENCH_VARIANTS="generic zen3" Attune again in each round with BLIS forced to each configuration
 #                                       (BLIS_ARCH_TYPE), peers "attune-blis-NAME": how the kernel sets were
 #                                       chosen (docs/benchmarks.md#kernel-sets); "set-avx2" and the like force
-#                                       a kernel set instead (ATTUNE_TRAINING_KERNELS)
+#                                       a kernel set instead (ATTUNE_TRAINING_KERNELS), and "dense-blis" sends
+#                                       the split first layer's products to BLIS (ATTUNE_DENSE_KERNELS=0)
 #   ATTUNE_BENCH_NETS, ATTUNE_BENCH_SAMPLES, ATTUNE_BENCH_RUNS, ATTUNE_BENCH_REPEATS   other nets
 #                                       ("file:epochs:batch,batch ..."), rows, rounds, turns per round
 #                                       (of 2 tasks a peer); ATTUNE_BENCH_LINES=FILE keeps the raw lines
@@ -82,6 +83,7 @@ for run in $(seq "$runs"); do
       for variant in $variants; do
         case "$variant" in
           set-*) forced=(env ATTUNE_TRAINING_KERNELS="${variant#set-}") peer="attune-$variant" ;;
+          dense-blis) forced=(env ATTUNE_DENSE_KERNELS=0) peer="attune-$variant" ;;
           *) forced=(env BLIS_ARCH_TYPE="$variant") peer="attune-blis-$variant" ;;
         esac
         "${forced[@]}" "$bench" train "$work/$file" --epochs "$epochs" --batches "${batches//,/ }" \

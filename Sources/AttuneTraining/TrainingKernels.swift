@@ -13,7 +13,8 @@ import Synchronization
 // a configuration of the processor's class, that pick stands: BLIS knows that processor.
 //
 // Attune's own kernels follow the same set: `SmallProducts` (built for AVX2 and FMA) in `avx2` and `avx512`,
-// the split first layer's AVX-512 kernels (`CDenseKernels`) in `avx512` only.
+// the split first layer's kernels (`CDenseKernels`) in their AVX-512 form in `avx512` and their AVX2 form in
+// `avx2`.
 
 /// What the processor runs, as far as training's kernels care: CPUID's bits, each vector extension counted
 /// only where the operating system saves its registers.
@@ -48,7 +49,8 @@ public enum KernelSet: String, CaseIterable, Sendable, CustomStringConvertible {
     /// BLIS on a configuration of the AVX2 or AVX-512 class, `SmallProducts`, and the split first layer's
     /// AVX-512 kernels.
     case avx512
-    /// BLIS on a configuration of the AVX2 class (never one that issues AVX-512), and `SmallProducts`.
+    /// BLIS on a configuration of the AVX2 class (never one that issues AVX-512), `SmallProducts`, and the split
+    /// first layer's AVX2 kernels.
     case avx2
     /// Whatever BLIS picks (forced: its generic kernels); no Attune kernel on x86-64. What any processor runs.
     case portable
@@ -136,14 +138,15 @@ public struct KernelSelection: Equatable, Sendable {
     var attuneKernels: String {
         switch set {
         case .avx512: "Attune's AVX2 small-layer and AVX-512 first-layer kernels"
-        case .avx2: "Attune's AVX2 small-layer kernels"
+        case .avx2: "Attune's AVX2 small-layer and first-layer kernels"
         case .portable: features.contains(.x86_64) ? "no Attune kernels" : "Attune's small-layer kernels (baseline)"
         }
     }
 
     /// `SmallProducts` runs: built for AVX2 and FMA on x86-64, for the baseline elsewhere.
     var runsSmallProducts: Bool { self.set != .portable || !features.contains(.x86_64) }
-    var runsDenseKernels: Bool { self.set == .avx512 }
+    /// The split first layer's kernels: AVX-512 in `avx512`, AVX2 in `avx2` (`FirstLayerKernels`).
+    var runsDenseKernels: Bool { self.set != .portable && features.contains(.x86_64) }
 
     public var summary: String {
         let origin = overridden ? "set by \(TrainingKernels.variable)" : "chosen for \(features)"

@@ -21,7 +21,8 @@ public struct TrainingSettings: Sendable, Equatable {
     public var firstLayerSplit = true
     /// `ATTUNE_SMALL_PRODUCTS`: small layers' products in Attune's loops rather than BLAS (`SmallProducts`).
     public var smallProducts = true
-    /// `ATTUNE_DENSE_KERNELS`: the split first layer's products in Attune's AVX-512 kernels rather than BLIS.
+    /// `ATTUNE_DENSE_KERNELS`: the split first layer's products in Attune's kernels (AVX-512 or AVX2, by the kernel
+    /// set) rather than BLIS.
     public var denseKernels = true
 
     public static let standard = TrainingSettings()

@@ -18,11 +18,17 @@
 #include <immintrin.h>
 
 #define WIDE __attribute__((target("avx512f,avx2,fma")))
+#define NARROW __attribute__((target("avx2,fma")))
 #define INLINE static inline __attribute__((always_inline))
 
 int attune_dense_kernels_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+}
+
+int attune_dense_avx2_kernels_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
 /// The lanes of vector j (16 floats each) that fall inside `width` floats.
@@ -31,8 +37,8 @@ static inline __mmask16 lanes(long width, int j) {
     return left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
-// Blocks of 8 × 8 turned over in registers; the edges one value at a time.
-WIDE void attune_dense_pack_transposed(const float *w, long ldw, long units, long inputs, float *wt) {
+// Blocks of 8 × 8 turned over in registers; the edges one value at a time. AVX2 alone, so both sets use it.
+NARROW void attune_dense_pack_transposed(const float *w, long ldw, long units, long inputs, float *wt) {
     long u0 = 0;
     for (; u0 + 8 <= units; u0 += 8) {
         long k0 = 0;
@@ -194,11 +200,150 @@ WIDE void attune_dense_weight_gradient(const float *dy, long lddy, long units, c
     }
 }
 
+// The same two products in AVX2's 16 registers of 8 floats, for processors without AVX-512. Each output is the
+// same sum in the same order as in the AVX-512 kernels above (the bias, then one FMA an input; or one FMA a
+// row), so the two sets give the same bits. Tiles are smaller: 12 sums in registers, 2 loads and 6 broadcasts
+// a step.
+
+/// The lanes of vector j (8 floats each) that fall inside `width` floats, as maskload's sign bits.
+NARROW static inline __m256i lanes8(long width, int j) {
+    long left = width - 8L * j;
+    int n = left >= 8 ? 8 : left <= 0 ? 0 : (int)left;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// Whole vectors load and store plainly: a masked move costs more on some processors (Zen's vmaskmovps).
+NARROW INLINE __m256 load8(const float *p, __m256i mask, int whole) {
+    return whole ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask);
+}
+NARROW INLINE void store8(float *p, __m256i mask, __m256 v, int whole) {
+    if (whole) _mm256_storeu_ps(p, v); else _mm256_maskstore_ps(p, mask, v);
+}
+
+// One tile of the forward product: NR rows × NV vectors (of 8) of outputs.
+NARROW INLINE void forward_tile8(const float *x, long ldx, long inputs, const float *wt, long units,
+                                 const float *bias, float *y, long ldy, long width, const int NR, const int NV,
+                                 const int whole) {
+    __m256i m0 = lanes8(width, 0), m1 = lanes8(width, 1);
+    __m256 b0 = _mm256_setzero_ps(), b1 = b0;
+    if (bias) {
+        b0 = load8(bias, m0, whole);
+        if (NV > 1) b1 = load8(bias + 8, m1, whole);
+    }
+    __m256 c[6][2];
+    for (int i = 0; i < NR; i++) { c[i][0] = b0; c[i][1] = b1; }
+    for (long k = 0; k < inputs; k++) {
+        const float *w = wt + k * units;
+        __m256 w0 = load8(w, m0, whole), w1 = _mm256_setzero_ps();
+        if (NV > 1) w1 = load8(w + 8, m1, whole);
+        for (int i = 0; i < NR; i++) {
+            __m256 a = _mm256_broadcast_ss(x + i * ldx + k);
+            c[i][0] = _mm256_fmadd_ps(a, w0, c[i][0]);
+            if (NV > 1) c[i][1] = _mm256_fmadd_ps(a, w1, c[i][1]);
+        }
+    }
+    for (int i = 0; i < NR; i++) {
+        float *out = y + i * ldy;
+        store8(out, m0, c[i][0], whole);
+        if (NV > 1) store8(out + 8, m1, c[i][1], whole);
+    }
+}
+
+#define FORWARD_ROWS8(NV, WHOLE) \
+    switch (nr) { \
+    case 6: forward_tile8(xr, ldx, inputs, w, units, b, yr, ldy, width, 6, NV, WHOLE); break; \
+    case 5: forward_tile8(xr, ldx, inputs, w, units, b, yr, ldy, width, 5, NV, WHOLE); break; \
+    case 4: forward_tile8(xr, ldx, inputs, w, units, b, yr, ldy, width, 4, NV, WHOLE); break; \
+    case 3: forward_tile8(xr, ldx, inputs, w, units, b, yr, ldy, width, 3, NV, WHOLE); break; \
+    case 2: forward_tile8(xr, ldx, inputs, w, units, b, yr, ldy, width, 2, NV, WHOLE); break; \
+    default: forward_tile8(xr, ldx, inputs, w, units, b, yr, ldy, width, 1, NV, WHOLE); break; \
+    }
+
+NARROW void attune_dense_forward_avx2(const float *x, long ldx, long rows, long inputs, const float *wt, long units,
+                                      const float *bias, float *y, long ldy) {
+    // As above, a block of 64 outputs' weights stays in L2 while the rows stream past; within it each tile of
+    // 6 rows (in L1) meets the block's 16 outputs at a time.
+    for (long u0 = 0; u0 < units; u0 += 64) {
+        long block = units - u0 < 64 ? units - u0 : 64;
+        for (long r0 = 0; r0 < rows; r0 += 6) {
+            long nr = rows - r0 < 6 ? rows - r0 : 6;
+            const float *xr = x + r0 * ldx;
+            for (long v0 = u0; v0 < u0 + block; v0 += 16) {
+                long width = u0 + block - v0 < 16 ? u0 + block - v0 : 16;
+                const float *w = wt + v0, *b = bias ? bias + v0 : 0;
+                float *yr = y + r0 * ldy + v0;
+                // Whole vectors, a constant in each tile, keep the masks out of the inner loop.
+                if (width == 16) { FORWARD_ROWS8(2, 1) }
+                else if (width > 8) { FORWARD_ROWS8(2, 0) }
+                else if (width == 8) { FORWARD_ROWS8(1, 1) }
+                else { FORWARD_ROWS8(1, 0) }
+            }
+        }
+    }
+}
+
+// One tile of the weight gradient: NU outputs × NV vectors (of 8) of inputs, summed over every row in order.
+NARROW INLINE void gradient_tile8(const float *dy, long lddy, const float *x, long ldx, long rows, float *dw,
+                                  long lddw, long width, const int NU, const int NV, const int whole) {
+    __m256i m0 = lanes8(width, 0), m1 = lanes8(width, 1);
+    __m256 zero = _mm256_setzero_ps();
+    __m256 c[6][2];
+    for (int i = 0; i < NU; i++) { c[i][0] = zero; c[i][1] = zero; }
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + r * ldx, *d = dy + r * lddy;
+        __m256 x0 = load8(xr, m0, whole), x1 = zero;
+        if (NV > 1) x1 = load8(xr + 8, m1, whole);
+        for (int i = 0; i < NU; i++) {
+            __m256 s = _mm256_broadcast_ss(d + i);
+            c[i][0] = _mm256_fmadd_ps(s, x0, c[i][0]);
+            if (NV > 1) c[i][1] = _mm256_fmadd_ps(s, x1, c[i][1]);
+        }
+    }
+    for (int i = 0; i < NU; i++) {
+        float *out = dw + i * lddw;
+        store8(out, m0, c[i][0], whole);
+        if (NV > 1) store8(out + 8, m1, c[i][1], whole);
+    }
+}
+
+#define GRADIENT_UNITS8(NV, WHOLE) \
+    switch (nu) { \
+    case 6: gradient_tile8(d, lddy, xk, ldx, rows, out, lddw, width, 6, NV, WHOLE); break; \
+    case 5: gradient_tile8(d, lddy, xk, ldx, rows, out, lddw, width, 5, NV, WHOLE); break; \
+    case 4: gradient_tile8(d, lddy, xk, ldx, rows, out, lddw, width, 4, NV, WHOLE); break; \
+    case 3: gradient_tile8(d, lddy, xk, ldx, rows, out, lddw, width, 3, NV, WHOLE); break; \
+    case 2: gradient_tile8(d, lddy, xk, ldx, rows, out, lddw, width, 2, NV, WHOLE); break; \
+    default: gradient_tile8(d, lddy, xk, ldx, rows, out, lddw, width, 1, NV, WHOLE); break; \
+    }
+
+NARROW void attune_dense_weight_gradient_avx2(const float *dy, long lddy, long units, const float *x, long ldx,
+                                              long rows, long inputs, float *dw, long lddw) {
+    // Inputs outside, outputs inside: each tile of outputs reads the same 16 columns of the rows, from L1.
+    for (long k0 = 0; k0 < inputs; k0 += 16) {
+        long width = inputs - k0 < 16 ? inputs - k0 : 16;
+        const float *xk = x + k0;
+        for (long u0 = 0; u0 < units; u0 += 6) {
+            long nu = units - u0 < 6 ? units - u0 : 6;
+            const float *d = dy + u0;
+            float *out = dw + u0 * lddw + k0;
+            if (width == 16) { GRADIENT_UNITS8(2, 1) }
+            else if (width > 8) { GRADIENT_UNITS8(2, 0) }
+            else if (width == 8) { GRADIENT_UNITS8(1, 1) }
+            else { GRADIENT_UNITS8(1, 0) }
+        }
+    }
+}
+
 #else
 int attune_dense_kernels_supported(void) { return 0; }
+int attune_dense_avx2_kernels_supported(void) { return 0; }
 void attune_dense_pack_transposed(const float *w, long ldw, long units, long inputs, float *wt) {}
 void attune_dense_forward(const float *x, long ldx, long rows, long inputs, const float *wt, long units,
                           const float *bias, float *y, long ldy) {}
 void attune_dense_weight_gradient(const float *dy, long lddy, long units, const float *x, long ldx, long rows,
                                   long inputs, float *dw, long lddw) {}
+void attune_dense_forward_avx2(const float *x, long ldx, long rows, long inputs, const float *wt, long units,
+                               const float *bias, float *y, long ldy) {}
+void attune_dense_weight_gradient_avx2(const float *dy, long lddy, long units, const float *x, long ldx, long rows,
+                                       long inputs, float *dw, long lddw) {}
 #endif

@@ -1,19 +1,20 @@
+import CDenseKernels
 import Foundation
 import XCTest
 
 @testable import AttuneTraining
 @testable import TrainingTestSupport
 
-/// The split first layer's kernels (`attune_dense_forward` behind `DenseLayer.forward(…packed:)`,
-/// `attune_dense_weight_gradient` behind `weightGradient(…inKernel:)`), against sums taken in Double (an
-/// independent reference), on shapes that reach every edge of their tiles: rows not a multiple of 6, outputs
+/// The split first layer's kernels (the kernel set's forward product behind `DenseLayer.forward(…packed:)`, its
+/// weight gradient behind `weightGradient(…inKernel:)`), against sums taken in Double (an independent
+/// reference), on shapes that reach every edge of their tiles: rows not a multiple of 6, outputs
 /// in 1 to 4 vectors with a part vector and not a multiple of 8, inputs not a multiple of 48 or of the
 /// transposition's 8 × 8 blocks, a range of outputs that starts inside the layer, with and without a bias.
 final class DenseKernelTests: XCTestCase {
     struct Shape { let rows, inputs, outputs: Int; let columns: Range<Int>; let bias: Bool }
 
     override func setUpWithError() throws {
-        try XCTSkipUnless(DenseLayer.denseKernelEnabled, "this processor lacks AVX-512: the split forward uses BLIS")
+        try XCTSkipUnless(DenseLayer.denseKernelEnabled, "this kernel set runs no first-layer kernels: the split forward uses BLIS")
     }
 
     static let shapes: [Shape] = [
@@ -109,6 +110,63 @@ final class DenseKernelTests: XCTestCase {
         var worstGradient: Float = 0
         for i in 0..<w.count { worstGradient = max(worstGradient, abs(kernelGrads.pointer[i] - blasGrads.pointer[i])) }
         XCTAssertLessThan(worstGradient, 1e-5, "largest dW difference \(worstGradient) on entries of magnitude ~0.05")
+    }
+
+    /// The AVX2 pair whatever the active set (an AVX-512 processor trains with the other pair, but runs this one
+    /// under `ATTUNE_TRAINING_KERNELS=avx2`): against Double sums, and, where the processor runs both, bit for bit
+    /// against the AVX-512 pair, which sums the same terms in the same order.
+    func testAVX2PairMatchesDoubleSumsAndTheAVX512PairBitForBit() throws {
+        try XCTSkipUnless(attune_dense_avx2_kernels_supported() != 0, "this processor lacks AVX2 and FMA")
+        let both = attune_dense_kernels_supported() != 0
+        var random = TestRandom(seed: 29)
+        for shape in Self.shapes {
+            let x = random.uniform(count: shape.rows * shape.inputs, -1, 1)
+            let w = random.uniform(count: shape.outputs * shape.inputs, -1, 1)
+            let b = random.uniform(count: shape.outputs, -1, 1)
+            let dy = random.uniform(count: shape.rows * shape.outputs, -1, 1)
+            let units = shape.columns.count, first = shape.columns.lowerBound
+            let packed = FloatBuffer(count: units * shape.inputs)
+            let y = FloatBuffer([Float](repeating: 1234.5, count: shape.rows * shape.outputs))
+            let y512 = FloatBuffer([Float](repeating: 1234.5, count: shape.rows * shape.outputs))
+            let dw = FloatBuffer([Float](repeating: 1234.5, count: shape.outputs * shape.inputs))
+            let dw512 = FloatBuffer([Float](repeating: 1234.5, count: shape.outputs * shape.inputs))
+            w.withUnsafeBufferPointer { wp in
+                attune_dense_pack_transposed(wp.baseAddress! + first * shape.inputs, shape.inputs, units, shape.inputs, packed.pointer)
+            }
+            x.withUnsafeBufferPointer { xp in
+                b.withUnsafeBufferPointer { bp in
+                    let bias = shape.bias ? bp.baseAddress! + first : nil
+                    attune_dense_forward_avx2(xp.baseAddress!, shape.inputs, shape.rows, shape.inputs, packed.pointer, units,
+                                              bias, y.pointer + first, shape.outputs)
+                    if both {
+                        attune_dense_forward(xp.baseAddress!, shape.inputs, shape.rows, shape.inputs, packed.pointer, units,
+                                             bias, y512.pointer + first, shape.outputs)
+                    }
+                }
+                dy.withUnsafeBufferPointer { dp in
+                    attune_dense_weight_gradient_avx2(dp.baseAddress! + first, shape.outputs, units, xp.baseAddress!, shape.inputs,
+                                                      shape.rows, shape.inputs, dw.pointer + first * shape.inputs, shape.inputs)
+                    if both {
+                        attune_dense_weight_gradient(dp.baseAddress! + first, shape.outputs, units, xp.baseAddress!, shape.inputs,
+                                                     shape.rows, shape.inputs, dw512.pointer + first * shape.inputs, shape.inputs)
+                    }
+                }
+            }
+            assertMatchesSums(shape, "y (AVX2)", rows: shape.rows, columns: shape.outputs, terms: shape.inputs,
+                              written: { _, o in shape.columns.contains(o) }, got: { r, o in y.pointer[r * shape.outputs + o] },
+                              start: { _, o in shape.bias ? Double(b[o]) : 0 },
+                              term: { r, o, i in Double(x[r * shape.inputs + i]) * Double(w[o * shape.inputs + i]) })
+            assertMatchesSums(shape, "dW (AVX2)", rows: shape.outputs, columns: shape.inputs, terms: shape.rows,
+                              written: { o, _ in shape.columns.contains(o) }, got: { o, i in dw.pointer[o * shape.inputs + i] },
+                              start: { _, _ in 0 },
+                              term: { o, i, r in Double(dy[r * shape.outputs + o]) * Double(x[r * shape.inputs + i]) })
+            if both {
+                let sameY = (0..<y.count).allSatisfy { y.pointer[$0].bitPattern == y512.pointer[$0].bitPattern }
+                let sameDW = (0..<dw.count).allSatisfy { dw.pointer[$0].bitPattern == dw512.pointer[$0].bitPattern }
+                XCTAssertTrue(sameY, "\(shape): the AVX2 and AVX-512 forward products differ in their bits")
+                XCTAssertTrue(sameDW, "\(shape): the AVX2 and AVX-512 weight gradients differ in their bits")
+            }
+        }
     }
 
     /// Each written entry (i, j) of a rows × columns result against `start(i, j) + Σ_t term(i, j, t)` summed in

@@ -29,7 +29,7 @@ final class TrainingKernelsTests: XCTestCase {
         let avx2Choice = try select(avx2, blis: "generic")
         XCTAssertEqual(avx2Choice.set, .avx2)
         XCTAssertEqual(avx2Choice.blis, .forced("zen3", replacing: "generic"))
-        XCTAssertFalse(avx2Choice.runsDenseKernels)
+        XCTAssertTrue(avx2Choice.runsDenseKernels)
         XCTAssertTrue(avx2Choice.runsSmallProducts)
 
         // A pick below the processor's class is a fallback too: AVX without AVX2's kernels.
@@ -61,6 +61,7 @@ final class TrainingKernelsTests: XCTestCase {
         XCTAssertEqual(arm.set, .portable)
         XCTAssertEqual(arm.blis, .blisOwn("cortexa57"))
         XCTAssertTrue(arm.runsSmallProducts)
+        XCTAssertFalse(arm.runsDenseKernels)
     }
 
     func testTheForcedConfigurationIsOneThisBLISHas() throws {
@@ -80,7 +81,7 @@ final class TrainingKernelsTests: XCTestCase {
         XCTAssertTrue(avx2OnAVX512.overridden)
         // skx issues AVX-512: the AVX2 set must not run it.
         XCTAssertEqual(avx2OnAVX512.blis, .forced("zen3", replacing: "skx"))
-        XCTAssertFalse(avx2OnAVX512.runsDenseKernels)
+        XCTAssertTrue(avx2OnAVX512.runsDenseKernels)
         XCTAssertTrue(avx2OnAVX512.summary.contains("set by ATTUNE_TRAINING_KERNELS"), avx2OnAVX512.summary)
 
         let portable = try select(avx512, blis: "zen3", requested: " Portable ")

@@ -22,8 +22,8 @@ import Synchronization
 // the batch, so a sample's outputs have the same bits in training, validation and prediction. A larger
 // layer's products go through cblas_sgemm; one big enough is cut into fixed blocks that threads run in
 // parallel (`ProductSplit`, `PartPool`), with the same bits however many threads run them. The exception is
-// training's split first layer (`FirstLayerSplit`): on a processor with AVX-512 its forward product and
-// weight gradient run in Attune's own kernels (`CDenseKernels`), which read the input rows where they lie.
+// training's split first layer (`FirstLayerSplit`): its forward product and weight gradient run in Attune's own
+// kernels (`CDenseKernels`, in AVX-512 or AVX2 by the kernel set), which read the input rows where they lie.
 // Gradients overwrite their buffers (one backward per mini-batch), so nothing has to be zeroed between steps.
 struct DenseLayer: Sendable {
     let name: String
@@ -50,15 +50,17 @@ struct DenseLayer: Sendable {
 
     var isSmall: Bool { Self.smallProductsEnabled && inputs * outputs <= Self.smallWeights }
 
-    /// The split first layer's two products in our own AVX-512 kernels (`attune_dense_forward`,
-    /// `attune_dense_weight_gradient`) in the `avx512` kernel set; off (`TrainingSettings.denseKernels`), they go
-    /// to BLIS (to compare the two on one build). A workspace reads it once, so a task uses one for every step.
-    static let denseKernelSupported = attune_dense_kernels_supported() != 0 && TrainingKernels.active.runsDenseKernels
+    /// The split first layer's two products in our own kernels (`CDenseKernels`): the AVX-512 pair in the
+    /// `avx512` kernel set, the AVX2 pair in `avx2` (the same sums in the same order: the same bits); off
+    /// (`TrainingSettings.denseKernels`), they go to BLIS (to compare the two on one build). A workspace reads it
+    /// once, so a task uses one for every step.
+    static let denseKernel: FirstLayerKernels? = FirstLayerKernels(for: TrainingKernels.active)
+    static var denseKernelSupported: Bool { denseKernel != nil }
     static var denseKernelEnabled: Bool { denseKernelSupported && TrainingSwitches.denseKernels.load(ordering: .relaxed) }
 
     /// One clause for logs and benchmarks.
     static var denseKernelSummary: String {
-        "split first layer's products: " + (denseKernelEnabled ? "Attune's AVX-512 kernels" : "BLIS")
+        "split first layer's products: " + (denseKernelEnabled ? "Attune's \(denseKernel?.name ?? "") kernels" : "BLIS")
     }
 
     /// `whole`: one product, never cut (the rows are already one part of a split mini-batch, `BatchSplit`).
@@ -85,9 +87,9 @@ struct DenseLayer: Sendable {
         let y = y + columns.lowerBound
         let bias: UnsafePointer<Float>? = hasBias ? params + biasOffset + columns.lowerBound : nil
         if let packed {
-            precondition(Self.denseKernelSupported, "the dense kernels need AVX-512")
+            guard let kernel = Self.denseKernel else { preconditionFailure("no first-layer kernels in this kernel set") }
             attune_dense_pack_transposed(w, inputs, columns.count, inputs, packed)
-            attune_dense_forward(x, inputs, batch, inputs, packed, columns.count, bias, y, outputs)
+            kernel.forward(x, inputs, batch, inputs, packed, columns.count, bias, y, outputs)
             return
         }
         // Seed every output row with the bias so the product adds onto it (beta = 1).
@@ -142,8 +144,8 @@ struct DenseLayer: Sendable {
                         grads: UnsafeMutablePointer<Float>, rows: Range<Int>, inKernel: Bool = false) {
         let dw = grads + weightOffset + rows.lowerBound * inputs
         if inKernel {
-            precondition(Self.denseKernelSupported, "the dense kernels need AVX-512")
-            attune_dense_weight_gradient(dy + rows.lowerBound, outputs, rows.count, x, inputs, batch, inputs, dw, inputs)
+            guard let kernel = Self.denseKernel else { preconditionFailure("no first-layer kernels in this kernel set") }
+            kernel.weightGradient(dy + rows.lowerBound, outputs, rows.count, x, inputs, batch, inputs, dw, inputs)
         } else {
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Int32(rows.count), Int32(inputs), Int32(batch),
                         1, dy + rows.lowerBound, Int32(outputs), x, Int32(inputs), 0, dw, Int32(inputs))
@@ -177,5 +179,29 @@ struct DenseLayer: Sendable {
                     Int32(batch), Int32(columns.count), Int32(outputs),
                     1, dy, Int32(outputs), params + weightOffset + columns.lowerBound, Int32(inputs),
                     0, dx + columns.lowerBound, Int32(inputs))
+    }
+}
+
+/// The pair of `CDenseKernels` products a kernel set runs for the split first layer.
+struct FirstLayerKernels: Sendable {
+    typealias Forward = @convention(c) (UnsafePointer<Float>?, Int, Int, Int, UnsafePointer<Float>?, Int,
+                                        UnsafePointer<Float>?, UnsafeMutablePointer<Float>?, Int) -> Void
+    typealias WeightGradient = @convention(c) (UnsafePointer<Float>?, Int, Int, UnsafePointer<Float>?, Int, Int, Int,
+                                               UnsafeMutablePointer<Float>?, Int) -> Void
+    /// "AVX-512" or "AVX2", for logs.
+    let name: String
+    let forward: Forward
+    let weightGradient: WeightGradient
+
+    /// nil where the set runs none (`portable`), or the processor lacks what the set's pair needs.
+    init?(for selection: KernelSelection) {
+        switch selection.set {
+        case .avx512 where attune_dense_kernels_supported() != 0:
+            (name, forward, weightGradient) = ("AVX-512", attune_dense_forward, attune_dense_weight_gradient)
+        case .avx2 where attune_dense_avx2_kernels_supported() != 0:
+            (name, forward, weightGradient) = ("AVX2", attune_dense_forward_avx2, attune_dense_weight_gradient_avx2)
+        default:
+            return nil
+        }
     }
 }
