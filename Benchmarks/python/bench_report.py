@@ -263,7 +263,9 @@ def render_celery(args, runs, jobs, databases, attune_extra, profiles, minutes):
         "Celery: celery_worker.py, Celery 5 prefork, in " + str(len(profiles)) + " profile"
         + ("s" if len(profiles) > 1 else "") + " (settings below). pika peer: python_worker.py, 2 processes, prefetch "
         "16, training_begin + 10 epoch_end + completed events a job. Attune: "
-        + (" ".join(attune_extra) if attune_extra else "every progress event (no --events in this build)")
+        + (" ".join(attune_extra) if attune_extra
+           else "the worker's defaults (--events coalesced: a job over within --progress-after carries its epochs "
+                "in its terminal event)")
         + ", at least one `completed` event a job.",
     ]
     if any(not profile.publishes_completed for profile in profiles):
