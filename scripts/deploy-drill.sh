@@ -22,8 +22,14 @@ export DOCKER_HOST=unix://$work/podman.sock
 project_dirs=()
 say() { echo "[$(date +%T)] deploy drill: $*"; }
 current=setup
-fail() { echo "FAIL: deploy drill step $current: $*" >&2; exit 1; }
-trap 'echo "FAIL: deploy drill step $current: line $LINENO: \"$BASH_COMMAND\" exited $?" >&2' ERR
+# What the stack's containers said, for a failure in a step that had started them (a one-shot service such as
+# migrate leaves nothing else behind once the drill's cleanup has removed it).
+show_stack() {
+  [ -n "${here:-}" ] && [ -f "$here/docker-compose.yml" ] && [ -S "$work/podman.sock" ] || return 0
+  (cd "$here" && timeout 60 docker-compose ps && timeout 60 docker-compose logs --no-color --tail=40 migrate) >&2 2>&1 || true
+}
+fail() { echo "FAIL: deploy drill step $current: $*" >&2; show_stack; exit 1; }
+trap 'echo "FAIL: deploy drill step $current: line $LINENO: \"$BASH_COMMAND\" exited $?" >&2; show_stack' ERR
 cleanup() {
   set +e
   for dir in "${project_dirs[@]}"; do forget_project "$dir"; done

@@ -14,11 +14,16 @@ struct Migrate: ParsableCommand {
     @OptionGroup var database: DatabaseOptions
     @Option(help: "Folder of NNNN_name.sql files (env ATTUNE_MIGRATIONS_DIR).")
     var migrations: String?
+    @Option(help: "Seconds to keep retrying while PostgreSQL does not accept connections (a server still starting); 0 tries once. A wrong password or database name fails at once.")
+    var wait: Double = 60
 
     func run() throws {
         let applied: [String]
         do {
-            applied = try Migrate.apply(databaseURL: database.resolved(), directory: migrations)
+            let wait = ServerWait(seconds: wait)
+            applied = try Migrate.apply(databaseURL: database.resolved(), directory: migrations, wait: wait) { error in
+                FileHandle.standardError.write(Data("PostgreSQL does not accept connections yet (\(error)); retrying for up to \(Int(wait.seconds)) s\n".utf8))
+            }
         } catch let error as Migrator.MigratorError {
             throw CommandFailure(description: "\(error)")
         }
@@ -30,11 +35,12 @@ struct Migrate: ParsableCommand {
         }
     }
 
-    static func apply(databaseURL: String, directory: String?) throws -> [String] {
+    static func apply(databaseURL: String, directory: String?, wait: ServerWait = ServerWait(seconds: 0),
+                      waiting: (DatabaseError) -> Void = { _ in }) throws -> [String] {
         guard let folder = directory.map({ URL(fileURLWithPath: $0) }) ?? Migrator.defaultDirectory(environment: ProcessInfo.processInfo.environment) else {
             throw CommandFailure(description: "no migrations folder found: pass --migrations or set ATTUNE_MIGRATIONS_DIR")
         }
-        let connection = try PostgresConnection(url: databaseURL)
+        let connection = try PostgresConnection.connect(url: databaseURL, wait: wait, waiting: waiting)
         defer { connection.close() }
         return try Migrator(directory: folder).migrate(connection)
     }

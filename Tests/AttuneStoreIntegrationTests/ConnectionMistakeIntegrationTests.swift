@@ -80,3 +80,41 @@ final class ConnectionMistakeIntegrationTests: XCTestCase {
         XCTAssertTrue(error?.fix?.contains("CREATE ROLE \"\(ghost)\"") ?? false, "\(String(describing: error))")
     }
 }
+
+/// `attune migrate`'s wait for a server that is starting, against real sockets: a port where nothing listens
+/// is retried until the time is up, a wrong password on the real server is reported at once.
+final class ServerWaitIntegrationTests: XCTestCase {
+    func testAPortWhereNothingListensIsRetriedUntilTheTimeIsUp() throws {
+        // Port 1 on loopback: refused at once, so the time spent is the wait's.
+        let url = "postgresql://attune:s3cret@127.0.0.1:1/attune?connect_timeout=2"
+        var told: [DatabaseError] = []
+        let started = Date()
+        XCTAssertThrowsError(try PostgresConnection.connect(url: url, wait: ServerWait(seconds: 1.5)) { told.append($0) }) { error in
+            XCTAssertEqual((error as? DatabaseError)?.kind, .connection, "\(error)")
+            XCTAssertFalse("\(error)".contains("s3cret"), "the password leaked into \(error)")
+        }
+        XCTAssertGreaterThanOrEqual(Date().timeIntervalSince(started), 1.5)
+        XCTAssertEqual(told.count, 1)
+    }
+
+    func testAWrongPasswordIsReportedAtOnce() throws {
+        var parts = try XCTUnwrap(URLComponents(string: try testDatabaseURL()))
+        parts.password = "wrong-\(UUID().uuidString.prefix(6))"
+        let url = try XCTUnwrap(parts.string)
+        var told = 0
+        let started = Date()
+        XCTAssertThrowsError(try PostgresConnection.connect(url: url, wait: ServerWait(seconds: 30)) { _ in told += 1 }) { error in
+            XCTAssertEqual((error as? DatabaseError)?.kind, .configuration, "\(error)")
+        }
+        XCTAssertLessThan(Date().timeIntervalSince(started), 15, "a deployment mistake must not be waited out")
+        XCTAssertEqual(told, 0)
+    }
+
+    func testAServerThatAnswersConnectsWithoutWaiting() throws {
+        var told = 0
+        let connection = try PostgresConnection.connect(url: try testDatabaseURL(), wait: ServerWait(seconds: 30)) { _ in told += 1 }
+        defer { connection.close() }
+        XCTAssertEqual(try connection.query("SELECT 1").int(0, 0), 1)
+        XCTAssertEqual(told, 0)
+    }
+}
