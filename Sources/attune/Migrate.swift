@@ -22,7 +22,8 @@ struct Migrate: ParsableCommand {
         do {
             let wait = ServerWait(seconds: wait)
             applied = try Migrate.apply(databaseURL: database.resolved(), directory: migrations, wait: wait) { error in
-                FileHandle.standardError.write(Data("PostgreSQL does not accept connections yet (\(error)); retrying for up to \(Int(wait.seconds)) s\n".utf8))
+                let said = error.message.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }.joined(separator: " ")
+                FileHandle.standardError.write(Data("PostgreSQL at \(error.server ?? "the database URL's host") does not accept connections yet (\(said)); retrying for up to \(Int(wait.seconds)) s\n".utf8))
             }
         } catch let error as Migrator.MigratorError {
             throw CommandFailure(description: "\(error)")
