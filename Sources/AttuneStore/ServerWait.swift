@@ -9,9 +9,6 @@ public import Foundation
 public struct ServerWait: Sendable {
     /// How long to keep trying after the first refusal; 0 tries once.
     public var seconds: Double
-    /// The pause after the first refusal, doubled after each until `longestPause`.
-    public var firstPause: Double = 0.25
-    public var longestPause: Double = 2
 
     public init(seconds: Double) {
         self.seconds = seconds
@@ -25,7 +22,8 @@ public struct ServerWait: Sendable {
                        now: () -> Double = { ProcessInfo.processInfo.systemUptime },
                        sleep: (Double) -> Void = { Thread.sleep(forTimeInterval: $0) }) throws -> T {
         let deadline = now() + max(0, seconds)
-        var pause = firstPause
+        // A quarter of a second first: a server restarting after its init is back within a second or two.
+        var pauses = Backoff(initial: 0.25, maximum: 2)
         var told = false
         while true {
             do {
@@ -37,8 +35,7 @@ public struct ServerWait: Sendable {
                     waiting(error)
                     told = true
                 }
-                sleep(min(pause, left))
-                pause = min(pause * 2, longestPause)
+                sleep(min(pauses.next(), left))
             }
         }
     }

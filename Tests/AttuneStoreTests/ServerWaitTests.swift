@@ -72,3 +72,13 @@ final class ServerWaitTests: XCTestCase {
         }
     }
 }
+
+/// Reconnection delays (the worker's reconnects and `ServerWait`).
+final class BackoffTests: XCTestCase {
+    func testDelaysDoubleUpToTheMaximumAndStartOverOnReset() {
+        var backoff = Backoff(initial: 0.5, maximum: 3)
+        XCTAssertEqual((0..<5).map { _ in backoff.next() }, [0.5, 1, 2, 3, 3])
+        backoff.reset()
+        XCTAssertEqual(backoff.next(), 0.5)
+    }
+}

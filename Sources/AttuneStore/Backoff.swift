@@ -1,21 +1,22 @@
-import Foundation
+public import Foundation
 
 /// Reconnection delays: `initial` doubling up to `maximum`, reset once a connection is made again.
-struct Backoff {
+/// Shared by the worker's reconnects and `ServerWait`.
+public struct Backoff: Sendable {
     private let initial: TimeInterval
     private let maximum: TimeInterval
     private var current: TimeInterval
 
-    init(initial: TimeInterval = 0.5, maximum: TimeInterval = 30) {
+    public init(initial: TimeInterval = 0.5, maximum: TimeInterval = 30) {
         self.initial = initial
         self.maximum = maximum
         self.current = initial
     }
 
-    mutating func next() -> TimeInterval {
+    public mutating func next() -> TimeInterval {
         defer { current = min(current * 2, maximum) }
         return current
     }
 
-    mutating func reset() { current = initial }
+    public mutating func reset() { current = initial }
 }
